@@ -1,0 +1,1 @@
+"""The RocmTrainingJob API contract: models and CRD generation (no kopf, kubernetes, torch or ray)."""

@@ -1,0 +1,220 @@
+"""Generate the RocmTrainingJob CustomResourceDefinition from the pydantic models.
+
+`python -m rocmtrain.api.crd crds/` (or `make crds`) writes the CRD; a test fails
+when the committed file differs from what this module generates.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rocmtrain.api import models
+
+CRD_FILE = f"{models.GROUP}_{models.PLURAL}.yaml"
+
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase."},
+    {
+        "name": "Workers",
+        "type": "integer",
+        "jsonPath": ".spec.resources.workers",
+        "description": "Ray Train workers requested.",
+    },
+    {
+        "name": "Ready",
+        "type": "integer",
+        "jsonPath": ".status.workersReady",
+        "description": "Worker pods ready.",
+        "priority": 1,
+    },
+    {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpus", "description": "AMD GPUs requested in total."},
+    {
+        "name": "Progress",
+        "type": "number",
+        "jsonPath": ".status.progress.percent",
+        "description": "Training progress in percent.",
+    },
+    {"name": "Loss", "type": "number", "jsonPath": ".status.metrics.trainLoss", "description": "Latest training loss."},
+    {
+        "name": "Accuracy",
+        "type": "number",
+        "jsonPath": ".status.metrics.evalAccuracy",
+        "description": "Latest evaluation accuracy.",
+    },
+    {
+        "name": "Eval-Loss",
+        "type": "number",
+        "jsonPath": ".status.metrics.evalLoss",
+        "description": "Latest evaluation loss (the primary metric of regression).",
+        "priority": 1,
+    },
+    {
+        "name": "ETA",
+        "type": "number",
+        "jsonPath": ".status.progress.etaSeconds",
+        "description": "Estimated seconds until training ends.",
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+_DROP = {"title", "propertyNames"}
+
+
+def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """Turn one pydantic JSON-schema node into a structural OpenAPI v3 node."""
+    if "$ref" in schema:
+        target = defs[schema["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+        return _structural(merged, defs)
+    if "anyOf" in schema:
+        options = [o for o in schema["anyOf"] if o.get("type") != "null"]
+        if len(options) != 1:
+            raise ValueError(f"unsupported union in schema: {schema}")
+        rest = {k: v for k, v in schema.items() if k not in ("anyOf", "default")}
+        if schema.get("default") is not None:
+            rest["default"] = schema["default"]
+        return _structural({**options[0], **rest}, defs)
+
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _DROP:
+            continue
+        if key == "properties":
+            out[key] = {name: _structural(sub, defs) for name, sub in value.items()}
+        elif key == "items":
+            out[key] = _structural(value, defs)
+        elif key == "additionalProperties":
+            if isinstance(value, dict):
+                out[key] = _structural(value, defs)
+        elif key == "patternProperties":
+            ((pattern, sub),) = value.items()
+            out["additionalProperties"] = _structural(sub, defs)
+            out.setdefault("x-kubernetes-validations", []).append(
+                {"rule": f"self.all(k, k.matches('{pattern}'))", "message": "invalid label key"}
+            )
+        elif key == "exclusiveMinimum":
+            out["minimum"], out["exclusiveMinimum"] = value, True
+        elif key == "exclusiveMaximum":
+            out["maximum"], out["exclusiveMaximum"] = value, True
+        elif key == "const":
+            out["enum"] = [value]
+        elif key == "x-kubernetes-validations":
+            out.setdefault(key, []).extend(value)
+        elif key != "$defs":
+            out[key] = value
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    _default_groups(out)
+    return out
+
+
+def _default_groups(node: dict[str, Any]) -> None:
+    """Default optional nested groups to {} / [] so the API server fills in their defaults."""
+    required = set(node.get("required", []))
+    for name, sub in node.get("properties", {}).items():
+        if name in required or "default" in sub:
+            continue
+        if sub.get("type") == "array":
+            sub["default"] = []
+        elif sub.get("type") == "object" and "properties" in sub and not sub.get("required"):
+            sub["default"] = {}
+        elif sub.get("type") == "object" and "additionalProperties" in sub:
+            sub["default"] = {}
+
+
+def _immutability_rules() -> list[dict[str, Any]]:
+    fields = models.RocmTrainingJobSpec.model_fields
+    mutable = ", ".join(f"spec.{f}" for f in models.MUTABLE_FIELDS)
+    return [
+        {
+            "rule": f"self.{info.alias} == oldSelf.{info.alias}",
+            "message": f"spec.{info.alias} is immutable; only {mutable} may change after creation",
+            "fieldPath": f".{info.alias}",
+        }
+        for name, info in fields.items()
+        if info.alias not in models.MUTABLE_FIELDS
+    ]
+
+
+def openapi_schema() -> dict[str, Any]:
+    """The CRD's openAPIV3Schema, derived from the models."""
+    spec = models.RocmTrainingJobSpec.model_json_schema(by_alias=True)
+    status = models.RocmTrainingJobStatus.model_json_schema(by_alias=True)
+    spec_schema = _structural(spec, spec.get("$defs", {}))
+    spec_schema["x-kubernetes-validations"] = spec_schema.get("x-kubernetes-validations", []) + _immutability_rules()
+    return {
+        "type": "object",
+        "description": "A distributed Transformer fine-tuning job on AMD GPUs, run by Ray Train on KubeRay.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "API version: " + models.API_VERSION + "."},
+            "kind": {"type": "string", "description": "Kind: " + models.KIND + "."},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": _structural(status, status.get("$defs", {})),
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": f"size(self.metadata.name) <= {models.MAX_NAME_LENGTH}",
+                "message": (
+                    f"metadata.name must be at most {models.MAX_NAME_LENGTH} characters, "
+                    "so the names of the Ray cluster, pods and services derived from it stay valid"
+                ),
+            }
+        ],
+    }
+
+
+def custom_resource_definition() -> dict[str, Any]:
+    """The complete CustomResourceDefinition object."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{models.PLURAL}.{models.GROUP}"},
+        "spec": {
+            "group": models.GROUP,
+            "names": {
+                "kind": models.KIND,
+                "listKind": models.KIND + "List",
+                "plural": models.PLURAL,
+                "singular": models.SINGULAR,
+                "shortNames": models.SHORT_NAMES,
+                "categories": models.CATEGORIES,
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": models.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                }
+            ],
+        },
+    }
+
+
+def render_crd_yaml() -> str:
+    """The CRD as YAML text, exactly as committed under crds/."""
+    header = "# Generated from operator/rocmtrain/api/models.py by `make crds`. Do not edit.\n"
+    return header + yaml.safe_dump(custom_resource_definition(), sort_keys=False, width=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the CRD into the folder given as the only argument."""
+    args = sys.argv[1:] if argv is None else argv
+    out = Path(args[0] if args else "crds")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CRD_FILE).write_text(render_crd_yaml())
+    print(out / CRD_FILE)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,634 @@
+"""The RocmTrainingJob API: spec and status models.
+
+These pydantic models are the single source of truth for the custom resource:
+`rocmtrain.api.crd` generates `crds/` from them, the operator validates and
+renders from them, and the training image reads its configuration through them.
+Cross-field rules live next to the model they constrain, once as a pydantic
+validator and once as the equivalent CEL rule (`x-kubernetes-validations`);
+the test suite checks both reject the same objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from rocmtrain.api.types import (
+    AbsPath,
+    ConfigKey,
+    DnsLabel,
+    DnsSubdomain,
+    EnvName,
+    FieldName,
+    Image,
+    LabelKey,
+    LabelValue,
+    Location,
+    Quantity,
+    RelPath,
+    Text,
+)
+
+GROUP = "rocmtrain.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "RocmTrainingJob"
+PLURAL = "rocmtrainingjobs"
+SINGULAR = "rocmtrainingjob"
+SHORT_NAMES = ["rtj"]
+CATEGORIES = ["rocmtrain", "ml"]
+DEFAULT_IMAGE = "ghcr.io/rocm-train-operator/training:0.1.0"
+# Longest job name: derived names (`<name>-xxxxx-head-xxxxx` pods, services)
+# must stay within DNS-1123 label limits, as KubeRay's own validation requires.
+MAX_NAME_LENGTH = 40
+
+
+def _cel(rule: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"rule": rule, "message": message, **extra}
+
+
+class ApiModel(BaseModel):
+    """Base for API objects: camelCase on the wire, unknown fields refused."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+    def dump(self) -> dict[str, Any]:
+        """Return the wire form: camelCase keys, unset optionals omitted."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# --- model ----------------------------------------------------------------------
+
+
+class ModelSpec(ApiModel):
+    """The pretrained Transformer to fine-tune."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.task != 'sequence-classification' || has(self.numLabels)",
+                    "numLabels is required when task is sequence-classification",
+                    fieldPath=".numLabels",
+                ),
+                _cel(
+                    "self.task != 'regression' || !has(self.numLabels) || self.numLabels == 1",
+                    "numLabels must be 1 or unset when task is regression",
+                    fieldPath=".numLabels",
+                ),
+            ]
+        }
+    )
+
+    source: Location = Field(
+        description=(
+            "Where the pretrained weights and tokenizer are: an absolute path (a mounted "
+            "volume), an object-store URI (s3://, gs://, abfs://), or a Hugging Face hub id "
+            "(`org/name` or `hf://org/name`) where the cluster can reach the hub."
+        )
+    )
+    task: Literal["sequence-classification", "regression"] = Field(
+        default="sequence-classification",
+        description="Head to train: sequence-classification with numLabels classes, or regression (one output).",
+    )
+    num_labels: int | None = Field(
+        default=None,
+        ge=1,
+        le=10000,
+        description="Number of classes; required for sequence-classification (at least 2).",
+    )
+    max_seq_length: int = Field(
+        default=256, ge=8, le=8192, description="Longest tokenised input; longer texts are truncated."
+    )
+
+    @model_validator(mode="after")
+    def _labels_match_task(self) -> ModelSpec:
+        if self.task == "sequence-classification":
+            if self.num_labels is None:
+                raise ValueError("numLabels is required when task is sequence-classification")
+            if self.num_labels < 2:
+                raise ValueError("numLabels must be at least 2 for sequence-classification")
+        elif self.num_labels not in (None, 1):
+            raise ValueError("numLabels must be 1 or unset when task is regression")
+        return self
+
+
+# --- data -----------------------------------------------------------------------
+
+
+class DataSource(ApiModel):
+    """One data set: a file or folder of records, or a hub data set."""
+
+    uri: Location = Field(
+        description=(
+            "An absolute path (file or folder on a volume), an object-store URI (s3://, gs://, "
+            "abfs://), or a hub data set (`hf://datasets/org/name`)."
+        )
+    )
+    format: Literal["jsonl", "csv", "parquet"] | None = Field(
+        default=None,
+        description="Record format; inferred from the file extension when unset.",
+    )
+    split: DnsLabel | None = Field(
+        default=None, description="Split of a hub data set (for example train, test); hub sources only."
+    )
+    max_samples: int | None = Field(
+        default=None, ge=1, le=1_000_000_000, description="Use at most this many records (after shuffling)."
+    )
+
+
+class DataSpec(ApiModel):
+    """Training and evaluation data."""
+
+    train: DataSource = Field(description="Training records.")
+    eval: DataSource | None = Field(
+        default=None, description="Evaluation records; without it, evaluation is skipped."
+    )
+    text_field: FieldName = Field(default="text", description="Record field holding the input text.")
+    text_pair_field: FieldName | None = Field(
+        default=None, description="Optional second text field, for sentence-pair tasks."
+    )
+    label_field: FieldName = Field(
+        default="label", description="Record field holding the label (class index or number)."
+    )
+    shuffle_seed: int = Field(
+        default=42, ge=0, le=2**31 - 1, description="Seed for shuffling records before sharding."
+    )
+
+
+# --- hyper-parameters -------------------------------------------------------------
+
+
+class TrainingSpec(ApiModel):
+    """Optimisation hyper-parameters."""
+
+    epochs: int = Field(default=3, ge=1, le=1000, description="Passes over the training data.")
+    batch_size_per_worker: int = Field(
+        default=32, ge=1, le=4096, description="Micro-batch size on each worker."
+    )
+    learning_rate: float = Field(
+        default=5e-5, gt=0, le=1, description="Peak learning rate for the base world size of one worker."
+    )
+    lr_scaling: Literal["none", "linear", "sqrt"] = Field(
+        default="none",
+        description="How the learning rate grows with world size W: none, linear (x W), or sqrt (x sqrt W).",
+    )
+    warmup_ratio: float = Field(
+        default=0.06, ge=0, le=0.5, description="Share of optimiser steps spent in linear warmup."
+    )
+    weight_decay: float = Field(default=0.01, ge=0, le=1, description="AdamW weight decay.")
+    gradient_accumulation_steps: int = Field(
+        default=1, ge=1, le=1024, description="Micro-batches per optimiser step."
+    )
+    max_grad_norm: float = Field(
+        default=1.0, ge=0, le=1000, description="Gradient clipping norm; 0 disables clipping."
+    )
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        default="bf16",
+        description="Autocast precision on GPUs; runs without GPUs always use fp32.",
+    )
+    eval_every_steps: int = Field(
+        default=0,
+        ge=0,
+        le=10_000_000,
+        description="Evaluate every N optimiser steps; 0 evaluates at the end of each epoch only.",
+    )
+    seed: int = Field(default=42, ge=0, le=2**31 - 1, description="Seed for weights, dropout and sampling.")
+
+
+# --- resources and scheduling -----------------------------------------------------
+
+
+class HeadResources(ApiModel):
+    """Resources of the Ray head pod (it runs the driver, no training)."""
+
+    cpu: Quantity = Field(default="2", description="CPU request and limit of the head container.")
+    memory: Quantity = Field(default="8Gi", description="Memory request and limit of the head container.")
+
+
+class GpuSelector(ApiModel):
+    """GPU model selection through the AMD GPU node-labeller's node labels."""
+
+    product_name: LabelValue | None = Field(
+        default=None,
+        description="Value of `amd.com/gpu.product-name`, for example AMD_Instinct_MI300X_OAM.",
+    )
+    family: LabelValue | None = Field(
+        default=None, description="Value of `amd.com/gpu.family`, for example AI (CDNA)."
+    )
+    vram: LabelValue | None = Field(default=None, description="Value of `amd.com/gpu.vram`, for example 192G.")
+
+
+class ResourcesSpec(ApiModel):
+    """Workers, GPUs and pod resources."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.gpusPerWorker > 0 || !has(self.gpu)",
+                    "gpu model selection requires gpusPerWorker > 0",
+                    fieldPath=".gpu",
+                )
+            ]
+        }
+    )
+
+    workers: int = Field(default=1, ge=1, le=1024, description="Ray Train workers, one pod each.")
+    gpus_per_worker: int = Field(
+        default=1,
+        ge=0,
+        le=16,
+        description="AMD GPUs (`amd.com/gpu`) per worker pod; 0 trains on CPU.",
+    )
+    cpus_per_worker: Quantity = Field(default="8", description="CPU request and limit per worker pod.")
+    memory_per_worker: Quantity = Field(default="64Gi", description="Memory request and limit per worker pod.")
+    shared_memory: Quantity = Field(
+        default="16Gi", description="Size of the in-memory /dev/shm volume for data loaders and RCCL."
+    )
+    head: HeadResources = Field(default_factory=HeadResources, description="Ray head pod resources.")
+    gpu: GpuSelector | None = Field(
+        default=None, description="Required GPU model, matched against AMD node-labeller labels."
+    )
+
+    @model_validator(mode="after")
+    def _gpu_selection_needs_gpus(self) -> ResourcesSpec:
+        if self.gpu is not None and self.gpus_per_worker == 0:
+            raise ValueError("gpu model selection requires gpusPerWorker > 0")
+        return self
+
+
+class Toleration(ApiModel):
+    """A Kubernetes toleration for the Ray pods."""
+
+    key: LabelKey | None = Field(default=None, description="Taint key; empty with Exists matches all.")
+    operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Exists or Equal.")
+    value: LabelValue | None = Field(default=None, description="Taint value for Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to tolerate; empty matches all."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, ge=0, description="For NoExecute: how long the pod stays bound after the taint."
+    )
+
+
+class SchedulingSpec(ApiModel):
+    """Where and in which order the Ray pods are placed."""
+
+    queue_name: DnsSubdomain | None = Field(
+        default=None,
+        description="Kueue LocalQueue; sets `kueue.x-k8s.io/queue-name` and lets Kueue admit the job.",
+    )
+    kueue_priority_class: DnsSubdomain | None = Field(
+        default=None,
+        description="Kueue WorkloadPriorityClass; sets `kueue.x-k8s.io/priority-class`.",
+    )
+    priority_class_name: DnsSubdomain | None = Field(
+        default=None, description="Kubernetes PriorityClass of the Ray pods."
+    )
+    node_selector: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=32, description="Extra node labels the Ray pods require."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Tolerations for the Ray pods."
+    )
+
+
+# --- pod extras -------------------------------------------------------------------
+
+
+class LocalObjectReference(ApiModel):
+    """A reference to an object in the job's namespace by name."""
+
+    name: DnsSubdomain = Field(description="Object name.")
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the job's namespace."""
+
+    name: DnsSubdomain = Field(description="Secret name.")
+    key: ConfigKey = Field(description="Key within the Secret.")
+
+
+class EnvVarSource(ApiModel):
+    """Where an environment variable's value comes from."""
+
+    secret_key_ref: SecretKeyRef = Field(description="A key of a Secret in the job's namespace.")
+
+
+class EnvVar(ApiModel):
+    """An extra environment variable for the Ray containers."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("!(has(self.value) && has(self.valueFrom))", "set either value or valueFrom, not both")
+            ]
+        }
+    )
+
+    name: EnvName = Field(description="Variable name.")
+    value: Text | None = Field(default=None, description="Literal value; only ever data, never run by a shell.")
+    value_from: EnvVarSource | None = Field(
+        default=None, description="Take the value from a Secret (credentials stay out of the spec)."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVar:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError("set either value or valueFrom, not both")
+        return self
+
+
+VOLUME_SOURCES = ("persistentVolumeClaim", "configMap", "secret", "emptyDir", "nfs", "csi", "ephemeral")
+
+
+class Volume(ApiModel):
+    """A pod volume: a name and exactly one Kubernetes volume source.
+
+    The source's own fields follow the Kubernetes Volume API and are checked by the
+    API server when the RayJob is created (hostPath is not offered).
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "x-kubernetes-preserve-unknown-fields": True,
+            "x-kubernetes-validations": [
+                _cel(
+                    "size(self) == 2 && self.exists(k, k in " + str(list(VOLUME_SOURCES)) + ")",
+                    "a volume needs a name and exactly one source of: " + ", ".join(VOLUME_SOURCES),
+                )
+            ],
+        },
+    )
+
+    name: DnsLabel = Field(description="Volume name, referenced by volumeMounts.")
+
+    @model_validator(mode="after")
+    def _one_known_source(self) -> Volume:
+        sources = set(self.model_extra or {})
+        if len(sources) != 1 or not sources <= set(VOLUME_SOURCES):
+            raise ValueError("a volume needs a name and exactly one source of: " + ", ".join(VOLUME_SOURCES))
+        return self
+
+
+class VolumeMount(ApiModel):
+    """Where a volume appears inside the Ray containers."""
+
+    name: DnsLabel = Field(description="Name of a volume in spec.volumes.")
+    mount_path: AbsPath = Field(description="Absolute mount path.")
+    read_only: bool = Field(default=False, description="Mount read-only.")
+    sub_path: RelPath | None = Field(default=None, description="Relative path inside the volume to mount.")
+
+
+# --- checkpoints, fault tolerance, lifecycle --------------------------------------------
+
+
+class CheckpointSpec(ApiModel):
+    """Ray Train checkpoints."""
+
+    storage_path: Location | None = Field(
+        default=None,
+        description=(
+            "Ray Train storage: an absolute path on a shared volume or an object-store URI. "
+            "Without it, checkpoints stay on the head's disk and retries start over."
+        ),
+    )
+    keep_last: int = Field(default=2, ge=1, le=100, description="Checkpoints to keep; older ones are deleted.")
+    every_steps: int = Field(
+        default=0, ge=0, le=10_000_000, description="Also checkpoint every N optimiser steps; 0 means per epoch only."
+    )
+    resume: Literal["auto", "never"] = Field(
+        default="auto",
+        description="auto resumes from the latest checkpoint under storagePath; never starts fresh.",
+    )
+
+
+class FaultToleranceSpec(ApiModel):
+    """What a failure costs."""
+
+    max_worker_failures: int = Field(
+        default=3,
+        ge=0,
+        le=100,
+        description="Worker failures Ray Train recovers from (restoring the last checkpoint) before the run fails.",
+    )
+    job_retries: int = Field(
+        default=0, ge=0, le=20, description="Whole-job retries on a new Ray cluster (RayJob backoffLimit)."
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None, ge=1, le=31_536_000, description="Fail the job when it runs longer than this."
+    )
+
+
+class LifecycleSpec(ApiModel):
+    """What happens after the job ends."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!has(self.ttlSecondsAfterFinished) || self.shutdownAfterJobFinishes",
+                    "ttlSecondsAfterFinished requires shutdownAfterJobFinishes",
+                    fieldPath=".ttlSecondsAfterFinished",
+                )
+            ]
+        }
+    )
+
+    shutdown_after_job_finishes: bool = Field(
+        default=True, description="Delete the Ray cluster when the job ends, freeing its GPUs."
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, le=31_536_000, description="Seconds to keep the Ray cluster after the job ends."
+    )
+
+    @model_validator(mode="after")
+    def _ttl_needs_shutdown(self) -> LifecycleSpec:
+        if self.ttl_seconds_after_finished is not None and not self.shutdown_after_job_finishes:
+            raise ValueError("ttlSecondsAfterFinished requires shutdownAfterJobFinishes")
+        return self
+
+
+# --- the job --------------------------------------------------------------------------
+
+# Fields that may change after creation; every other spec field is immutable.
+MUTABLE_FIELDS = ("suspend", "lifecycle")
+
+
+class RocmTrainingJobSpec(ApiModel):
+    """The desired fine-tuning job."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.volumeMounts.all(m, self.volumes.exists(v, v.name == m.name))",
+                    "every volumeMount must name a volume in spec.volumes",
+                    fieldPath=".volumeMounts",
+                ),
+                _cel(
+                    "!has(self.scheduling.queueName) || self.lifecycle.shutdownAfterJobFinishes",
+                    "Kueue (scheduling.queueName) requires lifecycle.shutdownAfterJobFinishes",
+                    fieldPath=".lifecycle.shutdownAfterJobFinishes",
+                ),
+            ]
+        }
+    )
+
+    model: ModelSpec = Field(description="Pretrained model and task.")
+    data: DataSpec = Field(description="Training and evaluation data.")
+    training: TrainingSpec = Field(default_factory=TrainingSpec, description="Hyper-parameters.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Workers, GPUs and pod resources.")
+    scheduling: SchedulingSpec = Field(
+        default_factory=SchedulingSpec, description="Kueue queue, priorities and node placement."
+    )
+    image: Image = Field(default=DEFAULT_IMAGE, description="Training image for the Ray head and workers.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="Image pull policy of the Ray containers."
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, max_length=16, description="Secrets for pulling the image."
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra environment variables for the Ray containers.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    volumes: list[Volume] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Volumes for data, models and checkpoints.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    volume_mounts: list[VolumeMount] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Mounts of spec.volumes into the Ray containers.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["mountPath"]},
+    )
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing and resume.")
+    fault_tolerance: FaultToleranceSpec = Field(
+        default_factory=FaultToleranceSpec, description="Worker-failure recovery, retries and deadline."
+    )
+    lifecycle: LifecycleSpec = Field(default_factory=LifecycleSpec, description="Clean-up after the job ends.")
+    suspend: bool = Field(
+        default=False, description="Suspend the job: the Ray cluster is deleted until it is set back to false."
+    )
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> RocmTrainingJobSpec:
+        volume_names = {v.name for v in self.volumes}
+        if len(volume_names) != len(self.volumes):
+            raise ValueError("volume names must be unique")
+        if missing := sorted({m.name for m in self.volume_mounts} - volume_names):
+            raise ValueError(f"every volumeMount must name a volume in spec.volumes (missing: {', '.join(missing)})")
+        if len({m.mount_path for m in self.volume_mounts}) != len(self.volume_mounts):
+            raise ValueError("volumeMount paths must be unique")
+        if len({e.name for e in self.env}) != len(self.env):
+            raise ValueError("env names must be unique")
+        if self.scheduling.queue_name and not self.lifecycle.shutdown_after_job_finishes:
+            raise ValueError("Kueue (scheduling.queueName) requires lifecycle.shutdownAfterJobFinishes")
+        return self
+
+
+# --- status ---------------------------------------------------------------------------
+
+Phase = Literal["Pending", "Queued", "Initializing", "Running", "Succeeded", "Failed", "Suspended"]
+
+
+class Condition(ApiModel):
+    """A condition, following Kubernetes API conventions."""
+
+    type: str = Field(max_length=316, description="Condition type, for example Ready or Admitted.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(default="", max_length=1024, description="CamelCase reason for the last transition.")
+    message: str = Field(default="", max_length=32768, description="Human-readable detail.")
+    last_transition_time: str | None = Field(default=None, description="When the status last changed (RFC 3339).")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The spec generation this condition was computed from."
+    )
+
+
+class Progress(ApiModel):
+    """Training progress."""
+
+    epoch: float | None = Field(default=None, ge=0, description="Current epoch (fractional).")
+    step: int | None = Field(default=None, ge=0, description="Optimiser steps done.")
+    total_steps: int | None = Field(default=None, ge=0, description="Optimiser steps in the whole run.")
+    percent: float | None = Field(default=None, ge=0, le=100, description="Share of steps done, in percent.")
+    eta_seconds: float | None = Field(default=None, ge=0, description="Estimated seconds until training ends.")
+
+
+class Metrics(ApiModel):
+    """Latest training metrics, aggregated over all workers."""
+
+    train_loss: float | None = Field(default=None, description="Mean training loss over the last interval.")
+    eval_loss: float | None = Field(default=None, description="Loss on the evaluation set.")
+    eval_accuracy: float | None = Field(default=None, ge=0, le=1, description="Accuracy on the evaluation set.")
+    train_seconds: float | None = Field(default=None, ge=0, description="Seconds spent training so far.")
+    eval_seconds: float | None = Field(default=None, ge=0, description="Seconds spent evaluating so far.")
+    samples_per_second: float | None = Field(default=None, ge=0, description="Training throughput, all workers.")
+    gpu_memory_peak_bytes: int | None = Field(
+        default=None, ge=0, description="Largest GPU memory peak of any worker, in bytes."
+    )
+    gpu_utilization_percent: float | None = Field(
+        default=None, ge=0, le=100, description="Mean GPU utilisation over workers, in percent."
+    )
+
+
+class RocmTrainingJobStatus(ApiModel):
+    """The observed state, written by the operator."""
+
+    phase: Phase | None = Field(default=None, description="Lifecycle phase of the job.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Current conditions.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    observed_generation: int | None = Field(default=None, ge=0, description="Last spec generation acted on.")
+    ray_job_name: str | None = Field(default=None, description="Name of the owned RayJob.")
+    ray_cluster_name: str | None = Field(default=None, description="Name of the Ray cluster KubeRay created.")
+    job_id: str | None = Field(default=None, description="Ray job submission id.")
+    dashboard_url: str | None = Field(default=None, description="Ray dashboard address inside the cluster.")
+    workers_desired: int | None = Field(default=None, ge=0, description="Worker pods the job asks for.")
+    workers_ready: int | None = Field(default=None, ge=0, description="Worker pods ready.")
+    gpus: int | None = Field(default=None, ge=0, description="AMD GPUs the job requests in total.")
+    start_time: str | None = Field(default=None, description="When the Ray job started (RFC 3339).")
+    completion_time: str | None = Field(default=None, description="When the Ray job ended (RFC 3339).")
+    restarts: int | None = Field(default=None, ge=0, description="Whole-job retries so far.")
+    progress: Progress | None = Field(default=None, description="Training progress.")
+    metrics: Metrics | None = Field(default=None, description="Latest training metrics.")
+    last_progress_time: str | None = Field(default=None, description="When progress was last reported (RFC 3339).")
+
+
+class ObjectMeta(ApiModel):
+    """The part of Kubernetes object metadata the API reads."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: DnsLabel = Field(max_length=MAX_NAME_LENGTH, description="Job name.")
+    namespace: DnsLabel = Field(default="default", description="Job namespace.")
+    uid: str | None = Field(default=None, description="Object uid.")
+    generation: int | None = Field(default=None, description="Spec generation.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels.")
+
+
+class RocmTrainingJob(ApiModel):
+    """A RocmTrainingJob object."""
+
+    api_version: Literal["rocmtrain.dev/v1alpha1"] = Field(default=API_VERSION, description="API version.")
+    kind: Literal["RocmTrainingJob"] = Field(default=KIND, description="Kind.")
+    metadata: ObjectMeta = Field(description="Object metadata.")
+    spec: RocmTrainingJobSpec = Field(description="Desired state.")
+    status: RocmTrainingJobStatus | None = Field(default=None, description="Observed state.")
