@@ -148,9 +148,7 @@ class DataSpec(ApiModel):
     """Training and evaluation data."""
 
     train: DataSource = Field(description="Training records.")
-    eval: DataSource | None = Field(
-        default=None, description="Evaluation records; without it, evaluation is skipped."
-    )
+    eval: DataSource | None = Field(default=None, description="Evaluation records; without it, evaluation is skipped.")
     text_field: FieldName = Field(default="text", description="Record field holding the input text.")
     text_pair_field: FieldName | None = Field(
         default=None, description="Optional second text field, for sentence-pair tasks."
@@ -158,9 +156,7 @@ class DataSpec(ApiModel):
     label_field: FieldName = Field(
         default="label", description="Record field holding the label (class index or number)."
     )
-    shuffle_seed: int = Field(
-        default=42, ge=0, le=2**31 - 1, description="Seed for shuffling records before sharding."
-    )
+    shuffle_seed: int = Field(default=42, ge=0, le=2**31 - 1, description="Seed for shuffling records before sharding.")
 
 
 # --- hyper-parameters -------------------------------------------------------------
@@ -170,9 +166,7 @@ class TrainingSpec(ApiModel):
     """Optimisation hyper-parameters."""
 
     epochs: int = Field(default=3, ge=1, le=1000, description="Passes over the training data.")
-    batch_size_per_worker: int = Field(
-        default=32, ge=1, le=4096, description="Micro-batch size on each worker."
-    )
+    batch_size_per_worker: int = Field(default=32, ge=1, le=4096, description="Micro-batch size on each worker.")
     learning_rate: float = Field(
         default=5e-5, gt=0, le=1, description="Peak learning rate for the base world size of one worker."
     )
@@ -184,12 +178,8 @@ class TrainingSpec(ApiModel):
         default=0.06, ge=0, le=0.5, description="Share of optimiser steps spent in linear warmup."
     )
     weight_decay: float = Field(default=0.01, ge=0, le=1, description="AdamW weight decay.")
-    gradient_accumulation_steps: int = Field(
-        default=1, ge=1, le=1024, description="Micro-batches per optimiser step."
-    )
-    max_grad_norm: float = Field(
-        default=1.0, ge=0, le=1000, description="Gradient clipping norm; 0 disables clipping."
-    )
+    gradient_accumulation_steps: int = Field(default=1, ge=1, le=1024, description="Micro-batches per optimiser step.")
+    max_grad_norm: float = Field(default=1.0, ge=0, le=1000, description="Gradient clipping norm; 0 disables clipping.")
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         default="bf16",
         description="Autocast precision on GPUs; runs without GPUs always use fp32.",
@@ -220,9 +210,7 @@ class GpuSelector(ApiModel):
         default=None,
         description="Value of `amd.com/gpu.product-name`, for example AMD_Instinct_MI300X_OAM.",
     )
-    family: LabelValue | None = Field(
-        default=None, description="Value of `amd.com/gpu.family`, for example AI (CDNA)."
-    )
+    family: LabelValue | None = Field(default=None, description="Value of `amd.com/gpu.family`, for example AI (CDNA).")
     vram: LabelValue | None = Field(default=None, description="Value of `amd.com/gpu.vram`, for example 192G.")
 
 
@@ -562,28 +550,78 @@ class Condition(ApiModel):
 class Progress(ApiModel):
     """Training progress."""
 
-    epoch: float | None = Field(default=None, ge=0, description="Current epoch (fractional).")
-    step: int | None = Field(default=None, ge=0, description="Optimiser steps done.")
-    total_steps: int | None = Field(default=None, ge=0, description="Optimiser steps in the whole run.")
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    epoch: float | None = Field(default=None, ge=0, le=1e6, description="Current epoch (fractional).")
+    step: int | None = Field(default=None, ge=0, le=10**12, description="Optimiser steps done.")
+    total_steps: int | None = Field(default=None, ge=0, le=10**12, description="Optimiser steps in the whole run.")
     percent: float | None = Field(default=None, ge=0, le=100, description="Share of steps done, in percent.")
-    eta_seconds: float | None = Field(default=None, ge=0, description="Estimated seconds until training ends.")
+    eta_seconds: float | None = Field(default=None, ge=0, le=1e9, description="Estimated seconds until training ends.")
 
 
 class Metrics(ApiModel):
     """Latest training metrics, aggregated over all workers."""
 
-    train_loss: float | None = Field(default=None, description="Mean training loss over the last interval.")
-    eval_loss: float | None = Field(default=None, description="Loss on the evaluation set.")
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    train_loss: float | None = Field(default=None, ge=-1e12, le=1e12, description="Mean training loss, last interval.")
+    learning_rate: float | None = Field(default=None, ge=0, le=10, description="Current learning rate.")
+    eval_loss: float | None = Field(default=None, ge=-1e12, le=1e12, description="Loss on the evaluation set.")
     eval_accuracy: float | None = Field(default=None, ge=0, le=1, description="Accuracy on the evaluation set.")
-    train_seconds: float | None = Field(default=None, ge=0, description="Seconds spent training so far.")
-    eval_seconds: float | None = Field(default=None, ge=0, description="Seconds spent evaluating so far.")
-    samples_per_second: float | None = Field(default=None, ge=0, description="Training throughput, all workers.")
+    eval_f1: float | None = Field(default=None, ge=0, le=1, description="Macro-F1 on the evaluation set.")
+    eval_mse: float | None = Field(default=None, ge=0, le=1e12, description="Mean squared error (regression).")
+    eval_mae: float | None = Field(default=None, ge=0, le=1e12, description="Mean absolute error (regression).")
+    train_seconds: float | None = Field(default=None, ge=0, le=1e9, description="Seconds spent training so far.")
+    eval_seconds: float | None = Field(default=None, ge=0, le=1e9, description="Seconds spent evaluating so far.")
+    samples_per_second: float | None = Field(
+        default=None, ge=0, le=1e9, description="Training throughput, all workers."
+    )
+    tokens_per_second: float | None = Field(
+        default=None, ge=0, le=1e12, description="Non-padding tokens per second, all workers."
+    )
+    data_wait_fraction: float | None = Field(
+        default=None, ge=0, le=1, description="Share of training time spent waiting for data."
+    )
+    cpu_utilization_percent: float | None = Field(
+        default=None, ge=0, le=100_000, description="CPU use of the training processes, in percent of one core."
+    )
     gpu_memory_peak_bytes: int | None = Field(
-        default=None, ge=0, description="Largest GPU memory peak of any worker, in bytes."
+        default=None, ge=0, le=2**50, description="Largest GPU memory peak of any worker, in bytes."
+    )
+    gpu_memory_peak_bytes_min: int | None = Field(
+        default=None, ge=0, le=2**50, description="Smallest GPU memory peak of any worker, in bytes."
     )
     gpu_utilization_percent: float | None = Field(
         default=None, ge=0, le=100, description="Mean GPU utilisation over workers, in percent."
     )
+    gpu_utilization_percent_min: float | None = Field(
+        default=None, ge=0, le=100, description="Lowest GPU utilisation of any worker, in percent."
+    )
+    gpu_utilization_percent_max: float | None = Field(
+        default=None, ge=0, le=100, description="Highest GPU utilisation of any worker, in percent."
+    )
+
+
+HISTORY_LENGTH = 50
+
+
+class HistoryPoint(ApiModel):
+    """One point of the loss curve."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    step: int = Field(ge=0, le=10**12, description="Optimiser step.")
+    train_loss: float | None = Field(default=None, ge=-1e12, le=1e12, description="Training loss at this step.")
+    eval_loss: float | None = Field(default=None, ge=-1e12, le=1e12, description="Evaluation loss, if evaluated.")
+    eval_accuracy: float | None = Field(default=None, ge=0, le=1, description="Evaluation accuracy, if evaluated.")
+
+
+class ProgressReport(ApiModel):
+    """What the training driver pushes to the operator's progress endpoint."""
+
+    progress: Progress = Field(description="Training progress.")
+    metrics: Metrics = Field(default_factory=Metrics, description="Aggregated metrics.")
+    final: bool = Field(default=False, description="True on the last report of a run.")
 
 
 class RocmTrainingJobStatus(ApiModel):
@@ -609,6 +647,11 @@ class RocmTrainingJobStatus(ApiModel):
     restarts: int | None = Field(default=None, ge=0, description="Whole-job retries so far.")
     progress: Progress | None = Field(default=None, description="Training progress.")
     metrics: Metrics | None = Field(default=None, description="Latest training metrics.")
+    history: list[HistoryPoint] = Field(
+        default_factory=list,
+        max_length=HISTORY_LENGTH,
+        description=f"The last {HISTORY_LENGTH} reported points, for plotting the loss curve.",
+    )
     last_progress_time: str | None = Field(default=None, description="When progress was last reported (RFC 3339).")
 
 

@@ -8,7 +8,6 @@ generated CRD.
 from __future__ import annotations
 
 import re
-
 from typing import Annotated
 
 from pydantic import AfterValidator, Field, StringConstraints
@@ -37,7 +36,6 @@ TRAVERSAL = r"(^|/)[.][.](/|$)"
 ABS_PATH = r"^/[A-Za-z0-9._~%+=,@/-]*$"
 # A field name in a data record.
 FIELD_NAME = r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
-
 
 
 def _no_traversal(value: str) -> str:

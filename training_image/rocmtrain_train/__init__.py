@@ -1,0 +1,1 @@
+"""The training image: Ray Train + PyTorch DDP + transformers fine-tuning loop."""
