@@ -120,9 +120,7 @@ def _default_groups(node: dict[str, Any]) -> None:
             continue
         if sub.get("type") == "array":
             sub["default"] = []
-        elif (sub.get("type") == "object" and "properties" in sub and not sub.get("required")) or (
-            sub.get("type") == "object" and "additionalProperties" in sub
-        ):
+        elif sub.get("type") == "object" and ("additionalProperties" in sub or not sub.get("required")):
             sub["default"] = {}
 
 
