@@ -1,0 +1,67 @@
+# rocm-train-operator: every entry point a person or CI needs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+export GOFLAGS ?= -buildvcs=false
+JOB ?= examples/quickstart.yaml
+
+.PHONY: install quickstart run test test-unit lint format crds docs manifests render validate \
+        cluster-binaries cluster-up cluster-down run-operator bench clean
+
+$(BIN)/activate:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+# Installs the project with every extra into .venv; re-runs only when pyproject changes.
+$(VENV)/.installed: pyproject.toml | $(BIN)/activate
+	$(PY) -m pip install --quiet -e '.[operator,train,dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# The README's quick start: install, then fine-tune MiniLM locally on CPU with an embedded Ray.
+quickstart: install
+	$(BIN)/rocmtrain run $(JOB) --summary runs/quickstart-summary.json
+
+run: quickstart
+
+# The README's test command: installs everything (Python deps, Go-built control plane), lints, tests.
+test: install cluster-binaries lint
+	$(BIN)/pytest -q -ra
+
+test-unit: install
+	$(BIN)/pytest -q -ra -m "not cluster and not ray"
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+crds: install
+	$(PY) -m rocmtrain.api.crd crds
+
+docs: install
+	$(PY) -m rocmtrain.docs README.md
+
+render: install
+	$(BIN)/rocmtrain render $(JOB)
+
+validate: install
+	$(BIN)/rocmtrain validate $(JOB)
+
+cluster-binaries:
+	tests/cluster/build.sh
+
+cluster-up: install cluster-binaries
+	$(PY) tests/cluster/kubecluster.py up
+
+cluster-down:
+	$(PY) tests/cluster/kubecluster.py down
+
+clean:
+	rm -rf $(VENV) .cluster runs .pytest_cache .ruff_cache
