@@ -49,10 +49,12 @@ docs: install
 	$(PY) -m rocmtrain.docs README.md
 
 render: install
-	$(BIN)/rocmtrain render $(JOB)
+	$(BIN)/rocmtrain render $(or $(RENDER_JOB),examples/cluster-mi300x.yaml)
 
 validate: install
-	$(BIN)/rocmtrain validate $(JOB)
+	$(BIN)/rocmtrain validate --context local examples/quickstart.yaml
+	$(BIN)/rocmtrain validate examples/cluster-mi300x.yaml
+	$(BIN)/rocmtrain validate examples/kueue.yaml
 
 cluster-binaries:
 	tests/cluster/build.sh

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from rocmtrain.api import models
+from rocmtrain.api.types import DNS_1035_LABEL
 
 CRD_FILE = f"{models.GROUP}_{models.PLURAL}.yaml"
 
@@ -151,7 +152,7 @@ def openapi_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "API version: " + models.API_VERSION + "."},
             "kind": {"type": "string", "description": "Kind: " + models.KIND + "."},
-            "metadata": {"type": "object"},
+            "metadata": {"type": "object", "description": "Standard object metadata."},
             "spec": spec_schema,
             "status": _structural(status, status.get("$defs", {})),
         },
@@ -162,7 +163,14 @@ def openapi_schema() -> dict[str, Any]:
                     f"metadata.name must be at most {models.MAX_NAME_LENGTH} characters, "
                     "so the names of the Ray cluster, pods and services derived from it stay valid"
                 ),
-            }
+            },
+            {
+                "rule": f"self.metadata.name.matches('{DNS_1035_LABEL}')",
+                "message": (
+                    "metadata.name must start with a letter and hold only lowercase letters, digits and '-' "
+                    "(KubeRay requires DNS-1035 names for the RayJob and its Ray cluster)"
+                ),
+            },
         ],
     }
 

@@ -10,9 +10,9 @@ the test suite checks both reject the same objects.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 
 from rocmtrain.api.types import (
@@ -91,7 +91,8 @@ class ModelSpec(ApiModel):
         description=(
             "Where the pretrained weights and tokenizer are: an absolute path (a mounted "
             "volume), an object-store URI (s3://, gs://, abfs://), or a Hugging Face hub id "
-            "(`org/name` or `hf://org/name`) where the cluster can reach the hub."
+            "(`org/name` or `hf://org/name`) where the cluster can reach the hub; `rocmtrain run` "
+            "also accepts a `./` path relative to the job file."
         )
     )
     task: Literal["sequence-classification", "regression"] = Field(
@@ -129,7 +130,8 @@ class DataSource(ApiModel):
     uri: Location = Field(
         description=(
             "An absolute path (file or folder on a volume), an object-store URI (s3://, gs://, "
-            "abfs://), or a hub data set (`hf://datasets/org/name`)."
+            "abfs://), or a hub data set (`hf://datasets/org/name`); `rocmtrain run` also accepts "
+            "a `./` path relative to the job file."
         )
     )
     format: Literal["jsonl", "csv", "parquet"] | None = Field(
@@ -386,7 +388,8 @@ class CheckpointSpec(ApiModel):
     storage_path: Location | None = Field(
         default=None,
         description=(
-            "Ray Train storage: an absolute path on a shared volume or an object-store URI. "
+            "Ray Train storage: an absolute path on a shared volume or an object-store URI "
+            "(`rocmtrain run` also accepts a `./` path relative to the job file). "
             "Without it, checkpoints stay on the head's disk and retries start over."
         ),
     )
@@ -468,6 +471,11 @@ class RocmTrainingJobSpec(ApiModel):
                     "Kueue (scheduling.queueName) requires lifecycle.shutdownAfterJobFinishes",
                     fieldPath=".lifecycle.shutdownAfterJobFinishes",
                 ),
+                _cel(
+                    "!self.suspend || self.lifecycle.shutdownAfterJobFinishes",
+                    "suspend requires lifecycle.shutdownAfterJobFinishes (KubeRay suspends by deleting the cluster)",
+                    fieldPath=".suspend",
+                ),
             ]
         }
     )
@@ -526,6 +534,10 @@ class RocmTrainingJobSpec(ApiModel):
             raise ValueError("env names must be unique")
         if self.scheduling.queue_name and not self.lifecycle.shutdown_after_job_finishes:
             raise ValueError("Kueue (scheduling.queueName) requires lifecycle.shutdownAfterJobFinishes")
+        if self.suspend and not self.lifecycle.shutdown_after_job_finishes:
+            raise ValueError(
+                "suspend requires lifecycle.shutdownAfterJobFinishes (KubeRay suspends by deleting the cluster)"
+            )
         return self
 
 
@@ -660,7 +672,8 @@ class ObjectMeta(ApiModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    name: DnsLabel = Field(max_length=MAX_NAME_LENGTH, description="Job name.")
+    # The tighter limit must sit inside Annotated: Field(max_length=...) does not narrow DnsLabel's own.
+    name: Annotated[DnsLabel, StringConstraints(max_length=MAX_NAME_LENGTH)] = Field(description="Job name.")
     namespace: DnsLabel = Field(default="default", description="Job namespace.")
     uid: str | None = Field(default=None, description="Object uid.")
     generation: int | None = Field(default=None, description="Spec generation.")

@@ -15,6 +15,8 @@ from pydantic import AfterValidator, Field, StringConstraints
 # RFC 1123 label (container, volume, port names) and subdomain (object names).
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# RFC 1035 label (service names; KubeRay requires it of RayJob and RayCluster names).
+DNS_1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 # Kubernetes resource quantity, e.g. 500m, 16Gi, 1.5.
 QUANTITY = r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 # Label/annotation key with optional DNS prefix, and label value.
@@ -28,9 +30,11 @@ ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # Container image reference: registry/repo[:tag][@digest], no whitespace.
 IMAGE = r"^[a-z0-9]+([._/:@-][A-Za-z0-9_.-]+)*$"
 # Location of a model or data set: an absolute path, an object-store URI,
-# or a hub reference. No whitespace, quotes, shell metacharacters, or `..`.
+# a hub reference, or a `./` path relative to the job file (local runs only;
+# `rocmtrain.validate` rejects it for cluster jobs). No whitespace, quotes,
+# shell metacharacters, or `..`.
 LOCATION = (
-    r"^((/|s3://|gs://|gcs://|abfs://|az://|hf://)[A-Za-z0-9._~%+=,@/-]+"
+    r"^((/|\./|s3://|gs://|gcs://|abfs://|az://|hf://)[A-Za-z0-9._~%+=,@/-]+"
     r"|[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?)$"
 )
 # A `..` path segment anywhere (rejected: no escaping a mount).

@@ -1,0 +1,69 @@
+"""Containers of the Ray pods and of the submitter pod.
+
+No container gets a command or args: KubeRay builds the Ray containers'
+`ray start` line from rayStartParams and the submitter's `ray job submit` line
+from the RayJob's entrypoint, both of which hold only operator constants.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rocmtrain.api.models import RocmTrainingJob
+
+GPU_RESOURCE = "amd.com/gpu"
+HEAD_CONTAINER = "ray-head"
+WORKER_CONTAINER = "ray-worker"
+# KubeRay's utils.SubmitterContainerName; it fills in this container's command.
+SUBMITTER_CONTAINER = "ray-job-submitter"
+# `ray job submit` followed by `ray job logs --follow`: one small Python process.
+SUBMITTER_CPU = "500m"
+SUBMITTER_MEMORY = "512Mi"
+
+
+def container_security_context() -> dict[str, Any]:
+    """Restricted Pod Security: no privilege escalation, no capabilities, never root."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+    }
+
+
+def guaranteed_resources(cpu: str, memory: str, gpus: int = 0) -> dict[str, Any]:
+    """Requests equal to limits (Guaranteed QoS); AMD GPUs as the `amd.com/gpu` extended resource."""
+    amounts: dict[str, str] = {"cpu": cpu, "memory": memory}
+    if gpus:
+        amounts[GPU_RESOURCE] = str(gpus)
+    return {"limits": dict(amounts), "requests": dict(amounts)}
+
+
+def ray_container(
+    job: RocmTrainingJob,
+    *,
+    name: str,
+    resources: dict[str, Any],
+    env: list[dict[str, Any]],
+    mounts: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """A Ray node container (the first container of a Ray pod, as KubeRay requires)."""
+    return {
+        "name": name,
+        "image": job.spec.image,
+        "imagePullPolicy": job.spec.image_pull_policy,
+        "env": env,
+        "resources": resources,
+        "securityContext": container_security_context(),
+        "volumeMounts": mounts,
+    }
+
+
+def submitter_container(job: RocmTrainingJob) -> dict[str, Any]:
+    """The submitter container: the training image, so `ray` matches the cluster's version."""
+    return {
+        "name": SUBMITTER_CONTAINER,
+        "image": job.spec.image,
+        "imagePullPolicy": job.spec.image_pull_policy,
+        "resources": guaranteed_resources(SUBMITTER_CPU, SUBMITTER_MEMORY),
+        "securityContext": container_security_context(),
+    }

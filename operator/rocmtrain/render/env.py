@@ -1,0 +1,115 @@
+"""Environment of the Ray containers, in a fixed order.
+
+Order: runtime defaults (a user variable of the same name replaces its default),
+then the user's `spec.env`, then the variables the operator owns (`ROCMTRAIN_*`,
+head only). Owned variables come last, so they win even over a name that
+validation should have refused.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rocmtrain.api.models import API_VERSION, KIND, MUTABLE_FIELDS, RocmTrainingJob
+from rocmtrain.render.options import RenderOptions
+from rocmtrain.render.quantity import whole_cpus
+from rocmtrain.render.volumes import PROGRESS_CA_PATH, PROGRESS_TOKEN_PATH
+
+JOB_ENV = "ROCMTRAIN_JOB"
+PROGRESS_URL_ENV = "ROCMTRAIN_PROGRESS_URL"
+PROGRESS_CA_ENV = "ROCMTRAIN_PROGRESS_CA"
+PROGRESS_TOKEN_ENV = "ROCMTRAIN_PROGRESS_TOKEN"  # noqa: S105 (a variable name, not a secret)
+# Prefix of every variable the operator owns; users may not set these.
+OWNED_PREFIX = "ROCMTRAIN_"
+# Variables users may not set either: KubeRay sets or checks them (utils/constant.go),
+# and Ray assigns the devices of each worker process itself.
+RESERVED_ENV = frozenset(
+    {
+        "FQ_RAY_IP",
+        "KUBERAY_GEN_RAY_START_CMD",
+        "RAY_ADDRESS",
+        "RAY_AUTH_MODE",
+        "RAY_AUTH_TOKEN",
+        "RAY_CLOUD_INSTANCE_ID",
+        "RAY_CLUSTER_NAME",
+        "RAY_IP",
+        "RAY_NODE_TYPE_NAME",
+        "RAY_PORT",
+        "RAY_REDIS_ADDRESS",
+        "RAY_enable_autoscaler_v2",
+        "REDIS_PASSWORD",
+        "REDIS_USERNAME",
+        "CUDA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+    }
+)
+
+# Runtime defaults for pods with AMD GPUs (RCCL reads the NCCL_* names):
+# - NCCL_DEBUG=WARN: RCCL reports unusual conditions (a fallback transport, a
+#   topology it cannot use) without the per-collective chatter of INFO.
+# - HSA_FORCE_FINE_GRAIN_PCIE=1: enables RCCL's peer-to-peer transport between
+#   PCIe-connected GPUs of one pod (ROCm's RCCL usage tips); harmless over xGMI.
+# Not set: HIP_VISIBLE_DEVICES (the device plugin exposes only the allocated GPUs
+# and Ray assigns them to its workers; Ray refuses ROCR_VISIBLE_DEVICES), and
+# TORCH_NCCL_ASYNC_ERROR_HANDLING (PyTorch's default, 3, already ends the process
+# on a failed collective, which Ray Train then handles as a worker failure).
+GPU_ENV = (("NCCL_DEBUG", "WARN"), ("HSA_FORCE_FINE_GRAIN_PCIE", "1"))
+
+
+def job_config_json(job: RocmTrainingJob) -> str:
+    """The job as the training driver reads it from `ROCMTRAIN_JOB` (compact, sorted JSON).
+
+    The spec's mutable fields (suspend, lifecycle) are left out: the driver does not
+    use them, and leaving them out keeps the pod templates unchanged when they change.
+    """
+    metadata: dict[str, Any] = {"name": job.metadata.name, "namespace": job.metadata.namespace}
+    if job.metadata.uid:
+        metadata["uid"] = job.metadata.uid
+    spec = {key: value for key, value in job.spec.dump().items() if key not in MUTABLE_FIELDS}
+    document = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def progress_url(job: RocmTrainingJob, base_url: str) -> str:
+    """The job's progress endpoint under the operator's base URL."""
+    ns, name = job.metadata.namespace, job.metadata.name
+    return f"{base_url}/v1/namespaces/{ns}/rocmtrainingjobs/{name}/progress"
+
+
+def _var(name: str, value: str) -> dict[str, Any]:
+    return {"name": name, "value": value}
+
+
+def runtime_defaults(cpus: str, gpus: int) -> list[dict[str, Any]]:
+    """Defaults for one Ray container with `cpus` CPUs and `gpus` AMD GPUs.
+
+    OMP_NUM_THREADS is the container's whole CPUs, so PyTorch's thread pools follow the
+    CPU limit rather than the node's core count (Ray would otherwise pick 1 for actors
+    that request no CPUs).
+    """
+    env = [_var("OMP_NUM_THREADS", str(whole_cpus(cpus)))]
+    if gpus:
+        env += [_var(name, value) for name, value in GPU_ENV]
+    return env
+
+
+def owned_head_env(job: RocmTrainingJob, options: RenderOptions) -> list[dict[str, Any]]:
+    """The operator's variables on the head container: the job, and where to report progress."""
+    env = [_var(JOB_ENV, job_config_json(job))]
+    if options.progress_base_url:
+        env.append(_var(PROGRESS_URL_ENV, progress_url(job, options.progress_base_url)))
+        env.append(_var(PROGRESS_TOKEN_ENV, PROGRESS_TOKEN_PATH))
+        if options.progress_ca_configmap:
+            env.append(_var(PROGRESS_CA_ENV, PROGRESS_CA_PATH))
+    return env
+
+
+def container_env(
+    job: RocmTrainingJob, defaults: list[dict[str, Any]], owned: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Defaults not overridden by the user, the user's variables, then the owned ones."""
+    user = [var.dump() for var in job.spec.env]
+    user_names = {var["name"] for var in user}
+    return [var for var in defaults if var["name"] not in user_names] + user + owned

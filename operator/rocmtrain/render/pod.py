@@ -1,0 +1,135 @@
+"""Pod templates of the Ray head, the Ray workers and the submitter Job."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rocmtrain.api.models import GpuSelector, RocmTrainingJob
+from rocmtrain.render import container, env, volumes
+from rocmtrain.render.options import RenderOptions
+from rocmtrain.render.quantity import parse_quantity
+
+# The non-root user and group of the training image; fsGroup makes volumes writable to it.
+RUN_AS_USER = 1000
+RUN_AS_GROUP = 1000
+# Node labels of the AMD GPU node labeller, by GpuSelector field.
+GPU_NODE_LABELS = {
+    "product_name": "amd.com/gpu.product-name",
+    "family": "amd.com/gpu.family",
+    "vram": "amd.com/gpu.vram",
+}
+
+
+def pod_security_context(supplemental_groups: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Non-root user, RuntimeDefault seccomp, volumes owned by the user's group."""
+    context: dict[str, Any] = {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_GROUP,
+        "fsGroup": RUN_AS_GROUP,
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if supplemental_groups:
+        context["supplementalGroups"] = list(supplemental_groups)
+    return context
+
+
+def gpu_affinity(selector: GpuSelector | None) -> dict[str, Any] | None:
+    """Required node affinity on the AMD node-labeller labels the selector names; None without any."""
+    if selector is None:
+        return None
+    expressions = [
+        {"key": label, "operator": "In", "values": [value]}
+        for field, label in GPU_NODE_LABELS.items()
+        if (value := getattr(selector, field)) is not None
+    ]
+    if not expressions:
+        return None
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": expressions}]}
+        }
+    }
+
+
+def _pod_spec(
+    job: RocmTrainingJob,
+    containers: list[dict[str, Any]],
+    *,
+    volumes_: list[dict[str, Any]] | None = None,
+    affinity: dict[str, Any] | None = None,
+    supplemental_groups: tuple[int, ...] = (),
+) -> dict[str, Any]:
+    """What every pod of the job shares: scheduling, pull secrets, security; empty fields left out."""
+    scheduling = job.spec.scheduling
+    spec: dict[str, Any] = {
+        # Ray needs no Kubernetes API access; the progress token is projected explicitly.
+        "automountServiceAccountToken": False,
+        "containers": containers,
+        "securityContext": pod_security_context(supplemental_groups),
+    }
+    optional: dict[str, Any] = {
+        "affinity": affinity,
+        "imagePullSecrets": [secret.dump() for secret in job.spec.image_pull_secrets],
+        "nodeSelector": dict(scheduling.node_selector),
+        "priorityClassName": scheduling.priority_class_name,
+        "tolerations": [toleration.dump() for toleration in scheduling.tolerations],
+        "volumes": volumes_,
+    }
+    spec.update({key: value for key, value in optional.items() if value})
+    return spec
+
+
+def _template(labels: dict[str, str], spec: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"labels": dict(labels)}, "spec": spec}
+
+
+def _smaller(a: str, b: str) -> str:
+    return a if parse_quantity(a) <= parse_quantity(b) else b
+
+
+def head_template(job: RocmTrainingJob, options: RenderOptions, labels: dict[str, str]) -> dict[str, Any]:
+    """The head pod: runs the driver (`ROCMTRAIN_JOB`), reports progress, trains nothing."""
+    res = job.spec.resources
+    # The head trains nothing; its /dev/shm is no larger than its memory.
+    pod_volumes = [volumes.shm_volume(_smaller(res.shared_memory, res.head.memory)), *volumes.user_volumes(job)]
+    mounts = [volumes.shm_mount(), *volumes.user_mounts(job)]
+    if options.progress_base_url:
+        pod_volumes.append(volumes.progress_volume(options))
+        mounts.append(volumes.progress_mount())
+    head = container.ray_container(
+        job,
+        name=container.HEAD_CONTAINER,
+        resources=container.guaranteed_resources(res.head.cpu, res.head.memory),
+        env=env.container_env(job, env.runtime_defaults(res.head.cpu, 0), env.owned_head_env(job, options)),
+        mounts=mounts,
+    )
+    return _template(labels, _pod_spec(job, [head], volumes_=pod_volumes))
+
+
+def worker_template(job: RocmTrainingJob, options: RenderOptions, labels: dict[str, str]) -> dict[str, Any]:
+    """A worker pod: one Ray Train worker with its CPUs, memory and AMD GPUs."""
+    res = job.spec.resources
+    worker = container.ray_container(
+        job,
+        name=container.WORKER_CONTAINER,
+        resources=container.guaranteed_resources(res.cpus_per_worker, res.memory_per_worker, res.gpus_per_worker),
+        env=env.container_env(job, env.runtime_defaults(res.cpus_per_worker, res.gpus_per_worker), []),
+        mounts=[volumes.shm_mount(), *volumes.user_mounts(job)],
+    )
+    spec = _pod_spec(
+        job,
+        [worker],
+        volumes_=[volumes.shm_volume(res.shared_memory), *volumes.user_volumes(job)],
+        affinity=gpu_affinity(res.gpu),
+        supplemental_groups=options.gpu_device_groups if res.gpus_per_worker else (),
+    )
+    return _template(labels, spec)
+
+
+def submitter_template(job: RocmTrainingJob, labels: dict[str, str]) -> dict[str, Any]:
+    """The submitter Job's pod: `ray job submit` with the fixed entrypoint, as KubeRay writes it."""
+    spec = _pod_spec(job, [container.submitter_container(job)])
+    spec["restartPolicy"] = "Never"
+    return _template(labels, spec)

@@ -1,0 +1,41 @@
+"""Kubernetes resource quantities (the subset `rocmtrain.api.types.QUANTITY` admits) as exact numbers."""
+
+from __future__ import annotations
+
+import math
+import re
+from decimal import Decimal
+
+from rocmtrain.api.types import QUANTITY
+
+_SUFFIXES = {
+    "": Decimal(1),
+    "m": Decimal("0.001"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+}
+_SPLIT = re.compile(r"^([0-9.]+)([A-Za-z]*)$")
+
+
+def parse_quantity(text: str) -> Decimal:
+    """The value of a quantity such as `500m`, `1.5` or `16Gi`; ValueError for anything else."""
+    parts = _SPLIT.fullmatch(text) if re.fullmatch(QUANTITY, text) else None
+    if parts is None:
+        raise ValueError(f"not a resource quantity: {text!r}")
+    number, suffix = parts.groups()
+    return Decimal(number) * _SUFFIXES[suffix]
+
+
+def whole_cpus(text: str) -> int:
+    """CPUs a quantity provides to thread pools: its floor, at least 1 (as Ray sets OMP_NUM_THREADS)."""
+    return max(1, math.floor(parse_quantity(text)))

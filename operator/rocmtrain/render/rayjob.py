@@ -1,0 +1,122 @@
+"""The RayJob for a RocmTrainingJob: a pure, deterministic function of the job and the operator's options.
+
+Design choices (KubeRay v1.5.1, Ray 2.60.0):
+- submissionMode K8sJobMode: KubeRay runs `ray job submit` in a Kubernetes Job that
+  retries a failed submission without submitting twice, follows the driver's logs
+  (`kubectl logs job/<name>`), and keeps working while the operator restarts. Its pod
+  template is ours, so it runs with the same restricted security context.
+- The driver runs on the head (Ray's job supervisor places an entrypoint without
+  resource requests there), which is why `ROCMTRAIN_JOB` is set on the head only.
+- Head `num-cpus: "0"`: no Ray Train worker or data task lands on the head; Ray
+  Train's controller asks for 0 CPUs and is pinned to the driver's node, so it fits.
+- GPUs: KubeRay turns any limit whose name ends in "gpu" (utils.IsGPUResourceKey), so
+  `amd.com/gpu`, into `--num-gpus`, and CPU and memory limits into `--num-cpus` and
+  `--memory`; no rayStartParams are needed on the workers.
+- One worker group with replicas = minReplicas = maxReplicas and the autoscaler off:
+  data-parallel training wants a fixed world size, and Kueue requires it.
+- Queued jobs (spec.scheduling.queueName) get Kueue's labels and are created
+  suspended; Kueue unsuspends the RayJob on admission and owns `spec.suspend` from
+  then on, so the operator must not re-apply that field on a queued RayJob.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from rocmtrain.api.models import GROUP, RocmTrainingJob
+from rocmtrain.render import names, pod
+from rocmtrain.render.options import RenderOptions
+
+KUBERAY_VERSION = "v1.5.1"
+RAY_VERSION = "2.60.0"
+RAYJOB_API_VERSION = "ray.io/v1"
+# The driver's command line: a constant; the job reaches it through ROCMTRAIN_JOB only.
+ENTRYPOINT = "python -m rocmtrain_train"
+SUBMISSION_MODE = "K8sJobMode"
+JOB_NAME_LABEL = f"{GROUP}/job-name"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+
+
+def job_labels(job: RocmTrainingJob) -> dict[str, str]:
+    """Labels linking an object back to its job (on the RayJob and every pod template)."""
+    return {
+        JOB_NAME_LABEL: job.metadata.name,
+        "app.kubernetes.io/managed-by": "rocm-train-operator",
+        "app.kubernetes.io/name": "rocmtrain",
+    }
+
+
+def rayjob_labels(job: RocmTrainingJob) -> dict[str, str]:
+    """The RayJob's labels: the job labels plus Kueue's when the job is queued."""
+    labels = job_labels(job)
+    scheduling = job.spec.scheduling
+    if scheduling.queue_name:
+        labels[KUEUE_QUEUE_LABEL] = scheduling.queue_name
+    if scheduling.kueue_priority_class:
+        labels[KUEUE_PRIORITY_LABEL] = scheduling.kueue_priority_class
+    return labels
+
+
+def ray_cluster_spec(job: RocmTrainingJob, options: RenderOptions) -> dict[str, Any]:
+    """One head group and one fixed-size worker group."""
+    labels = job_labels(job)
+    workers = job.spec.resources.workers
+    return {
+        "rayVersion": RAY_VERSION,
+        "enableInTreeAutoscaling": False,
+        "headGroupSpec": {
+            "rayStartParams": {"num-cpus": "0"},
+            "template": pod.head_template(job, options, labels),
+        },
+        "workerGroupSpecs": [
+            {
+                "groupName": names.worker_group_name(job),
+                "replicas": workers,
+                "minReplicas": workers,
+                "maxReplicas": workers,
+                "template": pod.worker_template(job, options, labels),
+            }
+        ],
+    }
+
+
+def render_rayjob(job: RocmTrainingJob, *, options: RenderOptions | None = None) -> dict[str, Any]:
+    """The RayJob for `job` (which `rocmtrain.validate.validate_job` accepted)."""
+    options = options or RenderOptions()
+    spec = job.spec
+    rayjob_spec: dict[str, Any] = {
+        "entrypoint": ENTRYPOINT,
+        "submissionMode": SUBMISSION_MODE,
+        "submitterPodTemplate": pod.submitter_template(job, job_labels(job)),
+        "shutdownAfterJobFinishes": spec.lifecycle.shutdown_after_job_finishes,
+        "backoffLimit": spec.fault_tolerance.job_retries,
+        "suspend": spec.suspend or spec.scheduling.queue_name is not None,
+        "rayClusterSpec": ray_cluster_spec(job, options),
+    }
+    if spec.lifecycle.ttl_seconds_after_finished is not None:
+        rayjob_spec["ttlSecondsAfterFinished"] = spec.lifecycle.ttl_seconds_after_finished
+    if spec.fault_tolerance.active_deadline_seconds is not None:
+        rayjob_spec["activeDeadlineSeconds"] = spec.fault_tolerance.active_deadline_seconds
+    return {
+        "apiVersion": RAYJOB_API_VERSION,
+        "kind": "RayJob",
+        "metadata": {
+            "name": names.rayjob_name(job),
+            "namespace": job.metadata.namespace,
+            "labels": rayjob_labels(job),
+        },
+        "spec": rayjob_spec,
+    }
+
+
+def dump_yaml(obj: Any) -> str:
+    """Stable YAML: sorted keys, block style, no line wrapping."""
+    return yaml.safe_dump(obj, sort_keys=True, default_flow_style=False, allow_unicode=True, width=1 << 20)
+
+
+def render_rayjob_yaml(job: RocmTrainingJob, *, options: RenderOptions | None = None) -> str:
+    """The RayJob as YAML; the same job always gives byte-identical text."""
+    return dump_yaml(render_rayjob(job, options=options))

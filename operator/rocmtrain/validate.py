@@ -1,0 +1,242 @@
+"""Validate a RocmTrainingJob: every problem at once, each with its field path.
+
+`validate_job` is shared by the CLI, the operator and the training image. It runs
+the pydantic models (strict types, as the API server checks them), then the
+checks the models cannot express: names KubeRay derives from the job, names and
+paths the renderer reserves, resource sizes, and where data, models and
+checkpoints may live for the context the job runs in ("cluster" or "local").
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails
+
+from rocmtrain.api import crd
+from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.api.types import DNS_1035_LABEL
+from rocmtrain.patterns import describe_pattern
+from rocmtrain.render import env, names, volumes
+from rocmtrain.render.quantity import parse_quantity
+
+Context = Literal["cluster", "local"]
+OBJECT_STORE_SCHEMES = ("s3://", "gs://", "gcs://", "abfs://", "az://")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One problem: the dotted camelCase path of the field (`spec.resources.workers`) and what is wrong."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+def validate_job(obj: Any, *, context: Context = "cluster") -> tuple[RocmTrainingJob | None, list[FieldError]]:
+    """The job and no errors, or None and every error found.
+
+    Pydantic reports all field errors together; the further checks run once the
+    object is well-formed, and also report everything they find.
+    """
+    if not isinstance(obj, dict):
+        return None, [FieldError("", "a job must be a mapping with apiVersion, kind, metadata and spec")]
+    try:
+        job = RocmTrainingJob.model_validate(obj, strict=True)
+    except ValidationError as exc:
+        return None, [_pydantic_error(error) for error in exc.errors()]
+    errors = [
+        *_check_name(job),
+        *_check_locations(job, context),
+        *_check_env(job),
+        *_check_volumes(job),
+        *_check_resources(job),
+    ]
+    return (None, errors) if errors else (job, [])
+
+
+# --- pydantic errors -----------------------------------------------------------------
+
+
+def _format_path(loc: tuple[str | int, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif _IDENTIFIER.match(part):
+            path += f".{part}" if path else part
+        else:  # a map key such as a label key: quoted, so no input character shapes the output
+            path += f"[{json.dumps(part)}]"
+    return path
+
+
+@functools.cache
+def _cel_field_paths() -> dict[str, str]:
+    """Message of each cross-field rule -> the field it blames (its CEL fieldPath)."""
+    found: dict[str, str] = {}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for rule in node.get("x-kubernetes-validations", []):
+                if "fieldPath" in rule:
+                    found[rule["message"]] = rule["fieldPath"]
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(crd.openapi_schema())
+    return found
+
+
+def _blamed_field(message: str) -> str:
+    """The CEL fieldPath of the cross-field rule that `message` reports (it may add detail), or ""."""
+    for rule_message, field in _cel_field_paths().items():
+        if message == rule_message or message.startswith(rule_message + " "):
+            return field
+    return ""
+
+
+def _pydantic_error(error: ErrorDetails) -> FieldError:
+    loc = tuple(part for part in error["loc"] if part != "[key]")
+    path = _format_path(loc)
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    if kind == "string_pattern_mismatch":
+        message = "must be " + describe_pattern(str(ctx["pattern"]))
+    elif kind == "missing":
+        message = "required field is missing"
+    elif kind == "extra_forbidden":
+        message = "unknown field (field names are camelCase; see `rocmtrain crd`)"
+    elif kind == "value_error":
+        message = str(ctx.get("error", error["msg"]))
+        path += _blamed_field(message)
+    else:
+        message = error["msg"]
+    if "[key]" in error["loc"]:
+        message = "key " + message
+    return FieldError(path, message)
+
+
+# --- checks beyond the models ------------------------------------------------------------
+
+
+def _check_name(job: RocmTrainingJob) -> Iterator[FieldError]:
+    """The job name must yield valid names for everything KubeRay derives from it."""
+    name = job.metadata.name
+    if not re.fullmatch(DNS_1035_LABEL, name):
+        yield FieldError(
+            "metadata.name",
+            "must start with a letter: KubeRay names the RayJob, its RayCluster and their Services "
+            "after the job, and requires DNS-1035 names",
+        )
+        return
+    yield from check_derived_names(name, names.worker_group_name(job))
+
+
+def check_derived_names(name: str, group: str) -> Iterator[FieldError]:
+    """Errors for every derived name that breaks its DNS rule or length limit."""
+    for derived in names.derived_names(name, group):
+        if len(derived.name) > derived.max_length or not re.fullmatch(derived.pattern, derived.name):
+            yield FieldError(
+                "metadata.name",
+                f"too long: the {derived.what} name derived from it, {derived.name!r} ({len(derived.name)} "
+                f"characters), must be {describe_pattern(derived.pattern)} of at most {derived.max_length}",
+            )
+
+
+def _is_hub(location: str) -> bool:
+    return location.startswith("hf://") or not (
+        location.startswith(("/", "./")) or location.startswith(OBJECT_STORE_SCHEMES)
+    )
+
+
+def _locations(job: RocmTrainingJob) -> Iterator[tuple[str, str]]:
+    spec = job.spec
+    yield "spec.model.source", spec.model.source
+    yield "spec.data.train.uri", spec.data.train.uri
+    if spec.data.eval is not None:
+        yield "spec.data.eval.uri", spec.data.eval.uri
+    if spec.checkpoint.storage_path is not None:
+        yield "spec.checkpoint.storagePath", spec.checkpoint.storage_path
+
+
+def _check_locations(job: RocmTrainingJob, context: Context) -> Iterator[FieldError]:
+    for path, location in _locations(job):
+        if context == "cluster" and location.startswith("./"):
+            yield FieldError(
+                path,
+                "a ./relative path is only for `rocmtrain run`; a cluster job needs an absolute path on a "
+                "mounted volume, an object-store URI or a hub id",
+            )
+    for field, source in (("train", job.spec.data.train), ("eval", job.spec.data.eval)):
+        if source is not None and source.split is not None and not _is_hub(source.uri):
+            yield FieldError(f"spec.data.{field}.split", "split applies to hub data sets only")
+    storage = job.spec.checkpoint.storage_path
+    if storage is None:
+        return
+    if _is_hub(storage):
+        yield FieldError(
+            "spec.checkpoint.storagePath", "must be an absolute path on a shared volume or an object-store URI"
+        )
+    elif context == "cluster" and storage.startswith("/") and not _on_writable_mount(job, storage):
+        yield FieldError(
+            "spec.checkpoint.storagePath",
+            "an absolute path must lie on a writable volume in spec.volumeMounts, "
+            "so every Ray pod reads and writes the same checkpoints",
+        )
+
+
+def _on_writable_mount(job: RocmTrainingJob, path: str) -> bool:
+    return any(
+        not mount.read_only and (path == mount.mount_path or path.startswith(mount.mount_path.rstrip("/") + "/"))
+        for mount in job.spec.volume_mounts
+    )
+
+
+def _check_env(job: RocmTrainingJob) -> Iterator[FieldError]:
+    for index, var in enumerate(job.spec.env):
+        if var.name.startswith(env.OWNED_PREFIX) or var.name in env.RESERVED_ENV:
+            yield FieldError(f"spec.env[{index}].name", f"{var.name} is set by the operator, KubeRay or Ray")
+
+
+def _check_volumes(job: RocmTrainingJob) -> Iterator[FieldError]:
+    for index, volume in enumerate(job.spec.volumes):
+        if volume.name in volumes.RESERVED_VOLUMES:
+            yield FieldError(f"spec.volumes[{index}].name", f"{volume.name} is reserved for the operator's volumes")
+        for source, value in (volume.model_extra or {}).items():
+            if not isinstance(value, dict):
+                yield FieldError(f"spec.volumes[{index}].{source}", "must be an object (a Kubernetes volume source)")
+    for index, mount in enumerate(job.spec.volume_mounts):
+        path = mount.mount_path.rstrip("/") or "/"
+        if any(path == reserved or path.startswith(reserved + "/") for reserved in volumes.RESERVED_MOUNT_PATHS):
+            yield FieldError(f"spec.volumeMounts[{index}].mountPath", f"{path} is reserved for the operator's mounts")
+
+
+def _check_resources(job: RocmTrainingJob) -> Iterator[FieldError]:
+    res = job.spec.resources
+    sizes = {
+        "spec.resources.cpusPerWorker": res.cpus_per_worker,
+        "spec.resources.memoryPerWorker": res.memory_per_worker,
+        "spec.resources.sharedMemory": res.shared_memory,
+        "spec.resources.head.cpu": res.head.cpu,
+        "spec.resources.head.memory": res.head.memory,
+    }
+    for path, quantity in sizes.items():
+        if parse_quantity(quantity) <= 0:
+            yield FieldError(path, "must be greater than zero")
+    if parse_quantity(res.shared_memory) > parse_quantity(res.memory_per_worker):
+        yield FieldError(
+            "spec.resources.sharedMemory",
+            "must not exceed memoryPerWorker: /dev/shm is memory-backed and counts towards the worker's memory",
+        )

@@ -1,0 +1,81 @@
+"""Valid job manifests (plain dicts, as read from YAML) for the unit tests to start from."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from rocmtrain.manifests import load_documents
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+_FULL: dict[str, Any] = {
+    "apiVersion": "rocmtrain.dev/v1alpha1",
+    "kind": "RocmTrainingJob",
+    "metadata": {"name": "sample", "namespace": "ml", "uid": "2c1f3c9e-0d4b-4c55-9a43-5f1d8e0c7b21"},
+    "spec": {
+        "model": {"source": "/models/roberta-base", "numLabels": 3},
+        "data": {
+            "train": {"uri": "s3://bucket/train.jsonl"},
+            "eval": {"uri": "hf://datasets/org/reviews", "split": "test"},
+        },
+        "resources": {
+            "workers": 3,
+            "gpusPerWorker": 2,
+            "cpusPerWorker": "12500m",
+            "memoryPerWorker": "96Gi",
+            "sharedMemory": "24Gi",
+            "head": {"cpu": "3", "memory": "12Gi"},
+            "gpu": {"productName": "AMD_Instinct_MI300X_OAM", "family": "AI", "vram": "192G"},
+        },
+        "scheduling": {
+            "priorityClassName": "training",
+            "nodeSelector": {"topology.kubernetes.io/zone": "zone-a"},
+            "tolerations": [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        },
+        "imagePullSecrets": [{"name": "registry"}],
+        "env": [
+            {"name": "HF_HUB_OFFLINE", "value": "1"},
+            {"name": "NCCL_DEBUG", "value": "INFO"},
+            {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "secret"}}},
+        ],
+        "volumes": [
+            {"name": "models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}},
+            {"name": "ckpt", "persistentVolumeClaim": {"claimName": "checkpoints"}},
+        ],
+        "volumeMounts": [
+            {"name": "models", "mountPath": "/models", "readOnly": True},
+            {"name": "ckpt", "mountPath": "/checkpoints"},
+        ],
+        "checkpoint": {"storagePath": "/checkpoints/sample"},
+        "faultTolerance": {"jobRetries": 2, "activeDeadlineSeconds": 7200},
+        "lifecycle": {"ttlSecondsAfterFinished": 300},
+    },
+}
+
+_MINIMAL: dict[str, Any] = {
+    "apiVersion": "rocmtrain.dev/v1alpha1",
+    "kind": "RocmTrainingJob",
+    "metadata": {"name": "minimal"},
+    "spec": {
+        "model": {"source": "org/model", "numLabels": 2},
+        "data": {"train": {"uri": "/data/train.jsonl"}},
+    },
+}
+
+
+def full_job() -> dict[str, Any]:
+    """A job that sets nearly every field."""
+    return copy.deepcopy(_FULL)
+
+
+def minimal_job() -> dict[str, Any]:
+    """A job with only the required fields."""
+    return copy.deepcopy(_MINIMAL)
+
+
+def example(name: str) -> dict[str, Any]:
+    """The single job of examples/<name>."""
+    (document,) = load_documents((EXAMPLES / name).read_text())
+    return document

@@ -1,0 +1,419 @@
+"""The RayJob renderer: structure, determinism, and KubeRay's real RayJob schema (v1.5.1).
+
+Every rendered RayJob is checked against the CRD KubeRay ships (see tests/kuberay.py);
+no KubeRay controller runs here.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+import kuberay
+from rocmtrain.api.models import MUTABLE_FIELDS, RocmTrainingJob
+from rocmtrain.render import (
+    ENTRYPOINT,
+    KUBERAY_VERSION,
+    RAY_VERSION,
+    RenderOptions,
+    rayjob_name,
+    render_rayjob,
+    render_rayjob_yaml,
+)
+from rocmtrain.render.quantity import parse_quantity, whole_cpus
+from rocmtrain.validate import validate_job
+from unit.samples import example, full_job, minimal_job
+
+OPTIONS = RenderOptions(
+    progress_base_url="https://rocmtrain-operator.rocmtrain-system.svc:8443",
+    progress_ca_configmap="rocmtrain-progress-ca",
+    gpu_device_groups=(44, 110),
+)
+
+
+def job_of(manifest: dict[str, Any]) -> RocmTrainingJob:
+    job, errors = validate_job(manifest)
+    assert not errors, errors
+    assert job is not None
+    return job
+
+
+def head_pod(rayjob: dict[str, Any]) -> dict[str, Any]:
+    return rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]
+
+
+def worker_group(rayjob: dict[str, Any]) -> dict[str, Any]:
+    (group,) = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    return group
+
+
+def pods(rayjob: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        "head": head_pod(rayjob),
+        "worker": worker_group(rayjob)["template"],
+        "submitter": rayjob["spec"]["submitterPodTemplate"],
+    }
+
+
+def env_of(template: dict[str, Any]) -> list[dict[str, Any]]:
+    return template["spec"]["containers"][0]["env"]
+
+
+def env_value(template: dict[str, Any], name: str) -> str:
+    (value,) = [var["value"] for var in env_of(template) if var["name"] == name]
+    return value
+
+
+@pytest.fixture
+def full() -> RocmTrainingJob:
+    return job_of(full_job())
+
+
+CASES = {
+    "full": (full_job, None),
+    "full-with-options": (full_job, OPTIONS),
+    "minimal": (minimal_job, None),
+    "minimal-with-options": (minimal_job, RenderOptions(progress_base_url="https://op.example:443")),
+    "cluster-mi300x": (lambda: example("cluster-mi300x.yaml"), OPTIONS),
+    "kueue": (lambda: example("kueue.yaml"), None),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_rendered_rayjob_matches_kuberay_schema(case: str) -> None:
+    manifest, options = CASES[case]
+    rayjob = render_rayjob(job_of(manifest()), options=options)
+    assert kuberay.schema_errors(rayjob) == []
+
+
+def test_schema_check_catches_typos_and_wrong_types(full: RocmTrainingJob) -> None:
+    rayjob = render_rayjob(full)
+    head_pod(rayjob)["spec"]["containers"][0]["volumeMount"] = []
+    worker_group(rayjob)["replicas"] = "3"
+    errors = kuberay.schema_errors(rayjob)
+    assert len(errors) == 2
+    assert any("'volumeMount' was unexpected" in error for error in errors)
+    assert any("workerGroupSpecs.0.replicas: '3' is not of type 'integer'" in error for error in errors)
+
+
+def _reordered(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _reordered(value[key]) for key in reversed(list(value))}
+    if isinstance(value, list):
+        return [_reordered(item) for item in value]
+    return value
+
+
+def test_rendering_is_deterministic() -> None:
+    first = render_rayjob_yaml(job_of(full_job()), options=OPTIONS)
+    assert render_rayjob_yaml(job_of(full_job()), options=OPTIONS) == first
+    assert render_rayjob_yaml(job_of(_reordered(full_job())), options=OPTIONS) == first
+    assert first.index("apiVersion:") < first.index("kind:") < first.index("metadata:")
+
+
+def test_versions_entrypoint_and_submission(full: RocmTrainingJob) -> None:
+    rayjob = render_rayjob(full)
+    assert (KUBERAY_VERSION, RAY_VERSION) == ("v1.5.1", "2.60.0")
+    assert rayjob["apiVersion"] == "ray.io/v1"
+    assert rayjob["kind"] == "RayJob"
+    assert rayjob["metadata"]["name"] == rayjob_name(full) == "sample"
+    assert rayjob["metadata"]["namespace"] == "ml"
+    assert rayjob["spec"]["rayClusterSpec"]["rayVersion"] == "2.60.0"
+    assert rayjob["spec"]["entrypoint"] == ENTRYPOINT
+    assert shlex.split(rayjob["spec"]["entrypoint"]) == ["python", "-m", "rocmtrain_train"]
+    assert rayjob["spec"]["submissionMode"] == "K8sJobMode"
+    submitter = rayjob["spec"]["submitterPodTemplate"]["spec"]
+    assert submitter["restartPolicy"] == "Never"
+    assert [c["name"] for c in submitter["containers"]] == ["ray-job-submitter"]
+    assert submitter["containers"][0]["image"] == full.spec.image
+
+
+def test_no_container_has_a_command(full: RocmTrainingJob) -> None:
+    for template in pods(render_rayjob(full, options=OPTIONS)).values():
+        for container in template["spec"]["containers"]:
+            assert "command" not in container
+            assert "args" not in container
+
+
+def test_head_group_runs_the_driver_and_no_training(full: RocmTrainingJob) -> None:
+    rayjob = render_rayjob(full)
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]
+    assert head["rayStartParams"] == {"num-cpus": "0"}
+    container = head["template"]["spec"]["containers"][0]
+    assert container["name"] == "ray-head"
+    assert container["resources"] == {
+        "limits": {"cpu": "3", "memory": "12Gi"},
+        "requests": {"cpu": "3", "memory": "12Gi"},
+    }
+    assert "affinity" not in head["template"]["spec"]
+
+
+def test_worker_group_is_fixed_size_with_amd_gpus(full: RocmTrainingJob) -> None:
+    rayjob = render_rayjob(full)
+    group = worker_group(rayjob)
+    assert rayjob["spec"]["rayClusterSpec"]["enableInTreeAutoscaling"] is False
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (3, 3, 3)
+    assert group["groupName"] == "gpu"
+    # KubeRay derives --num-gpus from any limit ending in "gpu", so no rayStartParams are needed.
+    assert "rayStartParams" not in group
+    amounts = {"cpu": "12500m", "memory": "96Gi", "amd.com/gpu": "2"}
+    assert group["template"]["spec"]["containers"][0]["resources"] == {"limits": amounts, "requests": amounts}
+
+
+def test_cpu_job_requests_no_gpus_and_gets_no_gpu_settings() -> None:
+    manifest = minimal_job()
+    manifest["spec"]["resources"] = {"gpusPerWorker": 0, "cpusPerWorker": "4"}
+    rayjob = render_rayjob(job_of(manifest), options=OPTIONS)
+    group = worker_group(rayjob)
+    assert group["groupName"] == "cpu"
+    assert "amd.com/gpu" not in group["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert [var["name"] for var in env_of(group["template"])] == ["OMP_NUM_THREADS"]
+    assert "supplementalGroups" not in group["template"]["spec"]["securityContext"]
+
+
+def test_gpu_model_selection_becomes_required_node_affinity(full: RocmTrainingJob) -> None:
+    spec = worker_group(render_rayjob(full))["template"]["spec"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [
+        {
+            "matchExpressions": [
+                {"key": "amd.com/gpu.product-name", "operator": "In", "values": ["AMD_Instinct_MI300X_OAM"]},
+                {"key": "amd.com/gpu.family", "operator": "In", "values": ["AI"]},
+                {"key": "amd.com/gpu.vram", "operator": "In", "values": ["192G"]},
+            ]
+        }
+    ]
+    partial = full_job()
+    partial["spec"]["resources"]["gpu"] = {"vram": "192G"}
+    spec = worker_group(render_rayjob(job_of(partial)))["template"]["spec"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [{"key": "amd.com/gpu.vram", "operator": "In", "values": ["192G"]}]}]
+    assert "affinity" not in worker_group(render_rayjob(job_of(minimal_job())))["template"]["spec"]
+
+
+def test_worker_env_order_defaults_and_user_overrides(full: RocmTrainingJob) -> None:
+    worker = worker_group(render_rayjob(full, options=OPTIONS))["template"]
+    assert env_of(worker) == [
+        {"name": "OMP_NUM_THREADS", "value": "12"},
+        {"name": "HSA_FORCE_FINE_GRAIN_PCIE", "value": "1"},
+        {"name": "HF_HUB_OFFLINE", "value": "1"},
+        {"name": "NCCL_DEBUG", "value": "INFO"},
+        {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "secret"}}},
+    ]
+
+
+def test_head_env_carries_the_job_and_the_progress_endpoint(full: RocmTrainingJob) -> None:
+    head = head_pod(render_rayjob(full, options=OPTIONS))
+    names = [var["name"] for var in env_of(head)]
+    assert names == [
+        "OMP_NUM_THREADS",
+        "HF_HUB_OFFLINE",
+        "NCCL_DEBUG",
+        "AWS_SECRET_ACCESS_KEY",
+        "ROCMTRAIN_JOB",
+        "ROCMTRAIN_PROGRESS_URL",
+        "ROCMTRAIN_PROGRESS_TOKEN",
+        "ROCMTRAIN_PROGRESS_CA",
+    ]
+    assert env_value(head, "OMP_NUM_THREADS") == "3"
+    assert env_value(head, "ROCMTRAIN_PROGRESS_URL") == (
+        "https://rocmtrain-operator.rocmtrain-system.svc:8443/v1/namespaces/ml/rocmtrainingjobs/sample/progress"
+    )
+    assert env_value(head, "ROCMTRAIN_PROGRESS_TOKEN") == "/var/run/secrets/rocmtrain.dev/progress/token"
+    assert env_value(head, "ROCMTRAIN_PROGRESS_CA") == "/var/run/secrets/rocmtrain.dev/progress/ca.crt"
+    worker = worker_group(render_rayjob(full, options=OPTIONS))["template"]
+    assert not [var for var in env_of(worker) if var["name"].startswith("ROCMTRAIN_")]
+
+
+def test_job_configuration_round_trips_through_the_training_parser(full: RocmTrainingJob) -> None:
+    head = head_pod(render_rayjob(full))
+    parsed = RocmTrainingJob.model_validate_json(env_value(head, "ROCMTRAIN_JOB"))
+    assert parsed.metadata.name == "sample"
+    assert parsed.metadata.namespace == "ml"
+    assert parsed.metadata.uid == full.metadata.uid
+    expected = {k: v for k, v in full.spec.dump().items() if k not in MUTABLE_FIELDS}
+    assert {k: v for k, v in parsed.spec.dump().items() if k not in MUTABLE_FIELDS} == expected
+    document = json.loads(env_value(head, "ROCMTRAIN_JOB"))
+    assert set(document) == {"apiVersion", "kind", "metadata", "spec"}
+    assert not set(MUTABLE_FIELDS) & set(document["spec"])
+
+
+def test_mutable_fields_leave_the_ray_cluster_unchanged() -> None:
+    before = render_rayjob(job_of(full_job()))
+    changed = full_job()
+    changed["spec"]["suspend"] = True
+    changed["spec"]["lifecycle"] = {"shutdownAfterJobFinishes": True, "ttlSecondsAfterFinished": 60}
+    after = render_rayjob(job_of(changed))
+    assert after["spec"]["rayClusterSpec"] == before["spec"]["rayClusterSpec"]
+    assert (after["spec"]["suspend"], after["spec"]["ttlSecondsAfterFinished"]) == (True, 60)
+
+
+def test_shared_memory_is_an_in_memory_volume(full: RocmTrainingJob) -> None:
+    rayjob = render_rayjob(full)
+    sizes = {}
+    for role in ("head", "worker"):
+        spec = pods(rayjob)[role]["spec"]
+        (shm,) = [v for v in spec["volumes"] if v["name"] == "dshm"]
+        assert shm["emptyDir"]["medium"] == "Memory"
+        sizes[role] = shm["emptyDir"]["sizeLimit"]
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in spec["containers"][0]["volumeMounts"]
+    # The head trains nothing: its /dev/shm is capped at its own memory.
+    assert sizes == {"worker": "24Gi", "head": "12Gi"}
+
+
+def test_user_volumes_and_mounts_reach_head_and_workers(full: RocmTrainingJob) -> None:
+    for role in ("head", "worker"):
+        spec = pods(render_rayjob(full))[role]["spec"]
+        assert spec["volumes"][1:] == [
+            {"name": "models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}},
+            {"name": "ckpt", "persistentVolumeClaim": {"claimName": "checkpoints"}},
+        ]
+        assert spec["containers"][0]["volumeMounts"][1:] == [
+            {"name": "models", "mountPath": "/models", "readOnly": True},
+            {"name": "ckpt", "mountPath": "/checkpoints", "readOnly": False},
+        ]
+
+
+def test_progress_credentials_are_a_projected_volume_on_the_head_only(full: RocmTrainingJob) -> None:
+    rayjob = render_rayjob(full, options=OPTIONS)
+    head = head_pod(rayjob)["spec"]
+    (volume,) = [v for v in head["volumes"] if v["name"] == "rocmtrain-progress"]
+    assert volume["projected"]["sources"] == [
+        {"serviceAccountToken": {"audience": "rocmtrain.dev/progress", "expirationSeconds": 3600, "path": "token"}},
+        {"configMap": {"name": "rocmtrain-progress-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+    ]
+    assert {
+        "name": "rocmtrain-progress",
+        "mountPath": "/var/run/secrets/rocmtrain.dev/progress",
+        "readOnly": True,
+    } in head["containers"][0]["volumeMounts"]
+    worker = worker_group(rayjob)["template"]["spec"]
+    assert "rocmtrain-progress" not in [v["name"] for v in worker["volumes"]]
+
+    without_ca = head_pod(render_rayjob(full, options=RenderOptions(progress_base_url="https://op:8443")))
+    (volume,) = [v for v in without_ca["spec"]["volumes"] if v["name"] == "rocmtrain-progress"]
+    assert [list(source) for source in volume["projected"]["sources"]] == [["serviceAccountToken"]]
+    assert "ROCMTRAIN_PROGRESS_CA" not in [var["name"] for var in env_of(without_ca)]
+
+    plain = head_pod(render_rayjob(full))
+    assert "rocmtrain-progress" not in [v["name"] for v in plain["spec"]["volumes"]]
+    assert [var["name"] for var in env_of(plain) if var["name"].startswith("ROCMTRAIN_")] == ["ROCMTRAIN_JOB"]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"progress_base_url": "http://op:8080"},
+        {"progress_base_url": "https://op:8443/path"},
+        {"progress_base_url": "https://op\n:8443"},
+        {"progress_ca_configmap": "ca"},
+        {"progress_base_url": "https://op", "progress_ca_configmap": "Bad_Name"},
+        {"progress_ca_key": "a/b"},
+        {"progress_token_audience": "two words"},
+        {"gpu_device_groups": (-1,)},
+    ],
+)
+def test_render_options_refuse_bad_values(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        RenderOptions(**kwargs)
+
+
+def test_every_pod_is_hardened_and_scheduled_alike(full: RocmTrainingJob) -> None:
+    for role, template in pods(render_rayjob(full, options=OPTIONS)).items():
+        spec = template["spec"]
+        assert spec["automountServiceAccountToken"] is False
+        context = spec["securityContext"]
+        assert context["runAsNonRoot"] is True
+        assert context["runAsUser"] != 0
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert context.get("supplementalGroups") == ([44, 110] if role == "worker" else None)
+        for container in spec["containers"]:
+            assert container["securityContext"] == {
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"]},
+                "runAsNonRoot": True,
+            }
+            assert container["resources"]["limits"] == container["resources"]["requests"]
+            assert container["imagePullPolicy"] == "IfNotPresent"
+        assert spec["nodeSelector"] == {"topology.kubernetes.io/zone": "zone-a"}
+        assert spec["tolerations"] == [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        assert spec["priorityClassName"] == "training"
+        assert spec["imagePullSecrets"] == [{"name": "registry"}]
+
+
+def test_minimal_job_leaves_optional_pod_fields_out() -> None:
+    rayjob = render_rayjob(job_of(minimal_job()))
+    for template in pods(rayjob).values():
+        for field in ("nodeSelector", "tolerations", "priorityClassName", "imagePullSecrets", "affinity"):
+            assert field not in template["spec"]
+    assert "ttlSecondsAfterFinished" not in rayjob["spec"]
+    assert "activeDeadlineSeconds" not in rayjob["spec"]
+    assert rayjob["spec"]["backoffLimit"] == 0
+    assert rayjob["spec"]["shutdownAfterJobFinishes"] is True
+    assert rayjob["spec"]["suspend"] is False
+
+
+def test_lifecycle_and_fault_tolerance(full: RocmTrainingJob) -> None:
+    spec = render_rayjob(full)["spec"]
+    assert spec["backoffLimit"] == 2
+    assert spec["activeDeadlineSeconds"] == 7200
+    assert spec["ttlSecondsAfterFinished"] == 300
+    assert spec["shutdownAfterJobFinishes"] is True
+    keep = full_job()
+    keep["spec"]["lifecycle"] = {"shutdownAfterJobFinishes": False}
+    assert render_rayjob(job_of(keep))["spec"]["shutdownAfterJobFinishes"] is False
+
+
+def test_labels_link_every_object_back_to_the_job(full: RocmTrainingJob) -> None:
+    rayjob = render_rayjob(full)
+    expected = {
+        "rocmtrain.dev/job-name": "sample",
+        "app.kubernetes.io/managed-by": "rocm-train-operator",
+        "app.kubernetes.io/name": "rocmtrain",
+    }
+    assert rayjob["metadata"]["labels"] == expected
+    for template in pods(rayjob).values():
+        assert template["metadata"]["labels"] == expected
+
+
+def test_queued_job_gets_kueue_labels_and_is_created_suspended() -> None:
+    rayjob = render_rayjob(job_of(example("kueue.yaml")))
+    labels = rayjob["metadata"]["labels"]
+    assert labels["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert labels["kueue.x-k8s.io/priority-class"] == "high"
+    assert rayjob["spec"]["suspend"] is True
+    assert rayjob["spec"]["shutdownAfterJobFinishes"] is True
+    for template in pods(rayjob).values():
+        assert not [key for key in template["metadata"]["labels"] if key.startswith("kueue.x-k8s.io/")]
+    unqueued = render_rayjob(job_of(full_job()))
+    assert not [key for key in unqueued["metadata"]["labels"] if key.startswith("kueue.x-k8s.io/")]
+    assert unqueued["spec"]["suspend"] is False
+
+
+def test_user_suspend_suspends_the_rayjob() -> None:
+    manifest = full_job()
+    manifest["spec"]["suspend"] = True
+    assert render_rayjob(job_of(manifest))["spec"]["suspend"] is True
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("500m", "0.5"), ("2", "2"), ("1.5", "1.5"), ("16Gi", str(16 * 2**30)), ("1k", "1000"), (".5M", "500000")],
+)
+def test_quantities(text: str, value: str) -> None:
+    assert parse_quantity(text) == Decimal(value)
+
+
+@pytest.mark.parametrize("text", ["", "1.5.2", "-1", "1e3", "12 Gi", "1Gb"])
+def test_bad_quantities_are_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_quantity(text)
+
+
+@pytest.mark.parametrize(("text", "threads"), [("250m", 1), ("1", 1), ("12500m", 12), ("64", 64)])
+def test_threads_per_cpu_quantity(text: str, threads: int) -> None:
+    assert whole_cpus(text) == threads

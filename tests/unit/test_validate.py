@@ -1,0 +1,469 @@
+"""validate_job: every bad input is refused at its field path, or rendered inert."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from typing import Any
+
+import pytest
+import yaml
+
+from rocmtrain.api import crd
+from rocmtrain.render import ENTRYPOINT, render_rayjob, render_rayjob_yaml
+from rocmtrain.validate import FieldError, check_derived_names, validate_job
+from unit.edits import Edit, both, drop, put
+from unit.samples import example, full_job, minimal_job
+
+LONG_NAME = "a" * 41
+
+# (id, edit of full_job(), path of the error, words of its message)
+INVALID: list[tuple[str, Edit, str, str]] = [
+    ("workers-string", put("spec.resources.workers", "4"), "spec.resources.workers", "valid integer"),
+    ("workers-zero", put("spec.resources.workers", 0), "spec.resources.workers", "greater than or equal to 1"),
+    ("workers-negative", put("spec.resources.workers", -2), "spec.resources.workers", "greater than or equal to 1"),
+    ("workers-fraction", put("spec.resources.workers", 1.5), "spec.resources.workers", "valid integer"),
+    ("workers-too-many", put("spec.resources.workers", 5000), "spec.resources.workers", "less than or equal"),
+    ("gpus-fraction", put("spec.resources.gpusPerWorker", 0.5), "spec.resources.gpusPerWorker", "valid integer"),
+    ("gpus-bool", put("spec.resources.gpusPerWorker", True), "spec.resources.gpusPerWorker", "valid integer"),
+    ("gpus-too-many", put("spec.resources.gpusPerWorker", 17), "spec.resources.gpusPerWorker", "less than or equal"),
+    ("precision-unknown", put("spec.training.precision", "fp8"), "spec.training.precision", "'fp32', 'bf16'"),
+    ("lr-zero", put("spec.training.learningRate", 0), "spec.training.learningRate", "greater than 0"),
+    ("lr-word", put("spec.training.learningRate", "fast"), "spec.training.learningRate", "valid number"),
+    ("epochs-null", put("spec.training.epochs", None), "spec.training.epochs", "valid integer"),
+    ("pull-policy", put("spec.imagePullPolicy", "Sometimes"), "spec.imagePullPolicy", "'Always'"),
+    ("data-missing", drop("spec.data"), "spec.data", "required field is missing"),
+    ("train-missing", drop("spec.data.train"), "spec.data.train", "required field is missing"),
+    ("source-missing", drop("spec.model.source"), "spec.model.source", "required field is missing"),
+    ("uri-traversal", put("spec.data.train.uri", "/data/../etc/passwd"), "spec.data.train.uri", "'..'"),
+    ("source-traversal", put("spec.model.source", "s3://b/../../x"), "spec.model.source", "'..'"),
+    ("mount-traversal", put("spec.volumeMounts[0].mountPath", "/mnt/../etc"), "spec.volumeMounts[0].mountPath", ".."),
+    ("subpath-traversal", put("spec.volumeMounts[0].subPath", "../keys"), "spec.volumeMounts[0].subPath", "'..'"),
+    ("uri-semicolon", put("spec.data.train.uri", "s3://b/x;rm -rf /"), "spec.data.train.uri", "metacharacters"),
+    ("source-subshell", put("spec.model.source", "$(curl evil)"), "spec.model.source", "metacharacters"),
+    ("storage-backtick", put("spec.checkpoint.storagePath", "/ckpt/`id`"), "spec.checkpoint.storagePath", "absolute"),
+    ("uri-newline", put("spec.data.eval.uri", "s3://b/x\nrm"), "spec.data.eval.uri", "metacharacters"),
+    ("image-shell", put("spec.image", "img:1; rm -rf /"), "spec.image", "container image reference"),
+    ("env-name-dash", put("spec.env[0].name", "BAD-NAME"), "spec.env[0].name", "environment variable name"),
+    ("env-name-newline", put("spec.env[0].name", "A\nB"), "spec.env[0].name", "environment variable name"),
+    ("env-value-nul", put("spec.env[0].value", "a\x00b"), "spec.env[0].value", "NUL"),
+    ("name-too-long", put("metadata.name", LONG_NAME), "metadata.name", "at most 40 characters"),
+    ("name-leading-digit", put("metadata.name", "1job"), "metadata.name", "start with a letter"),
+    ("name-uppercase", put("metadata.name", "Job"), "metadata.name", "DNS-1123 label"),
+    ("name-shell", put("metadata.name", "job;reboot"), "metadata.name", "DNS-1123 label"),
+    ("unknown-field", put("spec.trainng", {}), "spec.trainng", "unknown field"),
+    ("api-version", put("apiVersion", "rocmtrain.dev/v1"), "apiVersion", "rocmtrain.dev/v1alpha1"),
+    ("kind", put("kind", "Job"), "kind", "RocmTrainingJob"),
+    ("labels-missing", drop("spec.model.numLabels"), "spec.model.numLabels", "required when task"),
+    ("labels-one", put("spec.model.numLabels", 1), "spec.model", "at least 2"),
+    (
+        "regression-labels",
+        both(put("spec.model.task", "regression"), put("spec.model.numLabels", 3)),
+        "spec.model.numLabels",
+        "1 or unset",
+    ),
+    ("gpu-model-on-cpu", put("spec.resources.gpusPerWorker", 0), "spec.resources.gpu", "requires gpusPerWorker"),
+    (
+        "env-value-and-secret",
+        put("spec.env[2].value", "x"),
+        "spec.env[2]",
+        "either value or valueFrom",
+    ),
+    (
+        "volume-two-sources",
+        put("spec.volumes[0].emptyDir", {}),
+        "spec.volumes[0]",
+        "exactly one source",
+    ),
+    ("volume-hostpath", put("spec.volumes[0]", {"name": "h", "hostPath": {"path": "/"}}), "spec.volumes[0]", "one"),
+    (
+        "volume-source-string",
+        put("spec.volumes[0].persistentVolumeClaim", "models"),
+        "spec.volumes[0].persistentVolumeClaim",
+        "must be an object",
+    ),
+    ("mount-no-volume", put("spec.volumeMounts[0].name", "nope"), "spec.volumeMounts", "missing: nope"),
+    ("mount-duplicate", put("spec.volumeMounts[1].mountPath", "/models"), "spec", "paths must be unique"),
+    ("env-duplicate", put("spec.env[1].name", "HF_HUB_OFFLINE"), "spec", "env names must be unique"),
+    (
+        "queue-without-shutdown",
+        both(put("spec.scheduling.queueName", "q"), put("spec.lifecycle", {"shutdownAfterJobFinishes": False})),
+        "spec.lifecycle.shutdownAfterJobFinishes",
+        "Kueue",
+    ),
+    (
+        "suspend-without-shutdown",
+        both(put("spec.suspend", True), put("spec.lifecycle", {"shutdownAfterJobFinishes": False})),
+        "spec.suspend",
+        "requires lifecycle.shutdownAfterJobFinishes",
+    ),
+    (
+        "ttl-without-shutdown",
+        put("spec.lifecycle.shutdownAfterJobFinishes", False),
+        "spec.lifecycle.ttlSecondsAfterFinished",
+        "requires shutdownAfterJobFinishes",
+    ),
+    ("env-owned", put("spec.env[0].name", "ROCMTRAIN_JOB"), "spec.env[0].name", "set by the operator"),
+    ("env-ray-devices", put("spec.env[0].name", "HIP_VISIBLE_DEVICES"), "spec.env[0].name", "Ray"),
+    ("env-ray-address", put("spec.env[0].name", "RAY_ADDRESS"), "spec.env[0].name", "KubeRay"),
+    (
+        "volume-reserved",
+        both(put("spec.volumes[1].name", "dshm"), put("spec.volumeMounts[1].name", "dshm")),
+        "spec.volumes[1].name",
+        "reserved",
+    ),
+    ("mount-over-shm", put("spec.volumeMounts[1].mountPath", "/dev/shm"), "spec.volumeMounts[1].mountPath", "reserved"),
+    ("shm-too-big", put("spec.resources.sharedMemory", "97Gi"), "spec.resources.sharedMemory", "must not exceed"),
+    ("cpu-zero", put("spec.resources.cpusPerWorker", "0"), "spec.resources.cpusPerWorker", "greater than zero"),
+    ("cpu-integer", put("spec.resources.cpusPerWorker", 8), "spec.resources.cpusPerWorker", "valid string"),
+    ("memory-gb", put("spec.resources.memoryPerWorker", "64GB"), "spec.resources.memoryPerWorker", "quantity"),
+    ("head-memory-zero", put("spec.resources.head.memory", "0Gi"), "spec.resources.head.memory", "greater than"),
+    ("storage-hub", put("spec.checkpoint.storagePath", "org/ckpt"), "spec.checkpoint.storagePath", "object-store"),
+    ("storage-unmounted", put("spec.checkpoint.storagePath", "/tmp/ckpt"), "spec.checkpoint.storagePath", "writable"),
+    ("storage-readonly", put("spec.checkpoint.storagePath", "/models/c"), "spec.checkpoint.storagePath", "writable"),
+    ("uri-relative", put("spec.data.train.uri", "./data/train.jsonl"), "spec.data.train.uri", "`rocmtrain run`"),
+    ("split-not-hub", put("spec.data.train.split", "train"), "spec.data.train.split", "hub data sets only"),
+    (
+        "selector-key",
+        put("spec.scheduling.nodeSelector", {"bad key": "v"}),
+        'spec.scheduling.nodeSelector["bad key"]',
+        "key must be a label key",
+    ),
+    (
+        "selector-value",
+        put("spec.scheduling.nodeSelector", {"zone": "a b"}),
+        "spec.scheduling.nodeSelector.zone",
+        "label value",
+    ),
+    (
+        "toleration-op",
+        put("spec.scheduling.tolerations[0].operator", "In"),
+        "spec.scheduling.tolerations[0].operator",
+        "",
+    ),
+    (
+        "priority-class",
+        put("spec.scheduling.priorityClassName", "Bad_Name"),
+        "spec.scheduling.priorityClassName",
+        "DNS",
+    ),
+    ("queue-shell", put("spec.scheduling.queueName", "q;reboot"), "spec.scheduling.queueName", "DNS-1123 subdomain"),
+    ("gpu-product-shell", put("spec.resources.gpu.productName", "$(x)"), "spec.resources.gpu.productName", "label"),
+]
+
+
+@pytest.mark.parametrize(("edit", "path", "words"), [case[1:] for case in INVALID], ids=[c[0] for c in INVALID])
+def test_invalid_job_is_refused_at_its_field(edit: Edit, path: str, words: str) -> None:
+    manifest = full_job()
+    edit(manifest)
+    job, errors = validate_job(manifest)
+    assert job is None
+    assert [e for e in errors if e.path == path and words in e.message], errors
+
+
+def test_table_is_large_enough() -> None:
+    assert len(INVALID) >= 30
+    assert len({case[0] for case in INVALID}) == len(INVALID)
+
+
+def test_every_error_is_reported_at_once() -> None:
+    manifest = full_job()
+    both(
+        put("spec.resources.workers", 0),
+        put("spec.training.precision", "fp8"),
+        put("spec.image", "a b"),
+        put("spec.env[0].name", "1X"),
+        put("spec.bogus", 1),
+    )(manifest)
+    _, errors = validate_job(manifest)
+    assert {e.path for e in errors} == {
+        "spec.resources.workers",
+        "spec.training.precision",
+        "spec.image",
+        "spec.env[0].name",
+        "spec.bogus",
+    }
+
+
+@pytest.mark.parametrize("document", [None, [], "job", 3])
+def test_a_job_must_be_a_mapping(document: Any) -> None:
+    assert validate_job(document) == (
+        None,
+        [FieldError("", "a job must be a mapping with apiVersion, kind, metadata and spec")],
+    )
+
+
+def test_field_error_text() -> None:
+    assert str(FieldError("spec.resources.workers", "too small")) == "spec.resources.workers: too small"
+    assert str(FieldError("", "not a mapping")) == "not a mapping"
+
+
+def test_valid_jobs_pass() -> None:
+    for manifest in (full_job(), minimal_job(), example("cluster-mi300x.yaml"), example("kueue.yaml")):
+        job, errors = validate_job(manifest)
+        assert errors == []
+        assert job is not None
+
+
+# --- context: cluster or local -------------------------------------------------------
+
+
+def test_relative_paths_are_for_local_runs_only() -> None:
+    quickstart = example("quickstart.yaml")
+    job, errors = validate_job(quickstart, context="local")
+    assert errors == []
+    assert job is not None
+    _, errors = validate_job(quickstart, context="cluster")
+    assert [e.path for e in errors] == ["spec.data.train.uri", "spec.data.eval.uri"]
+    local_storage = example("quickstart.yaml")
+    local_storage["spec"]["checkpoint"] = {"storagePath": "./runs/quickstart"}
+    assert validate_job(local_storage, context="local")[1] == []
+    assert [e.path for e in validate_job(local_storage)[1]][-1] == "spec.checkpoint.storagePath"
+
+
+def test_relative_paths_still_may_not_escape() -> None:
+    quickstart = example("quickstart.yaml")
+    quickstart["spec"]["data"]["train"]["uri"] = "./../secrets.jsonl"
+    _, errors = validate_job(quickstart, context="local")
+    assert [(e.path, e.message) for e in errors] == [("spec.data.train.uri", "must not contain '..' path segments")]
+
+
+# --- derived names ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("group", ["gpu", "cpu"])
+def test_longest_allowed_name_gives_valid_derived_names(group: str) -> None:
+    assert list(check_derived_names("a" * 40, group)) == []
+
+
+def test_derived_names_that_break_dns_limits_are_reported() -> None:
+    errors = list(check_derived_names("a" * 50, "gpu"))
+    reported = " ".join(e.message for e in errors)
+    for what in ("RayJob", "RayCluster", "RayCluster head Service", "worker pod"):
+        assert f"the {what} name" in reported
+    assert all(e.path == "metadata.name" for e in errors)
+    assert "submitter Job" not in reported
+
+
+def test_name_at_the_limit_validates_and_renders() -> None:
+    manifest = full_job()
+    manifest["metadata"]["name"] = "a" + "-b" * 19 + "c"
+    job, errors = validate_job(manifest)
+    assert errors == []
+    assert job is not None
+    assert render_rayjob(job)["metadata"]["name"] == manifest["metadata"]["name"]
+
+
+# --- shell metacharacters: refused or inert ----------------------------------------------
+
+PAYLOADS = ["x; rm -rf /", "$(rm -rf /)", "`reboot`", "line\nbreak", "a && b", "'\"", "x|y", "../../etc/passwd"]
+
+
+def _string_fields(schema: dict[str, Any], doc: Any, path: str) -> list[str]:
+    """Paths of every string field (and map key) in `schema` that `doc` holds a container for."""
+    kind = schema.get("type")
+    if kind == "string":
+        return [path]
+    if kind == "array" and isinstance(doc, list):
+        found: dict[str, str] = {}  # each field once, in the first item that has it
+        for index, item in enumerate(doc):
+            for field in _string_fields(schema["items"], item, f"{path}[{index}]"):
+                found.setdefault(re.sub(r"\[\d+\]", "[]", field), field)
+        return list(found.values())
+    if kind == "object" and isinstance(doc, dict):
+        if "properties" in schema:
+            return [
+                found
+                for name, sub in schema["properties"].items()
+                for found in _string_fields(
+                    sub, doc.get(name, {} if sub.get("type") == "object" else None), f"{path}.{name}"
+                )
+                if sub.get("type") != "object" or name in doc
+            ]
+        if isinstance(schema.get("additionalProperties"), dict):
+            return [f"{path}.<key>", f"{path}.<value>"]
+    return []
+
+
+def _all_strings_job() -> dict[str, Any]:
+    manifest = full_job()
+    manifest["spec"]["data"].update({"textPairField": "pair", "train": {"uri": "hf://datasets/o/d", "split": "train"}})
+    manifest["spec"]["scheduling"]["tolerations"] = [
+        {"key": "k", "operator": "Equal", "value": "v", "effect": "NoExecute", "tolerationSeconds": 5}
+    ]
+    manifest["spec"]["scheduling"].update({"queueName": "q", "kueuePriorityClass": "p"})
+    manifest["spec"]["volumeMounts"][0]["subPath"] = "sub"
+    manifest["spec"]["data"]["eval"]["format"] = "jsonl"
+    return manifest
+
+
+STRING_FIELDS = _string_fields(crd.openapi_schema()["properties"]["spec"], _all_strings_job()["spec"], "spec")
+
+
+def _inject(manifest: dict[str, Any], field: str, payload: str) -> str:
+    """Put `payload` into `field`; return the path an error about it must carry."""
+    if field.endswith((".<key>", ".<value>")):
+        parent = field.rsplit(".", 1)[0]
+        put(parent, {payload: "v"} if field.endswith("<key>") else {"zone": payload})(manifest)
+        return f"{parent}[{json.dumps(payload)}]" if field.endswith("<key>") else f"{parent}.zone"
+    put(field, payload)(manifest)
+    return field
+
+
+def _leaves(node: Any, path: str = "") -> list[tuple[str, Any]]:
+    if isinstance(node, dict):
+        return [leaf for key, value in node.items() for leaf in _leaves(value, f"{path}.{key}")]
+    if isinstance(node, list):
+        return [leaf for index, value in enumerate(node) for leaf in _leaves(value, f"{path}[{index}]")]
+    return [(path, node)]
+
+
+def assert_inert(rayjob: dict[str, Any], payload: str) -> None:
+    """The payload is data: in env values and volume sources only, never in anything run."""
+    assert rayjob["spec"]["entrypoint"] == ENTRYPOINT
+    assert shlex.split(rayjob["spec"]["entrypoint"]) == ["python", "-m", "rocmtrain_train"]
+    assert rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParams"] == {"num-cpus": "0"}
+    leaves = _leaves(rayjob)
+    assert not [path for path, _ in leaves if path.endswith((".command", ".args")) or ".command[" in path]
+    for path, value in leaves:
+        if isinstance(value, str) and payload in value:
+            assert path.endswith(".value") or ".volumes[" in path, path
+    assert yaml.safe_load(render_rayjob_yaml_of(rayjob)) == rayjob
+
+
+def render_rayjob_yaml_of(rayjob: dict[str, Any]) -> str:
+    return yaml.safe_dump(rayjob, sort_keys=True)
+
+
+def test_every_string_field_is_covered() -> None:
+    assert len(STRING_FIELDS) >= 35
+    for field in ("spec.model.source", "spec.env[0].value", "spec.env[2].valueFrom.secretKeyRef.key", "spec.image"):
+        assert field in STRING_FIELDS
+
+
+@pytest.mark.parametrize("field", STRING_FIELDS)
+def test_shell_metacharacters_in_every_string_field(field: str) -> None:
+    for payload in PAYLOADS:
+        manifest = _all_strings_job()
+        blamed = _inject(manifest, field, payload)
+        job, errors = validate_job(manifest)
+        if job is None:
+            assert blamed in [e.path for e in errors], (payload, errors)
+            assert all(payload not in e.path or e.path == blamed for e in errors)
+        else:
+            assert_inert(render_rayjob(job), payload)
+
+
+def test_env_value_stays_verbatim_data() -> None:
+    manifest = full_job()
+    manifest["spec"]["env"][0]["value"] = "$(rm -rf /); `reboot`\nexit 1"
+    job, errors = validate_job(manifest)
+    assert errors == []
+    assert job is not None
+    rayjob = render_rayjob(job)
+    assert_inert(rayjob, manifest["spec"]["env"][0]["value"])
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    worker = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    for container in (head, worker):
+        assert {"name": "HF_HUB_OFFLINE", "value": "$(rm -rf /); `reboot`\nexit 1"} in container["env"]
+    (config,) = [var["value"] for var in head["env"] if var["name"] == "ROCMTRAIN_JOB"]
+    assert json.loads(config)["spec"]["env"][0]["value"] == "$(rm -rf /); `reboot`\nexit 1"
+    assert yaml.safe_load(render_rayjob_yaml(job)) == rayjob
+
+
+def test_volume_source_strings_stay_inside_the_volume() -> None:
+    manifest = full_job()
+    manifest["spec"]["volumes"][1] = {"name": "ckpt", "nfs": {"server": "$(reboot)", "path": "/x;y"}}
+    job, errors = validate_job(manifest)
+    assert errors == []
+    assert job is not None
+    rayjob = render_rayjob(job)
+    assert_inert(rayjob, "$(reboot)")
+    assert_inert(rayjob, "/x;y")
+
+
+# --- pydantic and CEL agree ---------------------------------------------------------------
+
+
+def _cel_rules(node: dict[str, Any], path: str = "") -> list[tuple[str, str]]:
+    """(schema path, rule) of every CEL rule that judges one object (transition rules excluded)."""
+    found = [(path, r["rule"]) for r in node.get("x-kubernetes-validations", []) if "oldSelf" not in r["rule"]]
+    for name, sub in node.get("properties", {}).items():
+        found += _cel_rules(sub, f"{path}.{name}" if path else name)
+    if "items" in node:
+        found += _cel_rules(node["items"], f"{path}[]")
+    return found
+
+
+TRAVERSAL = "!self.matches('(^|/)[.][.](/|$)')"
+LABEL_KEYS = next(rule for path, rule in _cel_rules(crd.openapi_schema()) if path == "spec.scheduling.nodeSelector")
+VOLUME_RULE = next(rule for path, rule in _cel_rules(crd.openapi_schema()) if path == "spec.volumes[]")
+# (schema path, rule) -> (edit of full_job(), path pydantic blames)
+CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
+    ("", "size(self.metadata.name) <= 40"): (put("metadata.name", LONG_NAME), "metadata.name"),
+    ("", "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')"): (put("metadata.name", "9a"), "metadata.name"),
+    ("spec", "self.volumeMounts.all(m, self.volumes.exists(v, v.name == m.name))"): (
+        put("spec.volumeMounts[0].name", "gone"),
+        "spec.volumeMounts",
+    ),
+    ("spec", "!has(self.scheduling.queueName) || self.lifecycle.shutdownAfterJobFinishes"): (
+        both(put("spec.scheduling.queueName", "q"), put("spec.lifecycle", {"shutdownAfterJobFinishes": False})),
+        "spec.lifecycle.shutdownAfterJobFinishes",
+    ),
+    ("spec", "!self.suspend || self.lifecycle.shutdownAfterJobFinishes"): (
+        both(put("spec.suspend", True), put("spec.lifecycle", {"shutdownAfterJobFinishes": False})),
+        "spec.suspend",
+    ),
+    ("spec.model", "self.task != 'sequence-classification' || has(self.numLabels)"): (
+        drop("spec.model.numLabels"),
+        "spec.model.numLabels",
+    ),
+    ("spec.model", "self.task != 'regression' || !has(self.numLabels) || self.numLabels == 1"): (
+        put("spec.model.task", "regression"),
+        "spec.model.numLabels",
+    ),
+    ("spec.model.source", TRAVERSAL): (put("spec.model.source", "/m/../x"), "spec.model.source"),
+    ("spec.data.train.uri", TRAVERSAL): (put("spec.data.train.uri", "/d/../x"), "spec.data.train.uri"),
+    ("spec.data.eval.uri", TRAVERSAL): (put("spec.data.eval.uri", "s3://b/.."), "spec.data.eval.uri"),
+    ("spec.volumeMounts[].mountPath", TRAVERSAL): (
+        put("spec.volumeMounts[1].mountPath", "/a/../b"),
+        "spec.volumeMounts[1].mountPath",
+    ),
+    ("spec.volumeMounts[].subPath", TRAVERSAL): (
+        put("spec.volumeMounts[1].subPath", "a/../../b"),
+        "spec.volumeMounts[1].subPath",
+    ),
+    ("spec.checkpoint.storagePath", TRAVERSAL): (
+        put("spec.checkpoint.storagePath", "/checkpoints/../etc"),
+        "spec.checkpoint.storagePath",
+    ),
+    ("spec.resources", "self.gpusPerWorker > 0 || !has(self.gpu)"): (
+        put("spec.resources.gpusPerWorker", 0),
+        "spec.resources.gpu",
+    ),
+    ("spec.scheduling.nodeSelector", LABEL_KEYS): (
+        put("spec.scheduling.nodeSelector", {"-bad": "v"}),
+        'spec.scheduling.nodeSelector["-bad"]',
+    ),
+    ("spec.env[]", "!(has(self.value) && has(self.valueFrom))"): (put("spec.env[2].value", "v"), "spec.env[2]"),
+    ("spec.volumes[]", VOLUME_RULE): (put("spec.volumes[0].secret", {"secretName": "s"}), "spec.volumes[0]"),
+    ("spec.lifecycle", "!has(self.ttlSecondsAfterFinished) || self.shutdownAfterJobFinishes"): (
+        put("spec.lifecycle.shutdownAfterJobFinishes", False),
+        "spec.lifecycle.ttlSecondsAfterFinished",
+    ),
+}
+
+
+def test_every_cel_rule_has_a_case() -> None:
+    assert sorted(_cel_rules(crd.openapi_schema())) == sorted(CEL_CASES)
+
+
+@pytest.mark.parametrize("rule", CEL_CASES, ids=[f"{path}:{rule[:40]}" for path, rule in CEL_CASES])
+def test_pydantic_refuses_what_cel_refuses(rule: tuple[str, str]) -> None:
+    edit, path = CEL_CASES[rule]
+    manifest = full_job()
+    edit(manifest)
+    job, errors = validate_job(manifest)
+    assert job is None
+    assert path in [e.path for e in errors], errors
