@@ -19,7 +19,7 @@ from rocmtrain.patterns import describe_pattern
 
 BEGIN = "<!-- BEGIN FIELD REFERENCE -->"
 END = "<!-- END FIELD REFERENCE -->"
-_KEY_RULE = re.compile(r"^self\.all\(k, k\.matches\('(.*)'\)\)$")
+_KEY_RULE = re.compile(r"^self\.all\(k, k\.matches\(r'(.*)'\)\)$")
 _IMMUTABLE_RULE = re.compile(r"^self\.(\w+) == oldSelf\.\1$")
 Notes = dict[str, list[str]]
 

@@ -116,6 +116,8 @@ def _pydantic_error(error: ErrorDetails) -> FieldError:
         message = "must be " + describe_pattern(str(ctx["pattern"]))
     elif kind == "missing":
         message = "required field is missing"
+    elif kind in ("model_type", "dict_type", "model_attributes_type"):
+        message = "must be an object"
     elif kind == "extra_forbidden":
         message = "unknown field (field names are camelCase; see `rocmtrain crd`)"
     elif kind == "value_error":
@@ -214,9 +216,6 @@ def _check_volumes(job: RocmTrainingJob) -> Iterator[FieldError]:
     for index, volume in enumerate(job.spec.volumes):
         if volume.name in volumes.RESERVED_VOLUMES:
             yield FieldError(f"spec.volumes[{index}].name", f"{volume.name} is reserved for the operator's volumes")
-        for source, value in (volume.model_extra or {}).items():
-            if not isinstance(value, dict):
-                yield FieldError(f"spec.volumes[{index}].{source}", "must be an object (a Kubernetes volume source)")
     for index, mount in enumerate(job.spec.volume_mounts):
         path = mount.mount_path.rstrip("/") or "/"
         if any(path == reserved or path.startswith(reserved + "/") for reserved in volumes.RESERVED_MOUNT_PATHS):

@@ -32,11 +32,12 @@ def test_committed_crd_is_current() -> None:
 
 
 def test_every_property_has_a_description() -> None:
+    # The API server allows nothing but `type` on metadata; kubectl explain documents it.
     missing = [
         f"{path}.{name}"
         for path, node in _nodes(crd.openapi_schema(), "")
         for name, sub in node.get("properties", {}).items()
-        if not sub.get("description")
+        if not sub.get("description") and f"{path}.{name}" != ".metadata"
     ]
     assert missing == []
 

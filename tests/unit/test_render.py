@@ -270,7 +270,7 @@ def test_user_volumes_and_mounts_reach_head_and_workers(full: RocmTrainingJob) -
         spec = pods(render_rayjob(full))[role]["spec"]
         assert spec["volumes"][1:] == [
             {"name": "models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}},
-            {"name": "ckpt", "persistentVolumeClaim": {"claimName": "checkpoints"}},
+            {"name": "ckpt", "persistentVolumeClaim": {"claimName": "checkpoints", "readOnly": False}},
         ]
         assert spec["containers"][0]["volumeMounts"][1:] == [
             {"name": "models", "mountPath": "/models", "readOnly": True},

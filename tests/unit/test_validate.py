@@ -76,7 +76,12 @@ INVALID: list[tuple[str, Edit, str, str]] = [
         "spec.volumes[0]",
         "exactly one source",
     ),
-    ("volume-hostpath", put("spec.volumes[0]", {"name": "h", "hostPath": {"path": "/"}}), "spec.volumes[0]", "one"),
+    (
+        "volume-hostpath",
+        put("spec.volumes[0]", {"name": "h", "hostPath": {"path": "/"}}),
+        "spec.volumes[0].hostPath",
+        "unknown field",
+    ),
     (
         "volume-source-string",
         put("spec.volumes[0].persistentVolumeClaim", "models"),

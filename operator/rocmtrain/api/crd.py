@@ -95,7 +95,7 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             ((pattern, sub),) = value.items()
             out["additionalProperties"] = _structural(sub, defs)
             out.setdefault("x-kubernetes-validations", []).append(
-                {"rule": f"self.all(k, k.matches('{pattern}'))", "message": "invalid label key"}
+                {"rule": f"self.all(k, k.matches(r'{pattern}'))", "message": "keys must be label keys: [prefix/]name"}
             )
         elif key == "exclusiveMinimum":
             out["minimum"], out["exclusiveMinimum"] = value, True
@@ -152,7 +152,7 @@ def openapi_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "API version: " + models.API_VERSION + "."},
             "kind": {"type": "string", "description": "Kind: " + models.KIND + "."},
-            "metadata": {"type": "object", "description": "Standard object metadata."},
+            "metadata": {"type": "object"},
             "spec": spec_schema,
             "status": _structural(status, status.get("$defs", {})),
         },

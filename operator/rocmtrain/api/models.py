@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic.alias_generators import to_camel, to_snake
 
 from rocmtrain.api.types import (
     AbsPath,
@@ -337,36 +337,54 @@ class EnvVar(ApiModel):
         return self
 
 
+class PersistentVolumeClaimSource(ApiModel):
+    """A PersistentVolumeClaim in the job's namespace."""
+
+    claim_name: DnsSubdomain = Field(description="Name of the PersistentVolumeClaim.")
+    read_only: bool = Field(default=False, description="Mount the claim read-only.")
+
+
+def _source(description: str) -> Any:
+    """A volume source passed through as the Kubernetes Volume API defines it."""
+    return Field(
+        default=None,
+        description=description + " Fields as in the Kubernetes Volume API; checked when the RayJob is created.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
 VOLUME_SOURCES = ("persistentVolumeClaim", "configMap", "secret", "emptyDir", "nfs", "csi", "ephemeral")
 
 
 class Volume(ApiModel):
-    """A pod volume: a name and exactly one Kubernetes volume source.
-
-    The source's own fields follow the Kubernetes Volume API and are checked by the
-    API server when the RayJob is created (hostPath is not offered).
-    """
+    """A pod volume: a name and exactly one source (hostPath is not offered)."""
 
     model_config = ConfigDict(
-        extra="allow",
         json_schema_extra={
-            "x-kubernetes-preserve-unknown-fields": True,
             "x-kubernetes-validations": [
                 _cel(
-                    "size(self) == 2 && self.exists(k, k in " + str(list(VOLUME_SOURCES)) + ")",
-                    "a volume needs a name and exactly one source of: " + ", ".join(VOLUME_SOURCES),
+                    "[" + ", ".join(f"has(self.{s})" for s in VOLUME_SOURCES) + "].filter(x, x).size() == 1",
+                    "a volume needs exactly one source of: " + ", ".join(VOLUME_SOURCES),
                 )
             ],
         },
     )
 
     name: DnsLabel = Field(description="Volume name, referenced by volumeMounts.")
+    persistent_volume_claim: PersistentVolumeClaimSource | None = Field(
+        default=None, description="A PersistentVolumeClaim (shared storage for data, models and checkpoints)."
+    )
+    config_map: dict[str, Any] | None = _source("A ConfigMap projected as files.")
+    secret: dict[str, Any] | None = _source("A Secret projected as files.")
+    empty_dir: dict[str, Any] | None = _source("Scratch space that lives as long as the pod.")
+    nfs: dict[str, Any] | None = _source("An NFS export.")
+    csi: dict[str, Any] | None = _source("A CSI volume (for example an object-store FUSE driver).")
+    ephemeral: dict[str, Any] | None = _source("A generic ephemeral volume.")
 
     @model_validator(mode="after")
-    def _one_known_source(self) -> Volume:
-        sources = set(self.model_extra or {})
-        if len(sources) != 1 or not sources <= set(VOLUME_SOURCES):
-            raise ValueError("a volume needs a name and exactly one source of: " + ", ".join(VOLUME_SOURCES))
+    def _one_source(self) -> Volume:
+        if sum(getattr(self, to_snake(s)) is not None for s in VOLUME_SOURCES) != 1:
+            raise ValueError("a volume needs exactly one source of: " + ", ".join(VOLUME_SOURCES))
         return self
 
 
