@@ -41,6 +41,14 @@ up_to_date() {
   for f in "${KUBERAY_CRDS[@]}"; do [[ -f "$bin/crds/$f" ]] || return 1; done
 }
 
+# --- kustomize, for `kustomize build manifests/` in tests/operator (operator issue) ---
+KUSTOMIZE_VERSION=v5.8.2
+if [[ "$("$bin/kustomize" version 2>/dev/null || true)" != "$KUSTOMIZE_VERSION" ]]; then
+  echo "building kustomize $KUSTOMIZE_VERSION into $bin"
+  GOBIN="$bin" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION"
+fi
+# --- end kustomize ---
+
 if up_to_date; then
   echo "cluster binaries up to date in $bin"
   exit 0
@@ -80,8 +88,12 @@ for f in "${KUBERAY_CRDS[@]}"; do
 done
 chmod -R u+w "$tmp/crds"
 
-rm -rf "$bin/crds"
-mv "$tmp/crds" "$bin/crds"
+# Renames only, so a test session starting meanwhile sees old or new files.
+mkdir -p "$bin/crds"
+for f in "${KUBERAY_CRDS[@]}"; do mv -f "$tmp/crds/$f" "$bin/crds/$f"; done
+for f in "$bin"/crds/*.yaml; do
+  [[ " ${KUBERAY_CRDS[*]} " == *" $(basename "$f") "* ]] || rm -f "$f"
+done
 for f in "${binaries[@]}"; do mv -f "$tmp/$f" "$bin/$f"; done
 echo "$key" > "$stamp"
 echo "cluster binaries built in $((SECONDS - start))s"

@@ -7,6 +7,9 @@ module rocmtrain.dev/tests/cluster
 
 go 1.26.0
 
+// etcd is pinned to the release k8s.io/kubernetes v1.36.3 itself requires, so
+// minimal version selection leaves the kube dependency graph exactly as upstream
+// tested it (a newer etcd would raise grpc, otel, x/net, ...).
 require (
 	go.etcd.io/etcd/server/v3 v3.6.8
 	k8s.io/kubernetes v1.36.3
