@@ -63,6 +63,8 @@ PRINTER_COLUMNS = [
 ]
 
 _DROP = {"title", "propertyNames"}
+# Marks a node that came from `X | None`: absent means unset, so it gets no default.
+_NULLABLE = "x-rocmtrain-nullable"
 
 
 def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -78,7 +80,7 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         rest = {k: v for k, v in schema.items() if k not in ("anyOf", "default")}
         if schema.get("default") is not None:
             rest["default"] = schema["default"]
-        return _structural({**options[0], **rest}, defs)
+        return {**_structural({**options[0], **rest}, defs), _NULLABLE: True}
 
     out: dict[str, Any] = {}
     for key, value in schema.items():
@@ -117,7 +119,7 @@ def _default_groups(node: dict[str, Any]) -> None:
     """Default optional nested groups to {} / [] so the API server fills in their defaults."""
     required = set(node.get("required", []))
     for name, sub in node.get("properties", {}).items():
-        if name in required or "default" in sub:
+        if sub.pop(_NULLABLE, False) or name in required or "default" in sub:
             continue
         if sub.get("type") == "array":
             sub["default"] = []
