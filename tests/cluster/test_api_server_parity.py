@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
-from unit.edits import drop, put
-from unit.samples import example, full_job, minimal_job
 
 from cluster.kubecluster import KubeCluster
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.render import render_rayjob
 from rocmtrain.validate import validate_job
+from unit.edits import drop, put
+from unit.samples import example, full_job, minimal_job
 
 pytestmark = pytest.mark.cluster
 
