@@ -1,0 +1,52 @@
+"""Small variants of the quickstart job for the training tests, and their local-run settings."""
+
+from __future__ import annotations
+
+import copy
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain_train.config import RunSettings, local_settings
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+QUICKSTART = EXAMPLES / "quickstart.yaml"
+# Small and quick, yet enough for the real MiniLM to learn the quickstart task well.
+FAST: dict[str, Any] = {
+    "model": {"maxSeqLength": 64},
+    "data": {"train": {"maxSamples": 960}, "eval": {"maxSamples": 200}},
+    "training": {"epochs": 1, "batchSizePerWorker": 16, "learningRate": 2.0e-4},
+}
+
+
+def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `extra` merged in, recursively (a copy)."""
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def job(name: str, *specs: dict[str, Any]) -> RocmTrainingJob:
+    """The quickstart job under another name, with the FAST settings and then `specs` merged into its spec."""
+    raw = yaml.safe_load(QUICKSTART.read_text())
+    raw["metadata"]["name"] = name
+    for extra in (FAST, *specs):
+        raw["spec"] = merge(raw["spec"], extra)
+    return RocmTrainingJob.model_validate(raw)
+
+
+def settings(training_job: RocmTrainingJob, storage: Path, *, job_dir: Path = EXAMPLES) -> RunSettings:
+    """Local-run settings, reporting every second."""
+    return local_settings(
+        training_job,
+        job_dir=str(job_dir),
+        run_id=uuid.uuid4().hex,
+        storage=str(storage),
+        cpu_count=os.cpu_count() or 1,
+        report_interval_s=1.0,
+    )

@@ -1,0 +1,84 @@
+"""Run settings for local and cluster runs, the job transport, and the resume rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from rocmtrain_train.checkpoint import resumable
+from rocmtrain_train.config import (
+    DEFAULT_CLUSTER_STORAGE,
+    JOB_ENV,
+    ConfigError,
+    cluster_settings,
+    cpu_quantity,
+    job_from_env,
+    local_settings,
+)
+from train.jobs import EXAMPLES, job
+
+
+@pytest.mark.parametrize(("value", "cpus"), [("8", 8.0), ("1.5", 1.5), ("500m", 0.5), ("2k", 2000.0)])
+def test_cpu_quantities(value, cpus):
+    assert cpu_quantity(value) == cpus
+
+
+@pytest.mark.parametrize("value", ["2Gi", "0", "-1", "lots"])
+def test_bad_cpu_quantities(value):
+    with pytest.raises(ConfigError, match="cpusPerWorker"):
+        cpu_quantity(value)
+
+
+def test_local_runs_share_the_machine_cpus_among_workers(tmp_path):
+    quick = job("quick", {"resources": {"workers": 2, "cpusPerWorker": "8"}})
+    assert local_settings(quick, job_dir=str(EXAMPLES), run_id="r", cpu_count=2).cpus_per_worker == 1.0
+    assert local_settings(quick, job_dir=str(EXAMPLES), run_id="r", cpu_count=16).cpus_per_worker == 8.0
+    assert local_settings(quick, job_dir=str(EXAMPLES), run_id="r", cpu_count=6).torch_threads == 3
+
+
+def test_local_storage_precedence(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plain = job("quick")
+    assert local_settings(plain, job_dir=str(EXAMPLES), run_id="r").storage == str(tmp_path / "runs")
+    assert local_settings(plain, job_dir=str(EXAMPLES), run_id="r", storage="out").run_path == str(
+        tmp_path / "out/quick"
+    )
+    spec_storage = job("quick", {"checkpoint": {"storagePath": "./ckpt"}})
+    chosen = local_settings(spec_storage, job_dir=str(EXAMPLES), run_id="r")
+    assert chosen.storage == str(EXAMPLES / "ckpt")
+    assert chosen.log_dir == str(EXAMPLES / "ckpt" / "quick" / "logs")
+    assert chosen.model_output == str(EXAMPLES / "ckpt" / "quick" / "model")
+
+
+def test_cpu_flag_overrides_gpus():
+    gpu_job = job("gpu", {"resources": {"gpusPerWorker": 1}})
+    assert local_settings(gpu_job, job_dir="/x", run_id="r").use_gpu
+    forced = local_settings(gpu_job, job_dir="/x", run_id="r", force_cpu=True)
+    assert not forced.use_gpu and forced.gpus_per_worker == 0
+
+
+def test_cluster_settings():
+    on_volume = cluster_settings(job("big", {"checkpoint": {"storagePath": "/mnt/ckpt"}}), run_id="r")
+    assert on_volume.run_path == "/mnt/ckpt/big" and on_volume.log_dir == "/mnt/ckpt/big/logs"
+    in_bucket = cluster_settings(job("big", {"checkpoint": {"storagePath": "s3://bucket/runs"}}), run_id="r")
+    assert in_bucket.model_output == "s3://bucket/runs/big/model"
+    assert in_bucket.log_dir == f"{DEFAULT_CLUSTER_STORAGE}/big/logs"
+    assert cluster_settings(job("big"), run_id="r").storage == DEFAULT_CLUSTER_STORAGE
+    assert cluster_settings(job("big", {"resources": {"gpusPerWorker": 2}}), run_id="r").gpus_per_worker == 2
+
+
+def test_the_job_travels_in_the_environment():
+    sent = job("sent")
+    assert job_from_env({JOB_ENV: sent.model_dump_json(by_alias=True)}) == sent
+    with pytest.raises(ConfigError, match="is not set"):
+        job_from_env({})
+    with pytest.raises(ConfigError, match="not hold a valid RocmTrainingJob"):
+        job_from_env({JOB_ENV: '{"kind": "RocmTrainingJob"}'})
+
+
+def test_resume_rule():
+    saved = {"run_id": "first", "world_size": 2}
+    assert resumable(saved, resume="auto", run_id="second", world_size=2)  # a whole-job retry
+    assert resumable(saved, resume="never", run_id="first", world_size=2)  # a worker restart within the run
+    assert not resumable(saved, resume="never", run_id="second", world_size=2)
+    with pytest.raises(RuntimeError, match="written by 2 workers, this run has 4"):
+        resumable(saved, resume="auto", run_id="second", world_size=4)

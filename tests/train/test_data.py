@@ -1,0 +1,233 @@
+"""Reading, sharding and batching records (no Ray, no model: these run in milliseconds)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import fsspec.implementations.memory
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from rocmtrain.api.models import DataSource, DataSpec, ModelSpec
+from rocmtrain_train.config import ConfigError
+from rocmtrain_train.data import (
+    Encoded,
+    collate,
+    length_grouped_batches,
+    read_records,
+    sample_order,
+    shard,
+    sorted_batches,
+    split_files,
+)
+
+ROWS = [{"text": f"review number {i}", "label": i % 3} for i in range(10)]
+CLASSIFY = ModelSpec(source="/models/x", numLabels=3)
+DATA = DataSpec(train=DataSource(uri="/unused"))
+
+
+def write(path: Path, rows: list[dict], fmt: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(rows)
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif fmt == "csv":
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(table, path)
+    else:
+        pq.write_table(table, path)
+    return path
+
+
+def read(uri: str, **kwargs) -> list[tuple[str, int]]:
+    records = read_records(DataSource(uri=uri), DATA, CLASSIFY, None, **kwargs)
+    return list(zip(records.texts, records.labels, strict=True))
+
+
+EXPECTED = [(r["text"], r["label"]) for r in ROWS]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_each_format_reads_the_same_records(tmp_path, fmt):
+    path = write(tmp_path / f"train.{fmt}", ROWS, fmt)
+    assert read(str(path)) == EXPECTED
+
+
+def test_a_folder_reads_its_files_in_order_and_ignores_others(tmp_path):
+    write(tmp_path / "part-0.parquet", ROWS[:4], "parquet")
+    write(tmp_path / "sub" / "part-1.parquet", ROWS[4:], "parquet")
+    (tmp_path / "_SUCCESS").write_text("")
+    (tmp_path / "README.md").write_text("notes")
+    assert read(str(tmp_path)) == EXPECTED
+
+
+def test_a_folder_mixing_formats_is_refused(tmp_path):
+    write(tmp_path / "a.parquet", ROWS, "parquet")
+    write(tmp_path / "b.jsonl", ROWS, "jsonl")
+    with pytest.raises(ConfigError, match="mixes formats"):
+        read(str(tmp_path))
+
+
+def test_relative_paths_resolve_against_the_job_folder(tmp_path):
+    write(tmp_path / "data" / "train.jsonl", ROWS, "jsonl")
+    records = read_records(DataSource(uri="./data/train.jsonl"), DATA, CLASSIFY, str(tmp_path))
+    assert len(records) == len(ROWS)
+    with pytest.raises(ConfigError, match="only allowed in local runs"):
+        read_records(DataSource(uri="./data/train.jsonl"), DATA, CLASSIFY, None)
+
+
+def test_object_store_uris_read_through_their_pyarrow_filesystem(tmp_path):
+    """What is faked: the bucket. `s3://bucket/...` is served by a pyarrow SubTreeFileSystem over a
+    local folder, injected where the real code calls `object_store_filesystem` (S3FileSystem or
+    FileSystem.from_uri). Everything after that (listing, format choice, reading) is the real path."""
+    write(tmp_path / "bucket" / "reviews" / "part-0.parquet", ROWS[:5], "parquet")
+    write(tmp_path / "bucket" / "reviews" / "part-1.parquet", ROWS[5:], "parquet")
+    opened = []
+
+    def object_store(uri: str) -> tuple[pafs.FileSystem, str]:
+        opened.append(uri)
+        return pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem()), uri.removeprefix("s3://")
+
+    assert read("s3://bucket/reviews", object_store=object_store) == EXPECTED
+    assert opened == ["s3://bucket/reviews"]
+
+
+def memory_hub(files: dict[str, list[dict]]) -> pafs.FileSystem:
+    """An in-memory stand-in for the hub, behind the same PyFileSystem(FSSpecHandler(...)) wrapper."""
+    memory = fsspec.implementations.memory.MemoryFileSystem()
+    memory.store.clear()
+    memory.pseudo_dirs.clear()
+    memory.pseudo_dirs.append("")
+    for path, rows in files.items():
+        sink = pa.BufferOutputStream()
+        pq.write_table(pa.Table.from_pylist(rows), sink)
+        memory.pipe_file(path, sink.getvalue().to_pybytes())
+    return pafs.PyFileSystem(pafs.FSSpecHandler(memory))
+
+
+def test_hub_data_sets_read_the_files_of_the_split():
+    """What is faked: the hub. `HfFileSystem` is replaced by fsspec's memory filesystem holding a
+    data set repository in the hub's Parquet layout, wrapped exactly as the real one is."""
+    hub = memory_hub(
+        {
+            "datasets/org/reviews/data/train-00000-of-00002.parquet": ROWS[:6],
+            "datasets/org/reviews/data/train-00001-of-00002.parquet": ROWS[6:],
+            "datasets/org/reviews/data/test-00000-of-00001.parquet": [{"text": "held out", "label": 0}],
+        }
+    )
+    train = read_records(
+        DataSource(uri="hf://datasets/org/reviews", split="train"), DATA, CLASSIFY, None, hub=lambda: hub
+    )
+    assert list(zip(train.texts, train.labels, strict=True)) == EXPECTED
+    test = read_records(
+        DataSource(uri="hf://datasets/org/reviews", split="test"), DATA, CLASSIFY, None, hub=lambda: hub
+    )
+    assert test.texts == ["held out"]
+
+
+def test_hub_data_sets_fall_back_to_the_parquet_conversion_branch():
+    """What is faked: the hub (see above); the repository has only the converted Parquet branch."""
+    hub = memory_hub({"datasets/org/csvset@refs%2Fconvert%2Fparquet/default/train/0000.parquet": ROWS})
+    source = DataSource(uri="hf://datasets/org/csvset", split="train")
+    assert len(read_records(source, DATA, CLASSIFY, None, hub=lambda: hub)) == len(ROWS)
+
+
+def test_split_selection_by_folder_or_file_name():
+    root = "datasets/o/n"
+    paths = [
+        f"{root}/data/train-00000-of-00001.parquet",
+        f"{root}/data/validation-00000-of-00001.parquet",
+        f"{root}/default/train/0000.parquet",
+        f"{root}/train.jsonl",
+        f"{root}/trainer_notes.jsonl",
+    ]
+    assert split_files(paths, root, "train") == [paths[0], paths[2], paths[3]]
+    assert split_files(paths, root, "validation") == [paths[1]]
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (DataSource(uri="hf://datasets/org/reviews"), "needs a split"),
+        (DataSource(uri="hf://org/reviews", split="train"), "hf://datasets/"),
+        (DataSource(uri="/data/train.jsonl", split="train"), "only for hub data sets"),
+        (DataSource(uri="az://container/data"), "az:// is not supported"),
+        (DataSource(uri="org/reviews"), "expected an absolute path"),
+    ],
+)
+def test_source_locations_are_checked_without_network(source, message):
+    def no_hub() -> pafs.FileSystem:
+        raise AssertionError("the hub must not be contacted")
+
+    with pytest.raises(ConfigError, match=message):
+        read_records(source, DATA, CLASSIFY, None, hub=no_hub)
+
+
+@pytest.mark.parametrize(
+    ("rows", "model", "message"),
+    [
+        ([{"text": "a", "label": 3}], CLASSIFY, "label 3 out of range 0..2"),
+        ([{"text": "a", "label": -1}], CLASSIFY, "out of range"),
+        ([{"text": "a", "label": "good"}], CLASSIFY, "not a class index"),
+        ([{"text": "a", "label": 1.5}], CLASSIFY, "not a class index"),
+        ([{"text": "a", "label": "x"}], ModelSpec(source="/m", task="regression"), "not a finite number"),
+        ([{"body": "a", "label": 1}], CLASSIFY, r"no field 'text' \(fields: body, label\)"),
+        ([{"text": "a", "label": 1}, {"text": None, "label": 1}], CLASSIFY, "record 1 has no value for 'text'"),
+    ],
+)
+def test_bad_records_are_named(tmp_path, rows, model, message):
+    path = write(tmp_path / "train.jsonl", rows, "jsonl")
+    with pytest.raises(ConfigError, match=message):
+        read_records(DataSource(uri=str(path)), DATA, model, None)
+
+
+def test_regression_labels_are_floats(tmp_path):
+    path = write(tmp_path / "train.jsonl", [{"text": "a", "label": 2}, {"text": "b", "label": 0.5}], "jsonl")
+    records = read_records(DataSource(uri=str(path)), DATA, ModelSpec(source="/m", task="regression"), None)
+    assert records.labels == [2.0, 0.5]
+
+
+@pytest.mark.parametrize(("count", "world_size"), [(10, 1), (10, 3), (11, 4), (7, 7), (1000, 6)])
+def test_shards_cover_every_record_once_and_training_shards_are_equal(count, world_size):
+    order = sample_order(count, seed=5, max_samples=None)
+    assert sorted(order) == list(range(count))
+    own = [shard(order, rank, world_size, pad=False) for rank in range(world_size)]
+    assert sorted(i for s in own for i in s) == list(range(count))  # nothing dropped, no overlap
+
+    padded = [shard(order, rank, world_size, pad=True) for rank in range(world_size)]
+    assert {len(s) for s in padded} == {math.ceil(count / world_size)}
+    for plain, extended in zip(own, padded, strict=True):
+        assert extended[: len(plain)] == plain and set(extended) == set(plain)  # padding repeats own records
+    # Equal shards give every rank the same number of micro-batches, so the same number of steps.
+    lengths = {len(length_grouped_batches([5] * len(s), 4, seed="1:0")) for s in padded}
+    assert lengths == {math.ceil(math.ceil(count / world_size) / 4)}
+
+
+def test_max_samples_cuts_after_the_seeded_shuffle():
+    assert sample_order(100, seed=1, max_samples=10) == sample_order(100, seed=1, max_samples=None)[:10]
+    assert sample_order(100, seed=1, max_samples=10) != sample_order(100, seed=2, max_samples=10)
+
+
+def test_length_grouped_batches_keep_similar_lengths_together():
+    lengths = [(i * 37) % 200 + 1 for i in range(1000)]
+    batches = length_grouped_batches(lengths, 10, seed="3:0")
+    assert sorted(i for b in batches for i in b) == list(range(1000))
+    spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches) / len(batches)
+    assert spread < 10  # random batches of 10 would spread over ~160
+    assert batches == length_grouped_batches(lengths, 10, seed="3:0")
+    assert batches != length_grouped_batches(lengths, 10, seed="3:1")
+
+
+def test_collate_pads_to_the_longest_in_the_batch():
+    encoded = Encoded(features={"input_ids": [[5, 6, 7], [8], [9, 9, 9, 9, 9]]}, labels=[0, 2, 1])
+    batch = collate(encoded, [0, 1], pad_id=0, regression=False)
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch["labels"].tolist() == [0, 2]
+    assert collate(encoded, [0], pad_id=0, regression=True, multiple_of=8)["input_ids"].shape == (1, 8)
+    assert [len(b) for b in sorted_batches(encoded.lengths, 2)] == [2, 1]

@@ -1,0 +1,119 @@
+"""Driver-side aggregation of per-rank metrics into ProgressReports, the sinks, and the main log."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+
+import pytest
+
+from rocmtrain.api.models import ProgressReport
+from rocmtrain_train.reporting import Aggregator, Reporter, summary
+from rocmtrain_train.sinks import ConsoleSink, JsonlSink
+
+
+def rank(r: int, **extra) -> dict:
+    base = {
+        "rank": r,
+        "world_size": 2,
+        "step": 10,
+        "total_steps": 40,
+        "epoch": 0.25,
+        "learning_rate": 1e-4,
+        "samples": 160,
+        "tokens": 6400,
+        "train_seconds": 10.0 + r,
+        "eval_seconds": 0.0,
+        "data_wait_seconds": 0.5,
+        "loss": 0.5 + r,
+        "interval_samples": 32,
+        "samples_per_second": 16.0,
+        "tokens_per_second": 640.0,
+        "data_wait_fraction": 0.1 * (r + 1),
+        "cpu_percent": 95.0,
+    }
+    return base | extra
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_ranks_are_combined():
+    clock = Clock()
+    aggregator = Aggregator(clock)
+    aggregator.add([rank(0, step=5), rank(1, step=5)])
+    clock.now += 50.0
+    report = aggregator.add([rank(0, gpu_utilization_percent=80.0), rank(1, gpu_utilization_percent=60.0)])
+    m, p = report.metrics, report.progress
+    assert m.samples_per_second == 32.0 and m.tokens_per_second == 1280.0 and m.cpu_utilization_percent == 190.0
+    assert m.train_loss == pytest.approx(1.0) and m.train_seconds == 11.0
+    assert m.data_wait_fraction == pytest.approx(0.15)
+    assert (m.gpu_utilization_percent, m.gpu_utilization_percent_min, m.gpu_utilization_percent_max) == (70, 60, 80)
+    assert m.gpu_memory_peak_bytes is None  # not measured on CPUs: left out, never made up
+    assert (p.step, p.total_steps, p.percent) == (10, 40, 25.0)
+    assert p.eta_seconds == pytest.approx(30 * 50 / 5)  # 5 steps took 50 s, 30 to go
+    assert not report.final
+
+
+def test_metrics_keep_their_latest_value_and_the_final_report_has_whole_run_throughput():
+    aggregator = Aggregator(Clock())
+    aggregator.add([rank(0, eval_accuracy=0.9, eval_loss=0.3), rank(1, eval_accuracy=0.9, eval_loss=0.3)])
+    aggregator.add([rank(0, loss=math.nan), rank(1, loss=math.nan)])
+    final = aggregator.add([rank(0, step=40, final=True, interval_samples=0), rank(1, step=40, interval_samples=0)])
+    assert final.final and final.metrics.eval_accuracy == 0.9
+    assert final.metrics.train_loss == pytest.approx(1.0)  # NaN losses are dropped, the last finite one stays
+    assert final.metrics.samples_per_second == pytest.approx(320 / 11.0)  # all samples over the longest rank
+    assert final.progress.eta_seconds == 0.0
+
+
+def test_summary_of_the_final_ranks():
+    ranks = [rank(r, step=40, epoch=1.0, eval_accuracy=0.95, eval_loss=0.2, model_path="/runs/x/model") for r in (0, 1)]
+    out = summary(ranks, wall_seconds=60.0)
+    assert out["eval_accuracy"] == 0.95 and out["world_size"] == 2 and out["steps"] == 40
+    assert out["samples_per_second"] == pytest.approx(320 / 11.0)
+    assert out["data_wait_fraction"] == pytest.approx(1.0 / 21.0)
+    assert {"eval_loss", "train_seconds", "eval_seconds", "wall_seconds", "model_path"} <= out.keys()
+
+
+class Failing:
+    def emit(self, report: ProgressReport) -> None:
+        raise ConnectionError("endpoint down")
+
+    def close(self) -> None:
+        pass
+
+
+def test_reporter_logs_key_events_and_survives_a_failing_sink(tmp_path, caplog):
+    log = logging.getLogger("test.reporter")
+    jsonl = JsonlSink(tmp_path / "metrics.jsonl")
+    console = io.StringIO()
+    reporter = Reporter([Failing(), jsonl, ConsoleSink(console, progress_bar=False)], log)
+    with caplog.at_level(logging.INFO, logger="test.reporter"):
+        reporter.on_report([rank(0, eval_accuracy=0.8, epoch_end=True), rank(1)], "/runs/x/checkpoint_1")
+        reporter.on_failure({1: "ActorDiedError: worker died"})
+        reporter.on_report([rank(0, resumed_from_step=10), rank(1)], None)
+        reporter.on_report([rank(0, step=40, final=True, model_path="/runs/x/model"), rank(1, step=40)], None)
+    reporter.close()
+    text = caplog.text
+    for event in (
+        "epoch 0 finished at step 10",
+        "evaluation at step 10: eval_accuracy=0.8000",
+        "checkpoint at step 10: /runs/x/checkpoint_1",
+        "worker failure on rank 1: ActorDiedError",
+        "resumed from the checkpoint at step 10",
+        "completed at step 40",
+        "progress sink Failing failed: endpoint down",
+    ):
+        assert event in text
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and json.loads(lines[-1])["final"] is True
+    assert "totalSteps" in json.loads(lines[0])["progress"]  # the wire form, camelCase
+    assert reporter.failures == 1 and reporter.final_ranks is not None
+    assert "eval accuracy" in console.getvalue() and "step 10/40" in console.getvalue()

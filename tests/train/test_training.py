@@ -1,0 +1,155 @@
+"""Real training: Ray Train workers fine-tune the real all-MiniLM-L6-v2 on the quickstart data, on CPUs.
+
+Nothing is faked here. Worker failures are real: the test kills a worker process with SIGKILL from
+outside, as the kernel's OOM killer or a node loss would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from rocmtrain.api.models import ProgressReport
+from rocmtrain_train import local
+from rocmtrain_train.config import RunSettings
+from rocmtrain_train.local import run_local
+from rocmtrain_train.trainer import RunOutcome
+from train.jobs import EXAMPLES, FAST, job, merge, settings
+
+pytestmark = pytest.mark.ray
+
+GLOBAL_BATCH = 32
+# Fault-tolerance runs: a smaller data set, a checkpoint every 5 steps.
+FAULTS = {"data": {"train": {"maxSamples": 640}}, "checkpoint": {"everySteps": 5}}
+
+
+@pytest.fixture(scope="module")
+def two_workers(ray_local, tmp_path_factory) -> tuple[RunSettings, RunOutcome]:
+    run = settings(job("two-workers"), tmp_path_factory.mktemp("two-workers"))
+    return run, run_local(run, console=False)
+
+
+def test_two_workers_fine_tune_minilm(two_workers):
+    run, outcome = two_workers
+    assert outcome.summary["world_size"] == 2 and outcome.worker_failures == 0
+    assert outcome.summary["eval_accuracy"] >= 0.9
+    assert outcome.summary["steps"] == 960 // GLOBAL_BATCH
+
+    lines = Path(run.log_dir, "metrics.jsonl").read_text().splitlines()
+    reports = [ProgressReport.model_validate_json(line) for line in lines]
+    losses = [r.metrics.train_loss for r in reports if r.metrics.train_loss is not None]
+    assert len(losses) >= 3 and losses[-1] < 0.5 * losses[0]
+    assert reports[-1].final and reports[-1].progress.step == reports[-1].progress.total_steps
+
+    # Evaluation is sharded over both workers and all-reduced: both ranks hold the same numbers.
+    rank0, rank1 = (
+        {k: v for k, v in r.items() if k.startswith("eval_") and k != "eval_seconds"} for r in outcome.final_ranks
+    )
+    assert rank0 == rank1 and {"eval_loss", "eval_accuracy", "eval_f1"} <= rank0.keys()
+
+
+def test_logs_and_the_saved_model(two_workers):
+    run, outcome = two_workers
+    logs = Path(run.log_dir)
+    assert {"main.log", "rank-0.log", "rank-1.log", "metrics.jsonl"} <= {p.name for p in logs.iterdir()}
+    main_log = (logs / "main.log").read_text()
+    for event in ("started", "epoch 1 finished", "evaluation at step", "checkpoint at step", "completed at step"):
+        assert event in main_log
+
+    model_dir = outcome.summary["model_path"]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    texts = ["The sound is excellent. I would buy this again!", "It stopped working after 3 days. Awful."]
+    with torch.no_grad():
+        predicted = model(**tokenizer(texts, return_tensors="pt", padding=True)).logits.argmax(-1).tolist()
+    assert predicted == [2, 0]
+
+
+def test_one_and_two_workers_reach_comparable_accuracy(two_workers, tmp_path):
+    """The same global batch (1 x 32 against 2 x 16), through the `rocmtrain run` command with `./` paths."""
+    _, two = two_workers
+    shutil.copytree(EXAMPLES / "data", tmp_path / "data", ignore=shutil.ignore_patterns("*.py"))
+    raw = yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())
+    raw["metadata"]["name"] = "one-worker"
+    raw["spec"] = merge(
+        merge(raw["spec"], FAST),
+        {"resources": {"workers": 1, "cpusPerWorker": "2"}, "training": {"batchSizePerWorker": GLOBAL_BATCH}},
+    )
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(raw))
+
+    code = local.main(
+        [str(tmp_path / "job.yaml"), "--storage", str(tmp_path / "runs"), "--summary", str(tmp_path / "s.json")]
+    )
+    assert code == 0
+    one = json.loads((tmp_path / "s.json").read_text())
+    assert one["world_size"] == 1 and one["steps"] == two.summary["steps"]
+    for key in ("eval_accuracy", "eval_loss", "train_seconds", "eval_seconds", "samples_per_second"):
+        assert key in one
+    assert one["eval_accuracy"] >= 0.9
+    assert abs(one["eval_accuracy"] - two.summary["eval_accuracy"]) <= 0.05
+    assert one["model_path"] == str(tmp_path / "runs" / "one-worker" / "model")
+
+
+def rank_pid(run: RunSettings, rank: int) -> int:
+    lines = Path(run.log_dir, f"rank-{rank}.log").read_text()
+    return int(re.findall(rf"rank {rank} of \d+ started: pid (\d+)", lines)[-1])
+
+
+def kill_after_first_checkpoint(run: RunSettings, training: Future, rank: int = 1) -> None:
+    """SIGKILL worker `rank` as soon as the first checkpoint is registered, while training goes on."""
+    snapshot = Path(run.run_path, "checkpoint_manager_snapshot.json")
+    deadline = time.monotonic() + 300
+    while not snapshot.exists():
+        assert not training.done(), f"training ended before its first checkpoint: {training.exception()}"
+        assert time.monotonic() < deadline, "no checkpoint within 5 minutes"
+        time.sleep(0.2)
+    os.kill(rank_pid(run, rank), signal.SIGKILL)
+
+
+def assert_trained_exactly_once(outcome: RunOutcome) -> None:
+    """Resumed at the checkpoint's data position: every sample seen once, no step repeated or skipped."""
+    summary = outcome.summary
+    assert summary["resumed_from_step"] is not None and summary["resumed_from_step"] >= 5
+    assert summary["steps"] == 640 // GLOBAL_BATCH
+    assert sum(r["samples"] for r in outcome.final_ranks) == 640
+
+
+def test_a_killed_worker_is_replaced_and_training_resumes_from_the_checkpoint(ray_local, tmp_path):
+    run = settings(job("worker-failure", FAULTS, {"faultTolerance": {"maxWorkerFailures": 1}}), tmp_path)
+    with ThreadPoolExecutor(1) as pool:
+        training = pool.submit(run_local, run, console=False)
+        kill_after_first_checkpoint(run, training)
+        outcome = training.result(timeout=600)
+    assert outcome.worker_failures >= 1
+    assert_trained_exactly_once(outcome)
+    main_log = Path(run.log_dir, "main.log").read_text()
+    assert "worker failure on rank" in main_log and "resumed from the checkpoint at step" in main_log
+    assert outcome.summary["eval_accuracy"] >= 0.8
+
+
+def test_a_new_run_on_the_same_storage_resumes(ray_local, tmp_path):
+    """A whole-job retry: the first driver fails (no worker failures allowed), a second one takes over."""
+    failing = job("job-retry", FAULTS, {"faultTolerance": {"maxWorkerFailures": 0}})
+    first = settings(failing, tmp_path)
+    with ThreadPoolExecutor(1) as pool:
+        training = pool.submit(run_local, first, console=False)
+        kill_after_first_checkpoint(first, training)
+        with pytest.raises(Exception, match=r"(?i)worker|actor|died"):
+            training.result(timeout=600)
+
+    second = settings(failing, tmp_path)
+    assert second.run_id != first.run_id and second.run_path == first.run_path
+    outcome = run_local(second, console=False)
+    assert outcome.worker_failures == 0
+    assert_trained_exactly_once(outcome)

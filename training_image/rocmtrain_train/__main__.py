@@ -1,0 +1,47 @@
+"""The cluster entrypoint (`python -m rocmtrain_train`): the RayJob's driver on the Ray head.
+
+Reads the job from `ROCMTRAIN_JOB`, checks it, and trains on the Ray cluster that KubeRay started,
+reporting progress to stdout, `metrics.jsonl` and the operator's progress endpoint.
+Exit status: 0 done, 1 training failed, 2 the job cannot run as configured.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+
+import ray
+
+from rocmtrain_train import http_sink
+from rocmtrain_train.config import ConfigError, cluster_settings, job_from_env
+from rocmtrain_train.preflight import preflight
+from rocmtrain_train.sinks import ConsoleSink, JsonlSink, Sink
+from rocmtrain_train.trainer import run
+
+
+def main() -> int:
+    try:
+        settings = cluster_settings(job_from_env(), run_id=uuid.uuid4().hex)
+        preflight(settings)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    ray.init()
+    sinks: list[Sink] = [
+        ConsoleSink(sys.stdout, progress_bar=False),
+        JsonlSink(Path(settings.log_dir) / "metrics.jsonl"),
+    ]
+    if (progress := http_sink.from_env()) is not None:  # the operator's progress endpoint
+        sinks.append(progress)
+    try:
+        outcome = run(settings, sinks, echo_log=True)
+    except Exception as exc:
+        print(f"training failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"model saved to {outcome.summary['model_path']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,151 @@
+"""Run settings: the job (the CRD's own model) plus where and how this run executes."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocmtrain.api.models import RocmTrainingJob
+
+JOB_ENV = "ROCMTRAIN_JOB"
+# Where checkpoints go on a cluster when the spec names no storage path (the head's own disk).
+DEFAULT_CLUSTER_STORAGE = "/tmp/rocmtrain/runs"  # noqa: S108 - a fixed, documented location inside the image
+DEFAULT_LOCAL_STORAGE = "./runs"
+# Seconds between metric reports from the workers.
+DEFAULT_REPORT_INTERVAL_SECONDS = 10.0
+
+_CPU_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?|\.[0-9]+)(m|k|M|G|T|P|E)?$")
+_CPU_SUFFIX = {None: 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+
+
+class ConfigError(ValueError):
+    """A job that cannot run as configured; raised before any worker starts."""
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything a worker needs besides the job: it travels to each worker in the train loop config."""
+
+    job: RocmTrainingJob
+    storage: str  # storage root: an absolute local path or an object-store URI
+    log_dir: str  # local folder of main.log and rank-<k>.log
+    use_gpu: bool
+    cpus_per_worker: float
+    run_id: str  # unique per driver start; `resume: never` only restores checkpoints of this run
+    base_dir: str | None = None  # folder that `./` locations are relative to (local runs)
+    report_interval_s: float = DEFAULT_REPORT_INTERVAL_SECONDS
+
+    @property
+    def name(self) -> str:
+        return self.job.metadata.name
+
+    @property
+    def num_workers(self) -> int:
+        return self.job.spec.resources.workers
+
+    @property
+    def gpus_per_worker(self) -> int:
+        return self.job.spec.resources.gpus_per_worker if self.use_gpu else 0
+
+    @property
+    def torch_threads(self) -> int:
+        return max(1, int(self.cpus_per_worker))
+
+    @property
+    def run_path(self) -> str:
+        """The run folder (Ray Train's experiment folder): checkpoints and the final model."""
+        return join_location(self.storage, self.name)
+
+    @property
+    def model_output(self) -> str:
+        return join_location(self.run_path, "model")
+
+
+def cpu_quantity(value: str) -> float:
+    """CPUs in a Kubernetes quantity such as `8`, `1.5` or `500m`."""
+    match = _CPU_QUANTITY.match(value)
+    if not match:
+        raise ConfigError(f"cpusPerWorker {value!r} is not a CPU quantity (for example 8, 1.5 or 500m)")
+    cpus = float(match.group(1)) * _CPU_SUFFIX[match.group(2)]
+    if cpus <= 0:
+        raise ConfigError(f"cpusPerWorker {value!r} must be more than zero")
+    return cpus
+
+
+def join_location(base: str, *parts: str) -> str:
+    """Join path segments onto a local path or a URI."""
+    return "/".join([base.rstrip("/"), *parts])
+
+
+def resolve_relative(location: str, base_dir: str | None) -> str:
+    """Resolve a `./` location against the job file's folder; other locations are returned unchanged."""
+    if not location.startswith("./"):
+        return location
+    if base_dir is None:
+        raise ConfigError(f"relative location {location!r} is only allowed in local runs (`rocmtrain run`)")
+    return str(Path(base_dir, location).resolve())
+
+
+def job_from_env(environ: dict[str, str] | None = None) -> RocmTrainingJob:
+    """The job the operator put in `ROCMTRAIN_JOB`."""
+    environ = dict(os.environ) if environ is None else environ
+    raw = environ.get(JOB_ENV)
+    if not raw:
+        raise ConfigError(f"environment variable {JOB_ENV} is not set")
+    try:
+        return RocmTrainingJob.model_validate_json(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{JOB_ENV} does not hold a valid RocmTrainingJob: {exc}") from exc
+
+
+def cluster_settings(job: RocmTrainingJob, run_id: str) -> RunSettings:
+    """Settings of a run on a Ray cluster started by the operator (the RayJob's driver)."""
+    storage = job.spec.checkpoint.storage_path or DEFAULT_CLUSTER_STORAGE
+    name = job.metadata.name
+    local_storage = storage.startswith("/")
+    return RunSettings(
+        job=job,
+        storage=storage,
+        log_dir=join_location(storage if local_storage else DEFAULT_CLUSTER_STORAGE, name, "logs"),
+        use_gpu=job.spec.resources.gpus_per_worker > 0,
+        cpus_per_worker=cpu_quantity(job.spec.resources.cpus_per_worker),
+        run_id=run_id,
+    )
+
+
+def local_settings(
+    job: RocmTrainingJob,
+    *,
+    job_dir: str,
+    run_id: str,
+    storage: str | None = None,
+    force_cpu: bool = False,
+    cpu_count: int = 1,
+    report_interval_s: float = DEFAULT_REPORT_INTERVAL_SECONDS,
+) -> RunSettings:
+    """Settings of `rocmtrain run`: this machine's CPUs are shared out among the workers.
+
+    Storage: `storage` (relative to the current folder), else the spec's storagePath (`./` relative to
+    the job file), else `./runs`.
+    """
+    resources = job.spec.resources
+    if storage is not None:
+        root = str(Path(storage).resolve())
+    elif job.spec.checkpoint.storage_path:
+        root = resolve_relative(job.spec.checkpoint.storage_path, job_dir)
+    else:
+        root = str(Path(DEFAULT_LOCAL_STORAGE).resolve())
+    cpus = max(1, min(int(cpu_quantity(resources.cpus_per_worker)), cpu_count // resources.workers))
+    log_root = root if root.startswith("/") else str(Path(DEFAULT_LOCAL_STORAGE).resolve())
+    return RunSettings(
+        job=job,
+        storage=root,
+        log_dir=join_location(log_root, job.metadata.name, "logs"),
+        use_gpu=resources.gpus_per_worker > 0 and not force_cpu,
+        cpus_per_worker=float(cpus),
+        run_id=run_id,
+        base_dir=job_dir,
+        report_interval_s=report_interval_s,
+    )

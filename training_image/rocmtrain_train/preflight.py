@@ -1,0 +1,67 @@
+"""Checks that run on the driver before any worker starts, so that a bad job fails in seconds."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rocmtrain_train.config import ConfigError, RunSettings
+from rocmtrain_train.data import read_records
+from rocmtrain_train.model import resolve_model
+from rocmtrain_train.storage import is_local
+
+
+def check_gpus(settings: RunSettings, available: int) -> None:
+    needed = settings.num_workers * settings.gpus_per_worker
+    if needed > available:
+        raise ConfigError(
+            f"the job asks for {needed} GPUs ({settings.num_workers} workers x {settings.gpus_per_worker} "
+            f"GPUs per worker) but this machine has {available}; use --cpu to train on the CPU"
+        )
+
+
+def check_model(settings: RunSettings) -> None:
+    """The model exists; where it is already local, its config loads."""
+    from transformers import AutoConfig
+
+    path = resolve_model(settings.job.spec.model.source, settings.base_dir, download=False)
+    if path is None:
+        return
+    try:
+        AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"model {settings.job.spec.model.source}: cannot load its config: {exc}") from exc
+
+
+def check_data(settings: RunSettings) -> None:
+    """The data sources are readable, have the fields, valid labels, and enough records."""
+    spec = settings.job.spec
+    train = spec.data.train
+    records = len(read_records(train, spec.data, spec.model, settings.base_dir))
+    usable = min(records, train.max_samples or records)
+    if usable < settings.num_workers:
+        raise ConfigError(f"{train.uri}: {usable} training records for {settings.num_workers} workers")
+    if spec.data.eval is not None:
+        read_records(spec.data.eval, spec.data, spec.model, settings.base_dir)
+
+
+def check_storage(settings: RunSettings) -> None:
+    """A local storage folder can be created and written."""
+    if not is_local(settings.storage):
+        return
+    path = Path(settings.storage)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"checkpoint storage {settings.storage}: {exc.strerror}") from exc
+    if not os.access(path, os.W_OK):
+        raise ConfigError(f"checkpoint storage {settings.storage} is not writable")
+
+
+def preflight(settings: RunSettings, *, available_gpus: int | None = None) -> None:
+    """Raise ConfigError naming the problem if the job cannot run; `available_gpus` is checked when given."""
+    if available_gpus is not None:
+        check_gpus(settings, available_gpus)
+    check_storage(settings)
+    check_model(settings)
+    check_data(settings)

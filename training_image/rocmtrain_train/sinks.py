@@ -1,0 +1,100 @@
+"""Where progress reports go: the Sink protocol, a console sink and a JSON-lines file sink."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Protocol, TextIO
+
+from tqdm import tqdm
+
+from rocmtrain.api.models import ProgressReport
+
+
+class Sink(Protocol):
+    """A consumer of the driver's aggregated progress reports."""
+
+    def emit(self, report: ProgressReport) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _fmt(value: float | int | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+SUMMARY_ROWS = (
+    ("train loss", "train_loss", ".4f"),
+    ("eval loss", "eval_loss", ".4f"),
+    ("eval accuracy", "eval_accuracy", ".4f"),
+    ("eval macro-F1", "eval_f1", ".4f"),
+    ("eval MSE", "eval_mse", ".4f"),
+    ("eval MAE", "eval_mae", ".4f"),
+    ("train seconds", "train_seconds", ".1f"),
+    ("eval seconds", "eval_seconds", ".1f"),
+    ("samples/s", "samples_per_second", ".1f"),
+    ("tokens/s", "tokens_per_second", ".0f"),
+    ("data wait", "data_wait_fraction", ".1%"),
+    ("CPU use (% of a core)", "cpu_utilization_percent", ".0f"),
+    ("GPU memory peak (bytes)", "gpu_memory_peak_bytes", ","),
+    ("GPU utilisation (%)", "gpu_utilization_percent", ".0f"),
+)
+
+
+def summary_table(report: ProgressReport) -> str:
+    """The final metrics as a two-column table (rows without a value are left out)."""
+    rows = [("steps", f"{report.progress.step}/{report.progress.total_steps}")]
+    rows += [(label, _fmt(getattr(report.metrics, key), spec)) for label, key, spec in SUMMARY_ROWS]
+    rows = [(label, value) for label, value in rows if value != "-"]
+    width = max(len(label) for label, _ in rows)
+    rule = "-" * (width + 2 + max(len(value) for _, value in rows))
+    return "\n".join([rule, *(f"{label:<{width}}  {value}" for label, value in rows), rule])
+
+
+class ConsoleSink:
+    """A progress bar on a terminal (one line per report elsewhere) and a summary table at the end."""
+
+    def __init__(self, stream: TextIO | None = None, *, progress_bar: bool | None = None) -> None:
+        self._stream = stream or sys.stderr
+        self._bar_wanted = self._stream.isatty() if progress_bar is None else progress_bar
+        self._bar: tqdm | None = None
+
+    def emit(self, report: ProgressReport) -> None:
+        p, m = report.progress, report.metrics
+        status = {
+            "loss": _fmt(m.train_loss, ".4f"),
+            "lr": _fmt(m.learning_rate, ".2e"),
+            "acc": _fmt(m.eval_accuracy, ".3f"),
+            "samples/s": _fmt(m.samples_per_second, ".1f"),
+        }
+        if self._bar_wanted:
+            if self._bar is None:
+                self._bar = tqdm(total=p.total_steps, desc="training", unit="step", file=self._stream)
+            self._bar.update((p.step or 0) - self._bar.n)
+            self._bar.set_postfix(status, refresh=True)
+        elif not report.final:
+            fields = " ".join(f"{k}={v}" for k, v in status.items())
+            print(f"step {p.step}/{p.total_steps} epoch {_fmt(p.epoch, '.2f')} {fields}", file=self._stream, flush=True)
+        if report.final:
+            self.close()
+            print(summary_table(report), file=self._stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+class JsonlSink:
+    """Appends every report, as its wire JSON, to a file (one line per report)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("a", encoding="utf-8")
+
+    def emit(self, report: ProgressReport) -> None:
+        self._file.write(report.model_dump_json(by_alias=True, exclude_none=True) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()

@@ -1,0 +1,97 @@
+"""The driver: builds Ray Train's TorchTrainer from the job and runs it with progress reporting.
+
+Fault tolerance and resume are Ray Train's: `FailureConfig(max_failures)` restarts the workers after
+a failure, and `RunConfig(storage_path, name)` keeps a snapshot of the reported checkpoints under
+`<storage>/<job name>/`, so a new driver on the same storage (a whole-job retry) finds them too. In
+both cases every worker gets the latest checkpoint from `ray.train.get_checkpoint()` and continues
+from its step, including the position inside the epoch (see `loop`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+
+from rocmtrain_train.config import RunSettings
+from rocmtrain_train.logs import main_logger
+from rocmtrain_train.loop import train_worker
+from rocmtrain_train.relay import Inbox, Pump, ReportRelay
+from rocmtrain_train.reporting import RankMetrics, Reporter, summary
+from rocmtrain_train.sinks import Sink
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What a finished run leaves: its summary and the final metrics of every rank."""
+
+    summary: dict[str, Any]
+    final_ranks: list[RankMetrics]
+    worker_failures: int
+
+
+def build_trainer(settings: RunSettings, relay: ReportRelay) -> TorchTrainer:
+    spec = settings.job.spec
+    resources: dict[str, float] = {"CPU": settings.cpus_per_worker}
+    if settings.use_gpu:
+        resources["GPU"] = settings.gpus_per_worker
+    return TorchTrainer(
+        train_worker,
+        train_loop_config={"settings": settings},
+        torch_config=TorchConfig(backend="nccl" if settings.use_gpu else "gloo"),
+        scaling_config=ScalingConfig(
+            num_workers=settings.num_workers, use_gpu=settings.use_gpu, resources_per_worker=resources
+        ),
+        run_config=RunConfig(
+            name=settings.name,
+            storage_path=settings.storage,
+            checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint.keep_last),
+            failure_config=FailureConfig(max_failures=spec.fault_tolerance.max_worker_failures),
+            callbacks=[relay],
+        ),
+    )
+
+
+def _fit(settings: RunSettings, reporter: Reporter) -> None:
+    """Run the trainer while a pump feeds the reporter; every report is handled when this returns."""
+    inbox = Inbox.remote()
+    pump = Pump(inbox, reporter)
+    pump.start()
+    try:
+        build_trainer(settings, ReportRelay(inbox)).fit()
+    finally:
+        pump.stop()
+        reporter.close()
+        ray.kill(inbox)
+
+
+def run(settings: RunSettings, sinks: list[Sink], *, echo_log: bool) -> RunOutcome:
+    """Train on the connected Ray cluster; raises Ray Train's TrainingFailedError when the run fails."""
+    log = main_logger(settings.log_dir, echo=echo_log)
+    device = f"{settings.gpus_per_worker} GPU(s)" if settings.use_gpu else f"{settings.cpus_per_worker:g} CPU(s)"
+    log.info(
+        "training %s started: %d workers with %s each, storage %s, run %s",
+        settings.name,
+        settings.num_workers,
+        device,
+        settings.run_path,
+        settings.run_id,
+    )
+    reporter = Reporter(sinks, log)
+    started = time.perf_counter()
+    try:
+        _fit(settings, reporter)
+    except Exception as exc:
+        log.error("training %s failed: %s", settings.name, exc)
+        raise
+    if reporter.final_ranks is None:
+        raise RuntimeError("training finished without a final report")
+    return RunOutcome(
+        summary=summary(reporter.final_ranks, time.perf_counter() - started),
+        final_ranks=reporter.final_ranks,
+        worker_failures=reporter.failures,
+    )
