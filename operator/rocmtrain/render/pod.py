@@ -10,8 +10,8 @@ from rocmtrain.render.options import RenderOptions
 from rocmtrain.render.quantity import parse_quantity
 
 # The non-root user and group of the training image; fsGroup makes volumes writable to it.
-RUN_AS_USER = 1000
-RUN_AS_GROUP = 1000
+RUN_AS_USER = 10001
+RUN_AS_GROUP = 10001
 # Node labels of the AMD GPU node labeller, by GpuSelector field.
 GPU_NODE_LABELS = {
     "product_name": "amd.com/gpu.product-name",

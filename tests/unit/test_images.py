@@ -1,0 +1,40 @@
+"""The Dockerfiles, the manifests, the renderer and pyproject agree on users, versions and tags."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+
+from rocmtrain.api.models import DEFAULT_IMAGE
+from rocmtrain.render import RAY_VERSION
+from rocmtrain.render.pod import RUN_AS_GROUP, RUN_AS_USER
+
+ROOT = Path(__file__).resolve().parents[2]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _user(dockerfile: str) -> str:
+    (user,) = re.findall(r"^USER (\S+)$", (ROOT / dockerfile).read_text(), flags=re.MULTILINE)
+    return user
+
+
+def test_training_pods_run_as_the_image_user() -> None:
+    assert _user("training_image/Dockerfile") == str(RUN_AS_USER)
+    assert f"--gid {RUN_AS_GROUP}" in (ROOT / "training_image/Dockerfile").read_text()
+
+
+def test_operator_deployment_runs_as_the_image_user() -> None:
+    deployment = yaml.safe_load((ROOT / "manifests/deployment.yaml").read_text())
+    context = deployment["spec"]["template"]["spec"]["securityContext"]
+    assert _user("operator/Dockerfile") == f"{context['runAsUser']}:{context['runAsGroup']}"
+
+
+def test_rayjob_ray_version_is_the_pinned_ray() -> None:
+    assert f"ray[train,default]=={RAY_VERSION}" in PYPROJECT["project"]["optional-dependencies"]["train"]
+
+
+def test_default_training_image_is_this_release() -> None:
+    assert DEFAULT_IMAGE.endswith(":" + PYPROJECT["project"]["version"])
