@@ -1,0 +1,295 @@
+"""Operator benchmark on a real control plane: reconcile throughput, status latency, memory.
+
+1. Throughput at N jobs (default 500): N jobs are created at once (32 requests in flight)
+   while the operator runs; the time until every job has its RayJob and a status is
+   compared with the time the same client takes to create the same N rendered RayJobs
+   directly (the least work any operator must cause). Target: at most 1.5x.
+2. Latency: a RayJob status change (written as KubeRay writes it) until the job's
+   status shows it, seen through a watch, one change at a time. Target: p95 < 1 s.
+3. Memory: the operator's RSS (a subprocess, `python -m rocmtrain.controller`) with
+   M jobs (default 1,000), all Running (each with its stall-watch daemon). Target: < 200 MiB.
+
+There is no KubeRay controller: RayJob status is written by this script.
+
+    python bench/operator_bench.py                       # starts a local control plane
+    python bench/operator_bench.py --kubeconfig PATH     # or uses an existing cluster
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from kubernetes_asyncio import client, watch  # noqa: E402
+from kubernetes_asyncio.client.exceptions import ApiException  # noqa: E402
+
+from cluster.kubecluster import KubeCluster, free_port, running_cluster  # noqa: E402
+from rocmtrain.api.models import RocmTrainingJob  # noqa: E402
+from rocmtrain.kube import JOBS, RAYJOBS, Kube  # noqa: E402
+from rocmtrain.render import render_rayjob  # noqa: E402
+
+IN_FLIGHT = 32
+
+
+def job_body(name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rocmtrain.dev/v1alpha1",
+        "kind": "RocmTrainingJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {"source": "distilbert/distilbert-base-uncased", "numLabels": 2},
+            "data": {"train": {"uri": "s3://datasets/reviews/train.jsonl"}},
+            "resources": {"workers": 2, "gpusPerWorker": 8},
+        },
+    }
+
+
+async def bounded(calls: list[Callable[[], Any]], limit: int = IN_FLIGHT) -> None:
+    """Run coroutine factories with at most `limit` in flight."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(call: Callable[[], Any]) -> None:
+        async with gate:
+            await call()
+
+    await asyncio.gather(*(one(call) for call in calls))
+
+
+@contextlib.contextmanager
+def operator_process(kubeconfig: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """The operator as a subprocess (so its RSS is its own); yields (process, metrics port)."""
+    metrics_port, health_port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "ROCMTRAIN_METRICS_PORT": str(metrics_port),
+        "ROCMTRAIN_HEALTH_PORT": str(health_port),
+        "ROCMTRAIN_RETRY_SECONDS": "5",
+    }
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "rocmtrain.controller"], env=env, stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"http://127.0.0.1:{health_port}/healthz", timeout=1),
+            ):
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the operator did not come up; see {log}")
+            time.sleep(0.1)
+        yield proc, metrics_port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def rss_mib(pid: int) -> tuple[float, float]:
+    """(current, peak) resident set size of `pid` in MiB."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+class Watcher:
+    """A watch on jobs or RayJobs of one namespace, recording when each object first met a predicate."""
+
+    def __init__(self, kube: Kube, ref: Any, namespace: str) -> None:
+        self._objects = client.CustomObjectsApi(kube.api)
+        self._ref, self._namespace = ref, namespace
+        self.latest: dict[str, dict[str, Any]] = {}
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            stream = watch.Watch().stream(
+                self._objects.list_namespaced_custom_object,
+                self._ref.group,
+                self._ref.version,
+                self._namespace,
+                self._ref.plural,
+                timeout_seconds=300,
+            )
+            try:
+                async for event in stream:
+                    obj = event["object"]
+                    self.latest[obj["metadata"]["name"]] = obj
+                    self._changed.set()
+            except ApiException as exc:
+                if exc.status not in (410, 504):  # an expired or not yet cached resourceVersion: start over
+                    raise
+                await asyncio.sleep(0.1)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Watcher]:
+        self._task = asyncio.create_task(self._run())
+        try:
+            yield self
+        finally:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def until(self, check: Callable[[dict[str, dict[str, Any]]], bool], timeout: float) -> float:
+        """Wait until `check(latest objects)` holds; return the monotonic time it did."""
+        deadline = time.monotonic() + timeout
+        while not check(self.latest):
+            self._changed.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("the operator did not keep up")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+        return time.monotonic()
+
+
+def phase(obj: dict[str, Any] | None) -> str | None:
+    return ((obj or {}).get("status") or {}).get("phase")
+
+
+async def create_jobs(kube: Kube, namespace: str, names: list[str]) -> float:
+    start = time.monotonic()
+    await bounded([lambda n=n: kube.create(JOBS, job_body(n, namespace)) for n in names])
+    return time.monotonic() - start
+
+
+async def plain_client(kube: Kube, namespace: str, count: int) -> float:
+    """Seconds to create `count` rendered RayJobs directly, with the same client and concurrency."""
+    bodies = []
+    for i in range(count):
+        body = job_body(f"job-{i:04d}", namespace)
+        body["metadata"]["uid"] = f"00000000-0000-0000-0000-{i:012d}"
+        bodies.append(render_rayjob(RocmTrainingJob.model_validate(body)))
+    start = time.monotonic()
+    await bounded([lambda b=b: kube.create(RAYJOBS, b) for b in bodies])
+    return time.monotonic() - start
+
+
+async def throughput(kube: Kube, namespace: str, count: int) -> dict[str, float]:
+    names = [f"job-{i:04d}" for i in range(count)]
+    async with Watcher(kube, JOBS, namespace).running() as jobs, Watcher(kube, RAYJOBS, namespace).running() as rjs:
+        start = time.monotonic()
+        created = await create_jobs(kube, namespace, names)
+        await jobs.until(lambda seen: sum(1 for n in names if phase(seen.get(n))) == count, timeout=600)
+        end = await rjs.until(lambda seen: all(n in seen for n in names), timeout=600)
+    return {"seconds": end - start, "create_jobs_seconds": created}
+
+
+async def latency(kube: Kube, namespace: str, names: list[str]) -> list[float]:
+    """Seconds from each RayJob status write to the job showing the new phase (one at a time)."""
+    samples = []
+    steps = [({"jobDeploymentStatus": "Initializing", "jobStatus": ""}, "Initializing"),
+             ({"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}, "Running")]  # fmt: skip
+    async with Watcher(kube, JOBS, namespace).running() as jobs:
+        await jobs.until(lambda seen: all(n in seen for n in names), timeout=60)
+        for name in names:
+            uid = await rayjob_uid(kube, namespace, name)
+            for status, want in steps:
+                start = time.monotonic()
+                await kube.patch_status(RAYJOBS, namespace, name, status, uid=uid)
+                seen = await jobs.until(lambda s, n=name, w=want: phase(s.get(n)) == w, timeout=30)
+                samples.append(seen - start)
+    return samples
+
+
+async def rayjob_uid(kube: Kube, namespace: str, name: str) -> str:
+    rayjob = await kube.get(RAYJOBS, namespace, name)
+    if rayjob is None:
+        raise RuntimeError(f"no RayJob {namespace}/{name}")
+    return rayjob["metadata"]["uid"]
+
+
+async def run_running(kube: Kube, namespace: str, names: list[str]) -> None:
+    running = {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}
+
+    async def one(name: str) -> None:
+        await kube.patch_status(RAYJOBS, namespace, name, running, uid=await rayjob_uid(kube, namespace, name))
+
+    await bounded([lambda n=n: one(n) for n in names])
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+async def bench(cluster: KubeCluster, args: argparse.Namespace, log: Path) -> dict[str, Any]:
+    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+    kube = await Kube.connect(pool_size=IN_FLIGHT)
+    try:
+        base_ns = cluster.new_namespace("plain")
+        plain = await plain_client(kube, base_ns, args.jobs)
+        with operator_process(cluster.kubeconfig, log) as (proc, _metrics_port):
+            ns = cluster.new_namespace("bench")
+            result = await throughput(kube, ns, args.jobs)
+            sample_names = [f"job-{i:04d}" for i in range(args.latency_samples)]
+            lat = await latency(kube, ns, sample_names)
+            more = [f"job-{i:04d}" for i in range(args.jobs, args.rss_jobs)]
+            if more:
+                await _add_jobs(kube, ns, more)
+            await run_running(kube, ns, [f"job-{i:04d}" for i in range(args.rss_jobs)])
+            await asyncio.sleep(args.settle)
+            rss, peak = rss_mib(proc.pid)
+    finally:
+        await kube.close()
+    return {
+        "jobs": args.jobs,
+        "plain_client_seconds": round(plain, 3),
+        "operator_seconds": round(result["seconds"], 3),
+        "operator_create_jobs_seconds": round(result["create_jobs_seconds"], 3),
+        "throughput_ratio": round(result["seconds"] / plain, 3),
+        "latency_samples": len(lat),
+        "latency_p50_seconds": round(statistics.median(lat), 4),
+        "latency_p95_seconds": round(percentile(lat, 95), 4),
+        "latency_max_seconds": round(max(lat), 4),
+        "rss_jobs": args.rss_jobs,
+        "rss_mib": round(rss, 1),
+        "rss_peak_mib": round(peak, 1),
+    }
+
+
+async def _add_jobs(kube: Kube, namespace: str, names: list[str]) -> None:
+    async with Watcher(kube, JOBS, namespace).running() as jobs:
+        await create_jobs(kube, namespace, names)
+        await jobs.until(lambda seen: all(phase(seen.get(n)) for n in names), timeout=600)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=500, help="jobs for the throughput run")
+    parser.add_argument("--latency-samples", type=int, default=100, help="jobs driven through two status changes")
+    parser.add_argument("--rss-jobs", type=int, default=1000, help="jobs present when RSS is measured")
+    parser.add_argument("--settle", type=float, default=5.0, help="seconds to let the operator settle before RSS")
+    parser.add_argument("--kubeconfig", type=Path, help="an existing cluster (else a local control plane starts)")
+    parser.add_argument("--out", type=Path, help="also write the figures as JSON here")
+    args = parser.parse_args()
+    if args.rss_jobs < args.jobs or args.latency_samples > args.jobs:
+        parser.error("need --latency-samples <= --jobs <= --rss-jobs")
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / "rocmtrain-operator-bench.log"  # noqa: S108
+    if args.kubeconfig:
+        os.environ["ROCMTRAIN_TEST_KUBECONFIG"] = str(args.kubeconfig)
+    with running_cluster() as cluster:
+        figures = asyncio.run(bench(cluster, args, log))
+    text = json.dumps(figures, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

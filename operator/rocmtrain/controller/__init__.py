@@ -1,0 +1,1 @@
+"""The operator process: kopf handlers (`handlers`), configuration (`settings`), orchestration (`reconciler`)."""

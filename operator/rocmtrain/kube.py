@@ -1,0 +1,155 @@
+"""The operator's one door to the API server: create, read and patch, nothing decided here.
+
+Built on kubernetes_asyncio (kopf imports it anyway). Every write is either a
+create that tells "already exists" apart, or a JSON merge patch of named fields,
+so a write is never half-applied and never touches fields the operator does not own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from rocmtrain.api.models import GROUP, PLURAL, VERSION
+
+FIELD_MANAGER = "rocm-train-operator"
+RAYJOB_GROUP, RAYJOB_VERSION, RAYJOB_PLURAL = "ray.io", "v1", "rayjobs"
+_MERGE_PATCH = "application/merge-patch+json"
+# Transient failures worth a quick retry: throttling, server errors, timeouts.
+_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+_RETRY_DELAYS = (0.1, 0.5, 1.0)
+
+
+class ApiMissing(Exception):
+    """The API server does not serve the resource type (its CRD is not installed)."""
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A namespaced custom resource type."""
+
+    group: str
+    version: str
+    plural: str
+
+
+JOBS = Ref(GROUP, VERSION, PLURAL)
+RAYJOBS = Ref(RAYJOB_GROUP, RAYJOB_VERSION, RAYJOB_PLURAL)
+
+
+async def _retrying(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """Await `call`, retrying briefly on throttling, server errors and broken connections."""
+    for delay in _RETRY_DELAYS:
+        try:
+            return await call(*args, **kwargs)
+        except ApiException as exc:
+            if exc.status not in _RETRY_STATUSES:
+                raise
+        except (TimeoutError, aiohttp.ClientError):
+            pass
+        await asyncio.sleep(delay)
+    return await call(*args, **kwargs)
+
+
+class Kube:
+    """Async access to RocmTrainingJobs and RayJobs through one pooled connection."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self._api = api
+        self._objects = client.CustomObjectsApi(api)
+
+    @classmethod
+    async def connect(cls, pool_size: int = 32) -> Kube:
+        """A client from $KUBECONFIG (or ~/.kube/config), else from the in-cluster service account."""
+        configuration = client.Configuration()
+        kubeconfig = os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
+        if os.environ.get("KUBECONFIG") or Path(kubeconfig).is_file():
+            await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        else:
+            config.load_incluster_config(client_configuration=configuration)
+        configuration.connection_pool_maxsize = pool_size
+        return cls(client.ApiClient(configuration))
+
+    @property
+    def api(self) -> client.ApiClient:
+        """The pooled client, for APIs this class does not wrap (the progress endpoint's)."""
+        return self._api
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        await self._api.close()
+
+    async def create(self, ref: Ref, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create `body`; None when an object of that name already exists."""
+        namespace = body["metadata"]["namespace"]
+        try:
+            return await _retrying(
+                self._objects.create_namespaced_custom_object,
+                ref.group,
+                ref.version,
+                namespace,
+                ref.plural,
+                body,
+                field_manager=FIELD_MANAGER,
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                return None
+            # 404: the type is not served; 403 "... while custom resource definition is terminating": going away.
+            if exc.status == 404 or (exc.status == 403 and "terminating" in str(exc.body)):
+                raise ApiMissing(f"{ref.plural}.{ref.group}/{ref.version} is not served") from exc
+            raise
+
+    async def get(self, ref: Ref, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        try:
+            return await _retrying(
+                self._objects.get_namespaced_custom_object, ref.group, ref.version, namespace, ref.plural, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def patch(self, ref: Ref, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge-patch the object; None when it is gone."""
+        return await self._patch(self._objects.patch_namespaced_custom_object, ref, namespace, name, patch)
+
+    async def patch_status(
+        self, ref: Ref, namespace: str, name: str, status: dict[str, Any], *, uid: str
+    ) -> dict[str, Any] | None:
+        """Merge-patch `status` of the object with `uid`; None when it is gone (or replaced)."""
+        body = {"metadata": {"uid": uid}, "status": status}
+        try:
+            return await self._patch(self._objects.patch_namespaced_custom_object_status, ref, namespace, name, body)
+        except ApiException as exc:
+            if exc.status == 409:  # the uid precondition failed: a new object of the same name
+                return None
+            raise
+
+    async def _patch(
+        self, call: Any, ref: Ref, namespace: str, name: str, body: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        try:
+            return await _retrying(
+                call,
+                ref.group,
+                ref.version,
+                namespace,
+                ref.plural,
+                name,
+                body,
+                field_manager=FIELD_MANAGER,
+                _content_type=_MERGE_PATCH,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise

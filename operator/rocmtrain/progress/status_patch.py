@@ -1,0 +1,74 @@
+"""Turn a progress report into a JSON merge patch of the job's status (pure).
+
+- `status.progress` is replaced as a whole: it describes the current state, so a
+  field the report leaves out (say, the ETA on the final report) is cleared.
+- `status.metrics` is merged: evaluation metrics arrive only every so often and
+  stay visible between evaluations.
+- `status.history` keeps the last `HISTORY_LENGTH` points of the loss curve; a
+  report at the same step as the last point completes that point, and a report
+  at an earlier step (a restart from a checkpoint) drops the points after it.
+  Evaluation values enter the curve only when they are new (see `history_point`).
+- `status.lastProgressTime` is the time the report was accepted; the operator's
+  stall detection reads it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rocmtrain.api.models import HISTORY_LENGTH, HistoryPoint, Metrics, Progress, ProgressReport
+from rocmtrain.status import rfc3339
+
+_PROGRESS_FIELDS = tuple(field.alias or name for name, field in Progress.model_fields.items())
+# Metrics that change only when the driver has evaluated again.
+_EVALUATION_FIELDS = tuple(
+    field.alias or name for name, field in Metrics.model_fields.items() if name.startswith("eval_")
+)
+
+
+def _fresh_evaluation(metrics: dict[str, Any], previous: Mapping[str, Any]) -> bool:
+    """Whether the report's evaluation results are new rather than carried over from an earlier report."""
+    return any(metrics[key] != previous.get(key) for key in _EVALUATION_FIELDS if key in metrics)
+
+
+def history_point(report: ProgressReport, previous_metrics: Mapping[str, Any]) -> HistoryPoint | None:
+    """The loss-curve point a report contributes, if it has a step and a loss or a new evaluation.
+
+    Drivers repeat the latest evaluation in every report (it stays in
+    `status.metrics`); the curve gets evaluation values only where they changed.
+    """
+    metrics = report.metrics
+    fresh = _fresh_evaluation(metrics.dump(), previous_metrics)
+    eval_loss, eval_accuracy = (metrics.eval_loss, metrics.eval_accuracy) if fresh else (None, None)
+    if report.progress.step is None or (metrics.train_loss is None and eval_loss is None and eval_accuracy is None):
+        return None
+    return HistoryPoint(
+        step=report.progress.step, train_loss=metrics.train_loss, eval_loss=eval_loss, eval_accuracy=eval_accuracy
+    )
+
+
+def extend_history(history: Sequence[Mapping[str, Any]], point: HistoryPoint) -> list[dict[str, Any]]:
+    """The history with `point` added, bounded to the last `HISTORY_LENGTH` points."""
+    kept = [dict(p) for p in history if isinstance(p.get("step"), int) and p["step"] <= point.step]
+    if kept and kept[-1]["step"] == point.step:
+        kept[-1] = {**kept[-1], **point.dump()}
+    else:
+        kept.append(point.dump())
+    return kept[-HISTORY_LENGTH:]
+
+
+def progress_patch(report: ProgressReport, status: Mapping[str, Any] | None, now: dt.datetime) -> dict[str, Any]:
+    """The merge patch (`{"status": {...}}`) that records `report` on top of `status`."""
+    progress = report.progress.dump()
+    patch: dict[str, Any] = {
+        "progress": {key: progress.get(key) for key in _PROGRESS_FIELDS},
+        "lastProgressTime": rfc3339(now),
+    }
+    if metrics := report.metrics.dump():
+        patch["metrics"] = metrics
+    status = status or {}
+    if (point := history_point(report, status.get("metrics") or {})) is not None:
+        patch["history"] = extend_history(status.get("history") or [], point)
+    return {"status": patch}

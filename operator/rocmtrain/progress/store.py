@@ -1,0 +1,39 @@
+"""Read RocmTrainingJobs and merge-patch their status subresource (the endpoint's only writes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from rocmtrain.api.models import GROUP, PLURAL, VERSION
+from rocmtrain.progress.errors import Conflict, Gone, checked
+
+
+class KubeJobStore:
+    """RocmTrainingJob reads and status patches through the API server."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self._custom = client.CustomObjectsApi(api)
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The job object, or None when it does not exist."""
+        try:
+            return await checked(
+                "job lookup", self._custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            )
+        except ApiException:
+            return None
+
+    async def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """Apply a JSON merge patch to the status subresource; raise Conflict or Gone."""
+        try:
+            await checked(
+                "status patch",
+                self._custom.patch_namespaced_custom_object_status(
+                    GROUP, VERSION, namespace, PLURAL, name, patch, _content_type="application/merge-patch+json"
+                ),
+            )
+        except ApiException as exc:
+            raise (Conflict if exc.status == 409 else Gone) from None

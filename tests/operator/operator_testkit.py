@@ -1,0 +1,160 @@
+"""Helpers for the operator's control-plane tests: the admin's view of jobs and RayJobs,
+a fake KubeRay status writer, and the operator under KopfRunner.
+
+No KubeRay controller runs in the test cluster: `Api.fake_kuberay` writes RayJob
+status the way KubeRay v1.5.1 does.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kopf.testing import KopfRunner
+
+from cluster.kubecluster import KubeCluster, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+OPERATOR_NAMESPACE = "rocm-train-system"
+OPERATOR_SA = "rocm-train-operator"
+JOBS = "/apis/rocmtrain.dev/v1alpha1/namespaces/{ns}/rocmtrainingjobs"
+RAYJOBS = "/apis/ray.io/v1/namespaces/{ns}/rayjobs"
+STALL_SECONDS = 3
+RETRY_SECONDS = 1
+# Kinds that are applied for real; the Deployment and Service only as a server-side dry run (no kubelet).
+APPLIED_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+
+
+def wait_until(check: Callable[[], Any], timeout: float = 2.0, what: str = "condition", interval: float = 0.02) -> Any:
+    """Poll `check` until it returns something truthy; return that, or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}; last value: {value!r}")
+        time.sleep(interval)
+
+
+def job_manifest(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    """A small valid job (two 8-GPU workers) with `spec` overrides."""
+    base: dict[str, Any] = {
+        "model": {"source": "distilbert/distilbert-base-uncased", "numLabels": 2},
+        "data": {"train": {"uri": "s3://datasets/reviews/train.jsonl"}},
+        "resources": {"workers": 2, "gpusPerWorker": 8},
+    }
+    return {
+        "apiVersion": "rocmtrain.dev/v1alpha1",
+        "kind": "RocmTrainingJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {**base, **spec},
+    }
+
+
+class Api:
+    """The few reads and writes the tests make, as the cluster admin."""
+
+    def __init__(self, kube: KubeCluster) -> None:
+        self.kube = kube
+
+    def job(self, ns: str, name: str) -> dict[str, Any] | None:
+        return self._get(JOBS.format(ns=ns) + f"/{name}")
+
+    def rayjob(self, ns: str, name: str) -> dict[str, Any] | None:
+        return self._get(RAYJOBS.format(ns=ns) + f"/{name}")
+
+    def _get(self, path: str) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.kube.request("GET", path)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def phase(self, ns: str, name: str) -> str | None:
+        job = self.job(ns, name) or {}
+        return (job.get("status") or {}).get("phase")
+
+    def condition(self, ns: str, name: str, kind: str) -> dict[str, Any]:
+        job = self.job(ns, name) or {}
+        return next((c for c in (job.get("status") or {}).get("conditions", []) if c["type"] == kind), {})
+
+    def events(self, ns: str, name: str) -> list[tuple[str, str]]:
+        """(type, reason) of the events on job `name`, oldest first."""
+        items = self.kube.request(
+            "GET", f"/api/v1/namespaces/{ns}/events", query={"fieldSelector": f"involvedObject.name={name}"}
+        )["items"]
+        items = [e for e in items if e["involvedObject"]["kind"] == "RocmTrainingJob"]
+        items.sort(key=lambda e: int(e["metadata"]["resourceVersion"]))  # creation order
+        return [(e["type"], e["reason"]) for e in items]
+
+    def patch_job(self, ns: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return self.kube.request(
+            "PATCH", JOBS.format(ns=ns) + f"/{name}", body=patch, content_type="application/merge-patch+json"
+        )
+
+    def fake_kuberay(self, ns: str, name: str, status: dict[str, Any]) -> None:
+        """Write RayJob status as the KubeRay controller does: on the status subresource, as its field manager."""
+        self.kube.request(
+            "PATCH",
+            RAYJOBS.format(ns=ns) + f"/{name}/status",
+            body={"status": status},
+            content_type="application/merge-patch+json",
+            query={"fieldManager": "kuberay-operator"},
+        )
+
+
+class Operator:
+    """The operator under KopfRunner, restartable."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.metrics_port = free_port()
+        self.health_port = free_port()
+        self._runner: KopfRunner | None = None
+        self._saved: dict[str, str | None] = {}
+
+    def start(self) -> None:
+        env = {
+            "KUBECONFIG": str(self.kubeconfig),
+            "ROCMTRAIN_STALL_SECONDS": str(STALL_SECONDS),
+            "ROCMTRAIN_RETRY_SECONDS": str(RETRY_SECONDS),
+            "ROCMTRAIN_METRICS_PORT": str(self.metrics_port),
+            "ROCMTRAIN_NAMESPACES": "",
+        }
+        self._saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        args = ["run", "--standalone", "--all-namespaces", "-m", "rocmtrain.controller.handlers"]
+        args.append(f"--liveness=http://127.0.0.1:{self.health_port}/healthz")
+        self._runner = KopfRunner(args, timeout=60)
+        self._runner.__enter__()
+        wait_until(self.healthy, timeout=30, what="the operator's liveness endpoint")
+
+    def healthy(self) -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        try:
+            runner.__exit__(None, None, None)  # re-raises what the operator died of
+        finally:
+            for key, value in self._saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value

@@ -1,0 +1,440 @@
+"""The operator against a real control plane (kube-apiserver, etcd, kube-controller-manager).
+
+Faked here, and only here: the KubeRay controller and Kueue. No KubeRay runs in
+the test cluster, so the tests write RayJob status on the status subresource the
+way KubeRay v1.5.1's RayJob controller does (`Api.fake_kuberay`), and flip a queued
+RayJob's `spec.suspend` the way Kueue does on admission. Everything else is real:
+the CRDs with their CEL rules, RBAC (the operator runs as its ServiceAccount),
+owner references and the garbage collector, watches and events.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+from operator_testkit import RAYJOBS, STALL_SECONDS, Api, Operator, job_manifest, wait_until
+
+from cluster.kubecluster import KUBERAY_CRDS_DIR, KubeCluster
+from rocmtrain.render import render_rayjob
+from rocmtrain.validate import validate_job
+
+pytestmark = pytest.mark.cluster
+
+NOW = "2026-01-02T03:04:05Z"
+WORKERS_UP = {"readyWorkerReplicas": 2, "desiredWorkerReplicas": 2, "availableWorkerReplicas": 2, "state": "ready"}
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _subset(small: Any, big: Any) -> bool:
+    """Whether `small` is contained in `big` (the API server adds defaults to what was sent)."""
+    if isinstance(small, dict):
+        return isinstance(big, dict) and all(k in big and _subset(v, big[k]) for k, v in small.items())
+    if isinstance(small, list):
+        return isinstance(big, list) and len(small) == len(big) and all(map(_subset, small, big))
+    return small == big
+
+
+def create_job(kube: KubeCluster, api: Api, ns: str, name: str, **spec: Any) -> dict[str, Any]:
+    """Create a job and wait for its RayJob; return the RayJob."""
+    kube.create(job_manifest(name, ns, **spec))
+    return wait_until(lambda: api.rayjob(ns, name), timeout=10, what=f"RayJob {ns}/{name}")
+
+
+# ---- create, render, own -----------------------------------------------------------------
+
+
+def test_job_gets_its_rendered_rayjob_with_owner_and_status(kube: KubeCluster, api: Api, ns: str):
+    rayjob = create_job(kube, api, ns, "bert")
+    job = api.job(ns, "bert")
+    valid, errors = validate_job(
+        {key: job[key] for key in ("apiVersion", "kind", "metadata", "spec")}, context="cluster"
+    )
+    assert valid is not None, errors
+    expected = render_rayjob(valid)
+    assert _subset(expected["spec"], rayjob["spec"])
+    assert rayjob["metadata"]["labels"] == expected["metadata"]["labels"]
+    (owner,) = rayjob["metadata"]["ownerReferences"]
+    assert owner == {
+        "apiVersion": "rocmtrain.dev/v1alpha1",
+        "kind": "RocmTrainingJob",
+        "name": "bert",
+        "uid": job["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    wait_until(lambda: api.phase(ns, "bert") == "Pending", what="phase Pending")
+    status = api.job(ns, "bert")["status"]
+    assert status["rayJobName"] == "bert" and status["gpus"] == 16 and status["observedGeneration"] == 1
+    assert "finalizers" not in api.job(ns, "bert")["metadata"]  # deletion is the garbage collector's
+    wait_until(lambda: ("Normal", "Pending") in api.events(ns, "bert"), what="the Pending event")
+
+
+# ---- status from the (fake) KubeRay controller ------------------------------------------------
+
+RUNNING = [
+    (
+        {
+            "jobDeploymentStatus": "Initializing",
+            "jobStatus": "",
+            "jobId": "bert-x1",
+            "rayClusterName": "bert-abcde",
+            "startTime": NOW,
+        },
+        "Initializing",
+    ),
+    (
+        {"jobDeploymentStatus": "Running", "rayClusterStatus": WORKERS_UP, "dashboardURL": "bert-head-svc.ns.svc:8265"},
+        "Initializing",
+    ),
+    ({"jobStatus": "RUNNING"}, "Running"),
+]
+SEQUENCES = {
+    "succeeded": (
+        {},
+        [
+            *RUNNING,
+            (
+                {
+                    "jobDeploymentStatus": "Complete",
+                    "jobStatus": "SUCCEEDED",
+                    "endTime": NOW,
+                    "succeeded": 1,
+                    "failed": 0,
+                },
+                "Succeeded",
+            ),
+        ],
+        {"Ready": ("False", "Succeeded"), "Succeeded": ("True", "Succeeded")},
+        ["Pending", "Initializing", "Running", "Succeeded"],
+    ),
+    "app-failed": (
+        {},
+        [
+            *RUNNING,
+            (
+                {
+                    "jobDeploymentStatus": "Failed",
+                    "jobStatus": "FAILED",
+                    "reason": "AppFailed",
+                    "message": "Job entrypoint command failed with exit code 1",
+                    "failed": 1,
+                    "endTime": NOW,
+                },
+                "Failed",
+            ),
+        ],
+        {"Ready": ("False", "AppFailed"), "Failed": ("True", "AppFailed")},
+        ["Pending", "Initializing", "Running", "Failed"],
+    ),
+    "retried": (
+        {"faultTolerance": {"jobRetries": 1}},
+        [
+            *RUNNING,
+            (
+                {"jobDeploymentStatus": "Retrying", "jobStatus": "FAILED", "reason": "AppFailed", "failed": 1},
+                "Initializing",
+            ),
+            (
+                {
+                    "jobDeploymentStatus": "",
+                    "jobStatus": "",
+                    "reason": None,
+                    "jobId": None,
+                    "rayClusterName": None,
+                    "dashboardURL": None,
+                    "rayClusterStatus": None,
+                },
+                "Initializing",
+            ),
+            (
+                {"jobDeploymentStatus": "Initializing", "jobId": "bert-x2", "rayClusterName": "bert-fghij"},
+                "Initializing",
+            ),
+            ({"jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "rayClusterStatus": WORKERS_UP}, "Running"),
+            (
+                {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED", "succeeded": 1, "endTime": NOW},
+                "Succeeded",
+            ),
+        ],
+        {"Succeeded": ("True", "Succeeded")},
+        ["Pending", "Initializing", "Running", "Initializing", "Retrying", "Running", "Succeeded"],
+    ),
+    "deadline": (
+        {"faultTolerance": {"activeDeadlineSeconds": 60}},
+        [
+            RUNNING[0],
+            (
+                {
+                    "jobDeploymentStatus": "Failed",
+                    "reason": "DeadlineExceeded",
+                    "failed": 1,
+                    "message": "The RayJob has passed the activeDeadlineSeconds.",
+                },
+                "Failed",
+            ),
+        ],
+        {"Failed": ("True", "DeadlineExceeded")},
+        ["Pending", "Initializing", "Failed"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SEQUENCES))
+def test_status_follows_kuberay_within_two_seconds(kube: KubeCluster, api: Api, ns: str, case: str):
+    spec, steps, final_conditions, story = SEQUENCES[case]
+    create_job(kube, api, ns, "bert", **spec)
+    for status, phase in steps:
+        api.fake_kuberay(ns, "bert", status)
+        wait_until(lambda phase=phase: api.phase(ns, "bert") == phase, timeout=2, what=f"phase {phase} after {status}")
+    job = wait_until(
+        lambda: (j := api.job(ns, "bert")) and j["status"].get("restarts") == (1 if case == "retried" else 0) and j,
+        what="restarts",
+    )
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in job["status"]["conditions"]}
+    assert final_conditions.items() <= conditions.items()
+    assert job["status"]["completionTime"]
+    wait_until(lambda: [reason for _, reason in api.events(ns, "bert")] == story, what=f"events {story}")
+
+
+def test_kueue_queued_then_admitted(kube: KubeCluster, api: Api, ns: str):
+    """Kueue is faked too: it would hold the RayJob suspended, then unsuspend it on admission."""
+    rayjob = create_job(kube, api, ns, "queued", scheduling={"queueName": "team-a"})
+    assert rayjob["spec"]["suspend"] is True
+    assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    for deployment in ("Initializing", "Suspending", "Suspended"):
+        api.fake_kuberay(ns, "queued", {"jobDeploymentStatus": deployment, "jobStatus": ""})
+        wait_until(lambda: api.phase(ns, "queued") == "Queued", what=f"Queued after {deployment}")
+    assert api.condition(ns, "queued", "Admitted")["reason"] == "QueuedByKueue"
+    kube.request(
+        "PATCH",
+        RAYJOBS.format(ns=ns) + "/queued",
+        body={"spec": {"suspend": False}},
+        content_type="application/merge-patch+json",
+        query={"fieldManager": "kueue"},
+    )
+    wait_until(lambda: api.condition(ns, "queued", "Admitted").get("status") == "True", what="Admitted=True")
+    api.fake_kuberay(ns, "queued", {"jobDeploymentStatus": "Initializing"})
+    wait_until(lambda: api.phase(ns, "queued") == "Initializing", what="Initializing")
+    api.fake_kuberay(ns, "queued", {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"})
+    wait_until(lambda: api.phase(ns, "queued") == "Running", what="Running")
+    assert api.rayjob(ns, "queued")["spec"]["suspend"] is False  # the operator leaves Kueue's field alone
+    wait_until(lambda: ("Normal", "Admitted") in api.events(ns, "queued"), what="the Admitted event")
+
+
+# ---- spec changes ------------------------------------------------------------------------------
+
+
+def test_suspend_and_lifecycle_follow_the_job(kube: KubeCluster, api: Api, ns: str):
+    create_job(kube, api, ns, "bert")
+    api.patch_job(ns, "bert", {"spec": {"suspend": True, "lifecycle": {"ttlSecondsAfterFinished": 120}}})
+    rayjob = wait_until(
+        lambda: (r := api.rayjob(ns, "bert")) and r["spec"].get("suspend") is True and r, what="RayJob suspended"
+    )
+    assert rayjob["spec"]["ttlSecondsAfterFinished"] == 120
+    wait_until(lambda: api.job(ns, "bert")["status"].get("observedGeneration") == 2, what="observedGeneration 2")
+    api.fake_kuberay(ns, "bert", {"jobDeploymentStatus": "Suspended", "jobStatus": ""})
+    wait_until(lambda: api.phase(ns, "bert") == "Suspended", what="Suspended")
+    api.patch_job(ns, "bert", {"spec": {"suspend": False}})
+    wait_until(lambda: api.rayjob(ns, "bert")["spec"].get("suspend") is False, what="RayJob resumed")
+
+
+def test_api_server_refuses_invalid_specs_with_field_paths(kube: KubeCluster, api: Api, ns: str):
+    cases = [
+        ({"resources": {"workers": 0}}, "spec.resources.workers"),
+        ({"model": {"source": "org/model"}}, "numLabels is required when task is sequence-classification"),
+        ({"model": {"source": "org/model; rm -rf /", "numLabels": 2}}, "spec.model.source"),
+    ]
+    for spec, expected in cases:
+        with pytest.raises(ApiException) as info:
+            kube.create(job_manifest("bad", ns, **spec))
+        assert info.value.status == 422 and expected in info.value.body, info.value.body
+    create_job(kube, api, ns, "bert")
+    with pytest.raises(ApiException) as info:
+        api.patch_job(ns, "bert", {"spec": {"resources": {"workers": 4}}})
+    assert info.value.status == 422 and "spec.resources" in info.value.body and "immutable" in info.value.body
+
+
+def test_spec_the_crd_accepts_but_the_operator_refuses(kube: KubeCluster, api: Api, ns: str):
+    kube.create(job_manifest("local", ns, data={"train": {"uri": "./data/train.jsonl"}}))
+    wait_until(lambda: api.phase(ns, "local") == "Failed", what="phase Failed")
+    ready = api.condition(ns, "local", "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
+    assert "spec.data.train.uri" in ready["message"]
+    wait_until(lambda: ("Warning", "Failed") in api.events(ns, "local"), what="the Failed event")
+    time.sleep(1)  # kopf records the permanent failure in its annotations
+    version = api.job(ns, "local")["metadata"]["resourceVersion"]
+    time.sleep(1.5)  # then no retry loop touches the job, and no RayJob appears
+    assert api.job(ns, "local")["metadata"]["resourceVersion"] == version
+    assert api.rayjob(ns, "local") is None
+
+
+# ---- pre-flight and drift -------------------------------------------------------------------------
+
+
+def test_unschedulable_job_waits_for_nodes(kube: KubeCluster, api: Api, ns: str):
+    kube.create(job_manifest("big", ns, resources={"workers": 3, "gpusPerWorker": 8}))
+    wait_until(lambda: api.condition(ns, "big", "Unschedulable").get("status") == "True", what="Unschedulable")
+    message = api.condition(ns, "big", "Unschedulable")["message"]
+    assert message == "needs 3 workers with 8 amd.com/gpu each; the nodes can hold only 2 such workers"
+    assert api.phase(ns, "big") == "Pending" and api.rayjob(ns, "big") is None
+    kube.create(job_manifest("mi250", ns, resources={"gpu": {"productName": "AMD_Instinct_MI250X"}}))
+    wait_until(
+        lambda: api.condition(ns, "mi250", "Unschedulable").get("reason") == "GPUModelUnavailable",
+        what="GPUModelUnavailable",
+    )
+    nodes = kube.register_fake_nodes(count=len(kube.fake_nodes) + 1)
+    try:
+        wait_until(lambda: api.rayjob(ns, "big"), timeout=5, what="the RayJob once a third node joined")
+        wait_until(lambda: api.condition(ns, "big", "Unschedulable").get("status") == "False", what="Schedulable")
+    finally:
+        kube.delete({"apiVersion": "v1", "kind": "Node", "metadata": {"name": nodes[-1]}})
+        kube.fake_nodes = nodes[:-1]
+    assert api.rayjob(ns, "mi250") is None
+
+
+def test_rayjob_deleted_behind_the_operators_back_is_recreated(kube: KubeCluster, api: Api, ns: str):
+    first = create_job(kube, api, ns, "bert")
+    kube.delete(first)
+    second = wait_until(
+        lambda: (r := api.rayjob(ns, "bert")) and r["metadata"]["uid"] != first["metadata"]["uid"] and r,
+        what="a new RayJob",
+    )
+    assert second["metadata"]["ownerReferences"] == first["metadata"]["ownerReferences"]
+    wait_until(lambda: ("Warning", "RayJobDeleted") in api.events(ns, "bert"), what="the RayJobDeleted event")
+
+
+def test_finished_job_is_not_rerun_when_its_rayjob_goes(kube: KubeCluster, api: Api, ns: str):
+    rayjob = create_job(kube, api, ns, "done")
+    api.fake_kuberay(ns, "done", {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED", "succeeded": 1})
+    wait_until(lambda: api.phase(ns, "done") == "Succeeded", what="Succeeded")
+    kube.delete(rayjob)
+    wait_until(lambda: api.rayjob(ns, "done") is None, what="the RayJob gone")
+    time.sleep(1)
+    assert api.rayjob(ns, "done") is None and api.phase(ns, "done") == "Succeeded"
+
+
+def test_deleting_the_job_garbage_collects_the_rayjob(kube: KubeCluster, api: Api, ns: str):
+    create_job(kube, api, ns, "bert")
+    kube.delete(api.job(ns, "bert"))
+    wait_until(lambda: api.rayjob(ns, "bert") is None, timeout=30, what="garbage collection of the RayJob")
+
+
+# ---- stall ------------------------------------------------------------------------------------------
+
+
+def test_running_job_without_progress_is_stalled(kube: KubeCluster, api: Api, ns: str):
+    create_job(kube, api, ns, "slow")
+    api.fake_kuberay(ns, "slow", {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"})
+    wait_until(lambda: api.phase(ns, "slow") == "Running", what="Running")
+    stalled = wait_until(
+        lambda: api.condition(ns, "slow", "Stalled").get("status") == "True" and api.condition(ns, "slow", "Stalled"),
+        timeout=STALL_SECONDS + 4,
+        what="Stalled=True",
+    )
+    assert stalled["reason"] == "NoProgress"
+    wait_until(lambda: ("Warning", "NoProgress") in api.events(ns, "slow"), what="the NoProgress event")
+    # The progress endpoint (issue 6) records reports as status.lastProgressTime.
+    kube.request(
+        "PATCH",
+        f"/apis/rocmtrain.dev/v1alpha1/namespaces/{ns}/rocmtrainingjobs/slow/status",
+        body={"status": {"lastProgressTime": _now()}},
+        content_type="application/merge-patch+json",
+    )
+    wait_until(lambda: api.condition(ns, "slow", "Stalled").get("status") == "False", timeout=3, what="Stalled=False")
+
+
+# ---- KubeRay missing (removes and reinstalls KubeRay's RayJob CRD, before the tests with many jobs) --
+
+
+def test_kuberay_missing_waits_then_recovers(kube: KubeCluster, api: Api, ns: str):
+    if kube.external:
+        pytest.skip("removes KubeRay's RayJob CRD; only on the local test cluster")
+    create_job(kube, api, ns, "before")  # its RayJob goes with the CRD, while the job has not ended
+    crd = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/rayjobs.ray.io"
+    kube.request("DELETE", crd)
+    try:
+        wait_until(lambda: not _exists(kube, crd), timeout=30, interval=0.2, what="the RayJob CRD gone")
+        kube.create(job_manifest("early", ns))
+        for name in ("early", "before"):
+            wait_until(
+                lambda name=name: api.condition(ns, name, "KubeRayMissing").get("status") == "True",
+                timeout=5,
+                what=f"KubeRayMissing=True on {name}",
+            )
+            assert api.condition(ns, name, "Ready")["reason"] == "KubeRayNotInstalled"
+            assert api.phase(ns, name) == "Pending"
+    finally:
+        kube.install_crds([KUBERAY_CRDS_DIR / "ray.io_rayjobs.yaml"])
+    for name in ("early", "before"):
+        wait_until(lambda name=name: api.rayjob(ns, name), timeout=20, interval=0.2, what=f"{name}'s RayJob back")
+        wait_until(
+            lambda name=name: api.condition(ns, name, "KubeRayMissing").get("status") == "False",
+            what=f"KubeRayInstalled on {name}",
+        )
+
+
+def _exists(kube: KubeCluster, path: str) -> bool:
+    try:
+        kube.request("GET", path)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+# ---- operating the operator ------------------------------------------------------------------------
+
+
+def test_restart_midway_converges_without_duplicates(kube: KubeCluster, api: Api, ns: str, operator: Operator):
+    uids = {name: create_job(kube, api, ns, name)["metadata"]["uid"] for name in ("a", "b", "c")}
+    operator.stop()
+    try:
+        api.fake_kuberay(ns, "a", {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"})
+        api.fake_kuberay(ns, "b", {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED", "succeeded": 1})
+        api.patch_job(ns, "c", {"spec": {"suspend": True}})
+        kube.create(job_manifest("d", ns))
+    finally:
+        operator.start()
+    wait_until(lambda: api.phase(ns, "a") == "Running", what="a Running")
+    wait_until(lambda: api.phase(ns, "b") == "Succeeded", what="b Succeeded")
+    wait_until(lambda: api.rayjob(ns, "c")["spec"].get("suspend") is True, what="c suspended")
+    wait_until(lambda: api.rayjob(ns, "d") and api.phase(ns, "d") == "Pending", what="d created")
+    rayjobs = kube.request("GET", RAYJOBS.format(ns=ns))["items"]
+    assert sorted(r["metadata"]["name"] for r in rayjobs) == ["a", "b", "c", "d"]
+    assert {r["metadata"]["name"]: r["metadata"]["uid"] for r in rayjobs if r["metadata"]["name"] in uids} == uids
+
+
+def test_two_hundred_jobs_at_once(kube: KubeCluster, api: Api, ns: str):
+    names = [f"job-{i:03d}" for i in range(200)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda name: kube.create(job_manifest(name, ns)), names))
+
+    def reconciled() -> bool:
+        jobs = kube.request("GET", f"/apis/rocmtrain.dev/v1alpha1/namespaces/{ns}/rocmtrainingjobs")["items"]
+        rayjobs = kube.request("GET", RAYJOBS.format(ns=ns))["items"]
+        done = [j for j in jobs if (j.get("status") or {}).get("phase") == "Pending"]
+        return len(done) == len(names) and len(rayjobs) == len(names)
+
+    wait_until(reconciled, timeout=90, interval=0.5, what="200 jobs with RayJobs and status")
+
+
+def test_metrics_and_liveness(api: Api, ns: str, operator: Operator, kube: KubeCluster):
+    import urllib.request
+
+    create_job(kube, api, ns, "bert")
+    wait_until(lambda: api.phase(ns, "bert") == "Pending", what="Pending")
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    assert 'rocmtrain_jobs{phase="Pending"}' in text
+    assert "rocmtrain_gpus_requested" in text and "rocmtrain_reconcile_duration_seconds_bucket" in text
+    assert "# TYPE rocmtrain_reconcile_errors_total counter" in text
+    assert operator.healthy()

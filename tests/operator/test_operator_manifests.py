@@ -1,0 +1,143 @@
+"""The operator's kustomize base: what it builds, how it is hardened, and what its ServiceAccount may do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import config as k8s_config
+from operator_testkit import OPERATOR_NAMESPACE, REPO
+
+from cluster.kubecluster import KubeCluster, request
+
+CRDS = REPO / "crds"
+MANIFEST_CRDS = REPO / "manifests" / "crd"
+
+
+def _one(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    (obj,) = [o for o in objs if o["kind"] == kind and name in (None, o["metadata"]["name"])]
+    return obj
+
+
+def test_manifest_crds_are_copies_of_crds():
+    """kustomize reads no file outside manifests/, so `make manifests` copies crds/ there."""
+    sources = sorted(p.name for p in CRDS.glob("*.yaml"))
+    assert sources and sorted(p.name for p in MANIFEST_CRDS.glob("*.yaml")) == sources
+    for name in sources:
+        assert (MANIFEST_CRDS / name).read_text() == (CRDS / name).read_text(), f"run `make manifests`: {name}"
+
+
+def test_kustomize_builds_the_operator(kustomized: list[dict[str, Any]]):
+    kinds = {o["kind"] for o in kustomized}
+    assert kinds >= {
+        "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "Namespace", "Service",
+        "ServiceAccount",
+    }  # fmt: skip
+    assert len([o for o in kustomized if o["kind"] == "Deployment"]) == 1
+    namespaced = [o for o in kustomized if o["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding")]
+    namespaced = [o for o in namespaced if o["kind"] != "CustomResourceDefinition"]
+    assert {o["metadata"]["namespace"] for o in namespaced} == {OPERATOR_NAMESPACE}
+    (subject,) = _one(kustomized, "ClusterRoleBinding", "rocm-train-operator")["subjects"]
+    assert subject == {"kind": "ServiceAccount", "name": "rocm-train-operator", "namespace": OPERATOR_NAMESPACE}
+
+
+def test_deployment_is_hardened(kustomized: list[dict[str, Any]]):
+    deployment = _one(kustomized, "Deployment")["spec"]
+    assert deployment["replicas"] == 1 and deployment["strategy"] == {"type": "Recreate"}
+    pod = deployment["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert set(container["resources"]) == {"requests", "limits"}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["port"] == "health"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert (
+        ports["metrics"] == int(env["ROCMTRAIN_METRICS_PORT"]) != ports["health"] == int(env["ROCMTRAIN_HEALTH_PORT"])
+    )
+    assert container["image"].startswith("ghcr.io/rocm-train-operator/operator:")
+    service = _one(kustomized, "Service", "rocm-train-operator-metrics")["spec"]
+    assert service["ports"] == [{"name": "metrics", "port": ports["metrics"], "targetPort": "metrics"}]
+
+
+def test_roles_name_every_verb_and_resource(kustomized: list[dict[str, Any]]):
+    rules = [rule for o in kustomized if o["kind"] in ("ClusterRole", "Role") for rule in o["rules"]]
+    assert rules
+    for rule in rules:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"], rule
+
+
+# ---- on the cluster ---------------------------------------------------------------------------
+
+ALLOWED = [
+    ("get", "rocmtrain.dev", "rocmtrainingjobs", ""),
+    ("list", "rocmtrain.dev", "rocmtrainingjobs", ""),
+    ("watch", "rocmtrain.dev", "rocmtrainingjobs", ""),
+    ("patch", "rocmtrain.dev", "rocmtrainingjobs", ""),
+    ("patch", "rocmtrain.dev", "rocmtrainingjobs", "status"),
+    ("update", "rocmtrain.dev", "rocmtrainingjobs", "finalizers"),
+    ("create", "ray.io", "rayjobs", ""),
+    ("get", "ray.io", "rayjobs", ""),
+    ("list", "ray.io", "rayjobs", ""),
+    ("watch", "ray.io", "rayjobs", ""),
+    ("patch", "ray.io", "rayjobs", ""),
+    ("list", "", "nodes", ""),
+    ("watch", "", "nodes", ""),
+    ("get", "apiextensions.k8s.io", "customresourcedefinitions", ""),
+    ("watch", "apiextensions.k8s.io", "customresourcedefinitions", ""),
+    ("create", "", "events", ""),
+    ("create", "authentication.k8s.io", "tokenreviews", ""),
+    ("get", "", "pods", ""),
+]
+DENIED = [
+    ("delete", "ray.io", "rayjobs", ""),
+    ("update", "ray.io", "rayjobs", ""),
+    ("create", "rocmtrain.dev", "rocmtrainingjobs", ""),
+    ("delete", "rocmtrain.dev", "rocmtrainingjobs", ""),
+    ("get", "", "secrets", ""),
+    ("create", "", "pods", ""),
+    ("list", "", "pods", ""),
+    ("get", "", "nodes", ""),
+    ("patch", "", "nodes", ""),
+    ("create", "apiextensions.k8s.io", "customresourcedefinitions", ""),
+    ("create", "rbac.authorization.k8s.io", "clusterrolebindings", ""),
+    ("patch", "", "events", ""),
+]
+
+
+@pytest.mark.cluster
+def test_manifests_apply_to_the_cluster(kube: KubeCluster, installed: list[dict[str, Any]]):
+    for obj in installed:
+        if obj["kind"] in ("ClusterRole", "ClusterRoleBinding", "ServiceAccount", "Namespace"):
+            live = kube.request("GET", kube.path_for(obj))
+            assert live["metadata"]["name"] == obj["metadata"]["name"]
+
+
+@pytest.mark.cluster
+def test_service_account_may_do_what_the_operator_needs_and_no_more(operator_kubeconfig: Path):
+    """SelfSubjectAccessReviews made with the ServiceAccount's own token."""
+    api = k8s_config.new_client_from_config(config_file=str(operator_kubeconfig))
+    try:
+
+        def allowed(verb: str, group: str, resource: str, subresource: str) -> bool:
+            attributes = {"verb": verb, "group": group, "resource": resource, "subresource": subresource}
+            if resource not in ("nodes", "customresourcedefinitions", "tokenreviews"):
+                attributes["namespace"] = "some-team"
+            review = request(
+                api,
+                "POST",
+                "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+                body={"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                      "spec": {"resourceAttributes": attributes}},
+            )  # fmt: skip
+            return bool(review["status"]["allowed"])
+
+        assert [check for check in ALLOWED if not allowed(*check)] == []
+        assert [check for check in DENIED if allowed(*check)] == []
+    finally:
+        api.close()

@@ -1,0 +1,380 @@
+"""Status mapping: the RayJob status sequences KubeRay v1.5.1 writes, mapped onto the job.
+
+The sequences follow `ray-operator/controllers/ray/rayjob_controller.go` (v1.5.1):
+New ("") → Initializing → Running (jobStatus "", PENDING, RUNNING) → Complete/Failed,
+Failed → Retrying → New → … while `failed <= backoffLimit`, and
+Initializing/Running → Suspending → Suspended → New when `spec.suspend` flips.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from rocmtrain.api.models import RocmTrainingJobSpec
+from rocmtrain.status import (
+    KUBERAY_NOT_INSTALLED,
+    OWNED_FIELDS,
+    Hold,
+    Observation,
+    compute_status,
+    invalid_status,
+    last_rayjob_change,
+    merge_conditions,
+    status_patch,
+    transition_events,
+)
+
+T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+
+
+def spec(**overrides: Any) -> RocmTrainingJobSpec:
+    base: dict[str, Any] = {
+        "model": {"source": "distilbert/distilbert-base-uncased", "numLabels": 2},
+        "data": {"train": {"uri": "s3://data/train.jsonl"}},
+        "resources": {"workers": 2, "gpusPerWorker": 8},
+    }
+    return RocmTrainingJobSpec.model_validate({**base, **overrides})
+
+
+def rayjob(deployment: str | None, job_status: str = "", *, suspend: bool = False, **status: Any) -> dict[str, Any]:
+    """A RayJob as KubeRay leaves it; `deployment=None` is a RayJob KubeRay has not touched yet."""
+    st: dict[str, Any] = dict(status)
+    if deployment is not None:
+        st["jobDeploymentStatus"] = deployment
+        st["jobStatus"] = job_status
+    return {"metadata": {"name": "job"}, "spec": {"suspend": suspend}, "status": st}
+
+
+def cluster(ready: int, desired: int = 2) -> dict[str, Any]:
+    return {"readyWorkerReplicas": ready, "desiredWorkerReplicas": desired, "state": "ready" if ready else ""}
+
+
+def run(sequence: list[dict[str, Any] | None], job_spec: RocmTrainingJobSpec | None = None) -> list[dict[str, Any]]:
+    """Feed RayJob states in order (one second apart); return each status."""
+    current: dict[str, Any] = {}
+    out = []
+    for i, rj in enumerate(sequence):
+        obs = Observation(
+            spec=job_spec or spec(),
+            generation=1,
+            current=current,
+            rayjob=rj,
+            now=T0 + dt.timedelta(seconds=i),
+            stall_after=900,
+        )
+        merged = {**current, **status_patch(current, compute_status(obs))}  # as the merge patch applies
+        current = {k: v for k, v in merged.items() if v is not None}
+        out.append(current)
+    return out
+
+
+def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+RUN = {"jobId": "job-abc12", "rayClusterName": "job-x7k2p", "startTime": "2026-01-02T03:04:05Z"}
+
+SUCCESS = [
+    None,
+    rayjob(None),
+    rayjob("Initializing", **RUN, rayClusterStatus=cluster(0)),
+    rayjob("Initializing", **RUN, rayClusterStatus=cluster(1)),
+    rayjob("Running", **RUN, rayClusterStatus=cluster(2), dashboardURL="job-head-svc.ns.svc.cluster.local:8265"),
+    rayjob("Running", "PENDING", **RUN, rayClusterStatus=cluster(2), dashboardURL="job-head-svc.ns.svc:8265"),
+    rayjob("Running", "RUNNING", **RUN, rayClusterStatus=cluster(2), dashboardURL="job-head-svc.ns.svc:8265"),
+    rayjob("Running", "SUCCEEDED", **RUN, rayClusterStatus=cluster(2), dashboardURL="job-head-svc.ns.svc:8265"),
+    rayjob(
+        "Complete",
+        "SUCCEEDED",
+        **RUN,
+        rayClusterStatus=cluster(2),
+        dashboardURL="job-head-svc.ns.svc:8265",
+        endTime="2026-01-02T04:00:00Z",
+        succeeded=1,
+        failed=0,
+    ),
+]
+
+
+def test_success_sequence_phases_conditions_and_fields():
+    statuses = run(SUCCESS)
+    assert [s["phase"] for s in statuses] == [
+        "Pending",
+        "Pending",
+        "Initializing",
+        "Initializing",
+        "Initializing",
+        "Initializing",
+        "Running",
+        "Running",
+        "Succeeded",
+    ]
+    running, done = statuses[6], statuses[-1]
+    assert conditions(running)["Ready"] == ("True", "Running")
+    assert running["workersReady"] == 2 and running["workersDesired"] == 2 and running["gpus"] == 16
+    assert running["rayClusterName"] == "job-x7k2p" and running["jobId"] == "job-abc12"
+    assert running["dashboardUrl"] == "job-head-svc.ns.svc:8265"
+    assert running["startTime"] == "2026-01-02T03:04:05Z" and "completionTime" not in running
+    assert conditions(done)["Succeeded"] == ("True", "Succeeded")
+    assert conditions(done)["Ready"] == ("False", "Succeeded")
+    assert done["completionTime"] == "2026-01-02T04:00:00Z" and done["restarts"] == 0
+    assert statuses[2]["workersReady"] == 0 and statuses[3]["workersReady"] == 1
+
+
+def test_ready_keeps_transition_time_while_running():
+    statuses = run(SUCCESS)
+    ready = [next(c for c in s["conditions"] if c["type"] == "Ready") for s in statuses]
+    assert ready[6]["lastTransitionTime"] == "2026-01-02T03:04:11Z"  # turned True at step 6
+    assert ready[7]["lastTransitionTime"] == ready[6]["lastTransitionTime"]
+    assert ready[8]["lastTransitionTime"] == "2026-01-02T03:04:13Z"
+    assert all(c["observedGeneration"] == 1 for s in statuses for c in s["conditions"])
+
+
+def test_events_tell_the_story_once_per_transition():
+    statuses = run(SUCCESS)
+    events = [e for old, new in zip([{}, *statuses], statuses, strict=False) for e in transition_events(old, new)]
+    assert [(e.type, e.reason) for e in events] == [
+        ("Normal", "Pending"),
+        ("Normal", "Initializing"),
+        ("Normal", "Running"),
+        ("Normal", "Succeeded"),
+    ]
+    assert events[1].message.startswith("Pending → Initializing: starting the Ray cluster (0/2 workers ready)")
+
+
+@pytest.mark.parametrize(
+    ("final", "reason", "message"),
+    [
+        (
+            rayjob("Failed", "FAILED", **RUN, reason="AppFailed", message="exit code 1", failed=1),
+            "AppFailed",
+            "exit code 1",
+        ),
+        (
+            rayjob("Failed", "", **RUN, reason="DeadlineExceeded", message="passed activeDeadlineSeconds", failed=1),
+            "DeadlineExceeded",
+            "passed activeDeadlineSeconds",
+        ),
+        (
+            rayjob("Failed", "", **RUN, reason="SubmissionFailed", message="Job submission has failed", failed=1),
+            "SubmissionFailed",
+            "Job submission has failed",
+        ),
+        (
+            rayjob("Failed", "FAILED", **RUN, reason="JobDeploymentStatusTransitionGracePeriodExceeded", failed=1),
+            "JobDeploymentStatusTransitionGracePeriodExceeded",
+            "the RayJob failed",
+        ),
+        (rayjob("ValidationFailed", reason="ValidationFailed", message="bad spec"), "ValidationFailed", "bad spec"),
+        (rayjob("Complete", "STOPPED", **RUN, succeeded=0, failed=0), "Stopped", "the Ray job ended STOPPED"),
+    ],
+)
+def test_failures_carry_kuberay_reason_and_message(final, reason, message):
+    statuses = run([rayjob("Initializing", **RUN), rayjob("Running", "RUNNING", **RUN), final])
+    last = statuses[-1]
+    assert last["phase"] == "Failed"
+    assert conditions(last)["Failed"] == ("True", reason)
+    assert next(c for c in last["conditions"] if c["type"] == "Failed")["message"] == message
+    assert "completionTime" in last and last["restarts"] == 0
+    events = transition_events(statuses[-2], last)
+    assert events[0].type == "Warning" and events[0].reason == "Failed"
+
+
+def test_retrying_counts_restarts_and_returns_to_initializing():
+    retry = {**RUN, "reason": "AppFailed", "failed": 1}
+    sequence = [
+        rayjob("Running", "RUNNING", **RUN, failed=0),
+        rayjob("Retrying", "FAILED", **retry),
+        rayjob(None, failed=1),  # KubeRay resets the status to New after deleting the cluster
+        rayjob("Initializing", **RUN, failed=1),
+        rayjob("Running", "RUNNING", **RUN, failed=1),
+        rayjob("Complete", "SUCCEEDED", **RUN, failed=1, succeeded=1),
+    ]
+    statuses = run(sequence, spec(faultTolerance={"jobRetries": 1}))
+    assert [s["phase"] for s in statuses] == [
+        "Running",
+        "Initializing",
+        "Initializing",
+        "Initializing",
+        "Running",
+        "Succeeded",
+    ]
+    assert [s["restarts"] for s in statuses] == [0, 1, 1, 1, 1, 1]
+    assert conditions(statuses[1])["Ready"] == ("False", "Retrying")
+    assert [e.reason for e in transition_events(statuses[0], statuses[1])] == ["Initializing", "Retrying"]
+
+
+def test_final_failure_after_retries_counts_retries_not_failures():
+    statuses = run(
+        [
+            rayjob("Running", "RUNNING", **RUN, failed=1),
+            rayjob("Failed", "FAILED", **RUN, reason="AppFailed", failed=2),
+        ],
+        spec(faultTolerance={"jobRetries": 1}),
+    )
+    assert statuses[-1]["phase"] == "Failed" and statuses[-1]["restarts"] == 1
+
+
+def test_kueue_queued_then_admitted():
+    queued = spec(scheduling={"queueName": "team-a"})
+    sequence = [
+        None,
+        rayjob(None, suspend=True),
+        rayjob("Initializing", suspend=True, jobId="j", rayClusterName="c"),
+        rayjob("Suspending", suspend=True),
+        rayjob("Suspended", suspend=True),
+        rayjob("Suspended", suspend=False),  # Kueue admitted it: unsuspended
+        rayjob(None, suspend=False),
+        rayjob("Initializing", **RUN),
+        rayjob("Running", "RUNNING", **RUN),
+    ]
+    statuses = run(sequence, queued)
+    assert [s["phase"] for s in statuses] == [
+        "Pending",
+        "Queued",
+        "Queued",
+        "Queued",
+        "Queued",
+        "Pending",
+        "Pending",
+        "Initializing",
+        "Running",
+    ]
+    admitted = [conditions(s)["Admitted"] for s in statuses]
+    assert admitted[0] == ("False", "Pending")
+    assert admitted[1:5] == [("False", "QueuedByKueue")] * 4
+    assert admitted[5:] == [("True", "Admitted")] * 4
+    assert conditions(statuses[1])["Ready"] == ("False", "QueuedByKueue")
+    assert ("Normal", "Admitted") in [(e.type, e.reason) for e in transition_events(statuses[4], statuses[5])]
+
+
+def test_kueue_preemption_goes_back_to_queued():
+    queued = spec(scheduling={"queueName": "team-a"})
+    statuses = run(
+        [
+            rayjob("Running", "RUNNING", **RUN),
+            rayjob("Suspending", "RUNNING", suspend=True),
+            rayjob("Suspended", suspend=True),
+        ],
+        queued,
+    )
+    assert [s["phase"] for s in statuses] == ["Running", "Queued", "Queued"]
+    assert conditions(statuses[-1])["Admitted"] == ("False", "QueuedByKueue")
+
+
+def test_user_suspend_and_resume_without_queue():
+    sequence = [
+        rayjob("Running", "RUNNING", **RUN),
+        rayjob("Running", "RUNNING", suspend=True, **RUN),  # before KubeRay reacts
+        rayjob("Suspending", "RUNNING", suspend=True),
+        rayjob("Suspended", suspend=True),
+        rayjob("Suspended"),
+        rayjob(None),
+        rayjob("Initializing", **RUN),
+    ]
+    statuses = run(sequence, spec(suspend=True))
+    assert [s["phase"] for s in statuses] == [
+        "Running",
+        "Running",
+        "Suspended",
+        "Suspended",
+        "Pending",
+        "Pending",
+        "Initializing",
+    ]
+    assert "Admitted" not in conditions(statuses[0])
+    assert "dashboardUrl" not in statuses[3] and "jobId" not in statuses[3]
+
+
+def test_terminal_phase_is_sticky_even_when_the_rayjob_goes():
+    statuses = run([rayjob("Complete", "SUCCEEDED", **RUN, succeeded=1, endTime="2026-01-02T04:00:00Z"), None])
+    assert statuses[1]["phase"] == "Succeeded"
+    assert statuses[1]["jobId"] == "job-abc12" and statuses[1]["completionTime"] == "2026-01-02T04:00:00Z"
+
+
+def test_unknown_deployment_status_is_pending_not_a_crash():
+    (status,) = run([rayjob("SomethingNew")])
+    assert status["phase"] == "Pending" and conditions(status)["Ready"] == ("False", "UnknownState")
+
+
+# ---- holds, stall, invalid -----------------------------------------------------------------
+
+
+def observe(current: dict[str, Any] | None = None, rj: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"spec": spec(), "generation": 3, "now": T0, "stall_after": 900}
+    return compute_status(Observation(current=current or {}, rayjob=rj, **{**defaults, **kw}))
+
+
+def test_unschedulable_hold_then_resolved():
+    hold = Hold("InsufficientGPUs", "needs 16 amd.com/gpu per worker; the largest node has 8")
+    held = observe(unschedulable=hold)
+    assert held["phase"] == "Pending"
+    assert conditions(held)["Unschedulable"] == ("True", "InsufficientGPUs")
+    assert conditions(held)["Ready"] == ("False", "InsufficientGPUs")
+    assert "KubeRayMissing" not in conditions(held)
+    (event,) = [e for e in transition_events({}, held) if e.type == "Warning"]
+    assert event.reason == "InsufficientGPUs" and "largest node has 8" in event.message
+    created = observe(held, rayjob(None))
+    assert conditions(created)["Unschedulable"] == ("False", "Schedulable")
+
+
+def test_kuberay_missing_condition():
+    missing = observe(blocked=KUBERAY_NOT_INSTALLED)
+    assert conditions(missing)["KubeRayMissing"] == ("True", "KubeRayNotInstalled")
+    assert conditions(missing)["Ready"] == ("False", "KubeRayNotInstalled")
+    assert conditions(observe(missing, rayjob(None)))["KubeRayMissing"] == ("False", "KubeRayInstalled")
+
+
+def running_rayjob(last_write: dt.datetime) -> dict[str, Any]:
+    rj = rayjob("Running", "RUNNING", **RUN)
+    rj["metadata"]["managedFields"] = [
+        {"manager": "kuberay-operator", "subresource": "status", "time": last_write.strftime("%Y-%m-%dT%H:%M:%SZ")},
+        {"manager": "rocm-train-operator", "time": "2020-01-01T00:00:00Z"},
+    ]
+    return rj
+
+
+def test_stall_from_rayjob_status_age_and_progress_time():
+    rj = running_rayjob(T0)
+    assert last_rayjob_change(rj) == T0
+    fresh = observe(rj=rj, now=T0 + dt.timedelta(seconds=100))
+    assert "Stalled" not in conditions(fresh)
+    stalled = observe(fresh, rj, now=T0 + dt.timedelta(seconds=1000))
+    assert conditions(stalled)["Stalled"] == ("True", "NoProgress")
+    assert ("Warning", "NoProgress") in [(e.type, e.reason) for e in transition_events(fresh, stalled)]
+    progressed = {**stalled, "lastProgressTime": "2026-01-02T03:20:00Z"}
+    recovered = observe(progressed, rj, now=T0 + dt.timedelta(seconds=1000))
+    assert conditions(recovered)["Stalled"] == ("False", "Progressing")
+
+
+def test_invalid_spec_lists_every_field_path():
+    errors = ["spec.model.source: must be a location", "spec.resources.workers: too many"]
+    status = invalid_status({}, errors, generation=2, now=T0)
+    assert status["phase"] == "Failed" and status["observedGeneration"] == 2
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
+    assert "spec.model.source" in ready["message"] and "spec.resources.workers" in ready["message"]
+
+
+def test_merge_conditions_keeps_foreign_conditions_and_transition_times():
+    before = [
+        {"type": "Ready", "status": "False", "reason": "A", "lastTransitionTime": "2020-01-01T00:00:00Z"},
+        {"type": "Progressing", "status": "True", "reason": "Reported"},
+    ]
+    merged = merge_conditions(before, {"Ready": ("False", "B", "m")}, now=T0, generation=4)
+    assert merged[0]["lastTransitionTime"] == "2020-01-01T00:00:00Z" and merged[0]["reason"] == "B"
+    assert merged[1] == before[1]
+    flipped = merge_conditions(before, {"Ready": ("True", "Running", "")}, now=T0, generation=4)
+    assert flipped[0]["lastTransitionTime"] == "2026-01-02T03:04:05Z"
+
+
+def test_status_patch_touches_only_owned_fields_and_clears_vanished_ones():
+    current = {"phase": "Running", "dashboardUrl": "x:8265", "progress": {"step": 3}, "lastProgressTime": "t"}
+    new = {"phase": "Suspended"}
+    patch = status_patch(current, new)
+    assert patch == {"phase": "Suspended", "dashboardUrl": None}
+    assert set(patch) <= set(OWNED_FIELDS)
+    assert status_patch(new, new) == {}

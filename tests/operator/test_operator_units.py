@@ -1,0 +1,103 @@
+"""Operator pieces without a cluster: configuration, RayJob field carry-over, views, metrics."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import generate_latest
+
+from rocmtrain import metrics
+from rocmtrain.controller.reconciler import controller_ref, mutable_patch, rayjob_view
+from rocmtrain.controller.settings import ConfigError, OperatorConfig
+
+
+def test_config_defaults_and_overrides():
+    default = OperatorConfig.from_env({})
+    assert (default.namespaces, default.metrics_port, default.health_port) == ((), 8080, 8081)
+    assert default.stall_seconds == 900 and default.stall_check_seconds == 60
+    assert default.liveness_endpoint == "http://0.0.0.0:8081/healthz"
+    custom = OperatorConfig.from_env(
+        {"ROCMTRAIN_NAMESPACES": "team-a, team-b", "ROCMTRAIN_STALL_SECONDS": "8", "ROCMTRAIN_HEALTH_PORT": "0"}
+    )
+    assert custom.namespaces == ("team-a", "team-b")
+    assert custom.stall_check_seconds == 2 and custom.liveness_endpoint is None
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"ROCMTRAIN_NAMESPACES": "Team_A"},
+        {"ROCMTRAIN_METRICS_PORT": "70000"},
+        {"ROCMTRAIN_STALL_SECONDS": "0"},
+        {"ROCMTRAIN_RETRY_SECONDS": "soon"},
+    ],
+)
+def test_config_refuses_bad_values(env):
+    with pytest.raises(ConfigError):
+        OperatorConfig.from_env(env)
+
+
+def test_mutable_patch_carries_only_suspend_and_lifecycle():
+    rendered = {"suspend": True, "shutdownAfterJobFinishes": True, "ttlSecondsAfterFinished": 60, "entrypoint": "x"}
+    live = {"suspend": False, "shutdownAfterJobFinishes": True, "ttlSecondsAfterFinished": 0, "entrypoint": "y"}
+    assert mutable_patch(rendered, live, queued=False) == {"suspend": True, "ttlSecondsAfterFinished": 60}
+    # Kueue owns `suspend` of a queued RayJob.
+    assert mutable_patch(rendered, live, queued=True) == {"ttlSecondsAfterFinished": 60}
+    # KubeRay's defaults (ttl 0) count as equal to an unset field: no patch loop.
+    defaulted = {"shutdownAfterJobFinishes": True, "ttlSecondsAfterFinished": 0}
+    assert mutable_patch({"shutdownAfterJobFinishes": True}, defaulted, queued=False) == {}
+
+
+def test_rayjob_view_keeps_status_and_status_write_times_only():
+    body = {
+        "metadata": {
+            "name": "j",
+            "namespace": "ns",
+            "uid": "u",
+            "ownerReferences": [{"kind": "RocmTrainingJob", "name": "j", "uid": "owner", "controller": True}],
+            "managedFields": [
+                {
+                    "manager": "kuberay-operator",
+                    "subresource": "status",
+                    "time": "2026-01-01T00:00:00Z",
+                    "fieldsV1": {},
+                },
+                {"manager": "rocm-train-operator", "time": "2025-01-01T00:00:00Z", "fieldsV1": {}},
+            ],
+        },
+        "spec": {"suspend": True, "rayClusterSpec": {"huge": "templates"}},
+        "status": {"jobDeploymentStatus": "Running"},
+    }
+    view = rayjob_view(body)
+    assert view["spec"] == {"suspend": True}
+    assert view["metadata"]["managedFields"] == [{"subresource": "status", "time": "2026-01-01T00:00:00Z"}]
+    assert view["status"] == {"jobDeploymentStatus": "Running"}
+    assert controller_ref(view)["uid"] == "owner"
+    assert controller_ref({"metadata": {"ownerReferences": [{"kind": "Other", "controller": True}]}}) == {}
+
+
+def test_jobs_collector_counts_phases_and_gpus_of_unfinished_jobs():
+    metrics.JOBS.source = lambda: [("Running", 16), ("Running", 8), ("Succeeded", 8), (None, 4)]
+    try:
+        text = generate_latest(metrics.REGISTRY).decode()
+    finally:
+        metrics.JOBS.source = tuple
+    assert 'rocmtrain_jobs{phase="Running"} 2.0' in text
+    assert 'rocmtrain_jobs{phase="Succeeded"} 1.0' in text
+    assert 'rocmtrain_jobs{phase="Unknown"} 1.0' in text
+    assert 'rocmtrain_gpus_requested{phase="Running"} 24.0' in text
+    assert 'rocmtrain_gpus_requested{phase="Succeeded"}' not in text
+
+
+def test_observe_counts_unexpected_errors_only():
+    class Waiting(Exception):
+        pass
+
+    def errors() -> float:
+        return metrics.REGISTRY.get_sample_value("rocmtrain_reconcile_errors_total", {"handler": "unit"}) or 0.0
+
+    before = errors()
+    with pytest.raises(Waiting), metrics.observe("unit", expected=(Waiting,)):
+        raise Waiting
+    with pytest.raises(RuntimeError), metrics.observe("unit", expected=(Waiting,)):
+        raise RuntimeError
+    assert errors() == before + 1

@@ -1,0 +1,229 @@
+"""Helpers for the progress endpoint against the real control plane.
+
+The endpoint runs in-process (an asyncio loop in a thread), with the real
+TokenReview, pod authorisation and status patches against the test
+kube-apiserver. There is no kubelet and no KubeRay controller: the tests create
+the Ray head pod object themselves, with the labels KubeRay gives Ray pods, and
+it never runs. Tokens bound to it come from the real TokenRequest API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import ssl
+import threading
+import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from kubernetes_asyncio import config as async_config
+
+from cluster.kubecluster import KubeCluster
+from rocmtrain.api.models import API_VERSION, KIND, PLURAL
+from rocmtrain.progress.auth import AUDIENCE, JOB_NAME_LABEL, RAY_CLUSTER_LABEL
+from rocmtrain.progress.server import PATH, ProgressServer, ProgressServerConfig, start_progress_server
+
+T = TypeVar("T")
+
+REPO = Path(__file__).resolve().parents[2]
+OPERATOR_NAMESPACE = "rocm-train-system"
+OPERATOR_SA = "rocm-train-operator"
+
+
+class LoopThread:
+    """An asyncio event loop in a thread, driven from synchronous tests (which may block meanwhile)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="progress-loop", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on the loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+class ServerThread(LoopThread):
+    """The progress server on its own event loop."""
+
+    def __init__(self, cfg: ProgressServerConfig, kubeconfig: Path) -> None:
+        super().__init__()
+        self.config = cfg
+        self.api = self.run(async_config.new_client_from_config(config_file=str(kubeconfig)))
+        self.server: ProgressServer = self.run(start_progress_server(cfg, self.api))
+
+    def url(self, namespace: str, name: str) -> str:
+        """The job's endpoint URL as the renderer would write it."""
+        return self.config.base_url + PATH.format(namespace=namespace, name=name)
+
+    def stop(self) -> None:
+        self.run(self.server.stop())
+        self.run(self.api.close())
+        self.close()
+
+
+@dataclass
+class Post:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+class Client:
+    """Posts to the endpoint over verified TLS, as the training driver does."""
+
+    def __init__(self, port: int, ca_crt: bytes) -> None:
+        self.port = port
+        self.context = ssl.create_default_context(cadata=ca_crt.decode())
+        self._conn: http.client.HTTPSConnection | None = None
+
+    def post(self, namespace: str, name: str, body: bytes | dict, token: str | None) -> Post:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        if self._conn is None:
+            self._conn = http.client.HTTPSConnection("localhost", self.port, context=self.context, timeout=30)
+        try:
+            self._conn.request("POST", PATH.format(namespace=namespace, name=name), body=data, headers=headers)
+            resp = self._conn.getresponse()
+            return Post(resp.status, dict(resp.headers), resp.read())
+        except (http.client.HTTPException, OSError):
+            self._conn.close()
+            self._conn = None
+            raise
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+
+@dataclass
+class RayHead:
+    """A job, its Ray cluster name, and the (never running) head pod bound tokens are issued for."""
+
+    namespace: str
+    job: str
+    cluster: str
+    pod: dict[str, Any]
+
+    def job_object(self, kube: KubeCluster) -> dict[str, Any]:
+        return kube.request("GET", self.job_path)
+
+    @property
+    def job_path(self) -> str:
+        return f"/apis/rocmtrain.dev/v1alpha1/namespaces/{self.namespace}/{PLURAL}/{self.job}"
+
+    def printed(self, kube: KubeCluster) -> dict[str, Any]:
+        """The job's row as `kubectl get` prints it: the API server's Table of the CRD's printer columns."""
+        resp = kube.api.rest_client.request(
+            "GET", kube.server + self.job_path, headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}
+        )
+        table = json.loads(resp.read())
+        return dict(zip([c["name"] for c in table["columnDefinitions"]], table["rows"][0]["cells"], strict=True))
+
+
+SMALL_SPEC = {
+    "model": {"source": "sentence-transformers/all-MiniLM-L6-v2", "numLabels": 2},
+    "data": {"train": {"uri": "/data/train.jsonl"}},
+}
+
+
+def create_job(
+    kube: KubeCluster, namespace: str, name: str, cluster: str | None, spec: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A RocmTrainingJob; with `cluster`, its status names the Ray cluster as the operator records it."""
+    job = kube.create(
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": spec or SMALL_SPEC,
+        }
+    )
+    if cluster is not None:
+        job = kube.request(
+            "PATCH",
+            f"/apis/rocmtrain.dev/v1alpha1/namespaces/{namespace}/{PLURAL}/{name}/status",
+            body={"status": {"phase": "Running", "rayJobName": name, "rayClusterName": cluster}},
+            content_type="application/merge-patch+json",
+        )
+    return job
+
+
+def create_ray_head(kube: KubeCluster, namespace: str, job: str, cluster: str) -> RayHead:
+    """The head pod KubeRay would create for `cluster`: same labels, a service account, never scheduled."""
+    kube.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "ray-head", "namespace": namespace}})
+    pod = kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{cluster}-head-{uuid.uuid4().hex[:5]}",
+                "namespace": namespace,
+                "labels": {RAY_CLUSTER_LABEL: cluster, "ray.io/node-type": "head", JOB_NAME_LABEL: job},
+            },
+            "spec": {
+                "serviceAccountName": "ray-head",
+                "automountServiceAccountToken": False,
+                "containers": [{"name": "ray-head", "image": "rocm/ray:2.60.0"}],
+            },
+        }
+    )
+    return RayHead(namespace, job, cluster, pod)
+
+
+def bound_token(kube: KubeCluster, head: RayHead, audience: str = AUDIENCE, seconds: int = 600) -> str:
+    """A TokenRequest token bound to the head pod (600 s is the API server's minimum lifetime)."""
+    meta = head.pod["metadata"]
+    review = kube.request(
+        "POST",
+        f"/api/v1/namespaces/{head.namespace}/serviceaccounts/{head.pod['spec']['serviceAccountName']}/token",
+        body={
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "audiences": [audience],
+                "expirationSeconds": seconds,
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]},
+            },
+        },
+    )
+    return review["status"]["token"]
+
+
+def operator_kubeconfig(kube: KubeCluster, path: Path) -> Path:
+    """A kubeconfig of the operator's ServiceAccount, with the RBAC of manifests/rbac.yaml applied.
+
+    The endpoint then runs with exactly the operator's permissions, so the tests
+    also prove manifests/rbac.yaml grants what it needs.
+    """
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}})
+    kube.apply((REPO / "manifests" / "rbac.yaml").read_text(), namespace=OPERATOR_NAMESPACE)
+    token = kube.request(
+        "POST",
+        f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/serviceaccounts/{OPERATOR_SA}/token",
+        body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 7200}},
+    )["status"]["token"]
+    admin = yaml.safe_load(kube.kubeconfig.read_text())
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "test", "cluster": admin["clusters"][0]["cluster"]}],
+        "users": [{"name": OPERATOR_SA, "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "test", "user": OPERATOR_SA}}],
+        "current-context": "operator",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path

@@ -1,0 +1,256 @@
+"""The endpoint's HTTP behaviour with in-memory parts (no kopf, no cluster).
+
+The authenticator, authoriser and job store are small in-memory stand-ins
+here; `test_endpoint_cluster.py` runs the same app with the real ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.progress import tls
+from rocmtrain.progress.auth import AUDIENCE, Identity
+from rocmtrain.progress.errors import Conflict, Forbidden, Gone, Unauthenticated, Unavailable
+from rocmtrain.progress.limits import MAX_BODY_BYTES, RateLimiter
+from rocmtrain.progress.server import PATH, ProgressServerConfig, make_app
+from rocmtrain.render import RenderOptions, render_rayjob
+
+NOW = dt.datetime(2025, 3, 1, tzinfo=dt.UTC)
+POD = Identity(namespace="team-a", service_account="default", pod_name="job1-head", pod_uid="uid-1")
+TOKENS = {"good": POD, "other-ns": Identity("team-b", "default", "x-head", "uid-9")}
+URL = "/v1/namespaces/team-a/rocmtrainingjobs/job1/progress"
+REPORT = {"progress": {"step": 5, "totalSteps": 50, "percent": 10}, "metrics": {"trainLoss": 1.25}}
+
+
+def merge(target: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict):
+            out[key] = merge(out.get(key) or {}, value)
+        else:
+            out[key] = value
+    return out
+
+
+class Jobs:
+    """Jobs in memory, with resourceVersion preconditions like the API server's."""
+
+    def __init__(self) -> None:
+        self.objects = {
+            ("team-a", "job1"): {
+                "metadata": {"name": "job1", "namespace": "team-a", "uid": "j1", "resourceVersion": "1"},
+                "status": {},
+            }
+        }
+        self.patches: list[dict[str, Any]] = []
+        self.conflicts = 0
+        self.down = False
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        obj = self.objects.get((namespace, name))
+        return copy.deepcopy(obj)
+
+    async def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        if self.down:
+            raise Unavailable("status patch failed with HTTP 500")
+        obj = self.objects.get((namespace, name))
+        if obj is None:
+            raise Gone
+        if self.conflicts:
+            self.conflicts -= 1
+            obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
+        if patch["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"]:
+            raise Conflict
+        obj["status"] = merge(obj["status"], patch["status"])
+        obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
+        self.patches.append(patch)
+
+
+async def authenticate(token: str) -> Identity:
+    if token not in TOKENS:
+        raise Unauthenticated("token not accepted")
+    return TOKENS[token]
+
+
+async def authorise(identity: Identity, job: Mapping[str, Any]) -> None:
+    if identity.pod_uid != "uid-1" or job["metadata"]["name"] != "job1":
+        raise Forbidden("token's pod is not part of this job's Ray cluster")
+
+
+@pytest.fixture
+def jobs() -> Jobs:
+    return Jobs()
+
+
+@pytest.fixture
+async def http(jobs: Jobs) -> AsyncIterator[TestClient]:
+    app = make_app(
+        authenticate=authenticate, authorise=authorise, jobs=jobs, limiter=RateLimiter(2, 10), now=lambda: NOW
+    )
+    async with TestClient(TestServer(app)) as client:
+        yield client
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def test_report_updates_status(http: TestClient, jobs: Jobs):
+    resp = await http.post(URL, json=REPORT, headers=bearer("good"))
+    assert resp.status == 204
+    status = jobs.objects["team-a", "job1"]["status"]
+    assert status["progress"]["step"] == 5
+    assert status["metrics"] == {"trainLoss": 1.25}
+    assert status["history"] == [{"step": 5, "trainLoss": 1.25}]
+    assert status["lastProgressTime"] == "2025-03-01T00:00:00Z"
+
+
+async def test_healthz(http: TestClient):
+    resp = await http.get("/healthz")
+    assert resp.status == 200
+
+
+@pytest.mark.parametrize(
+    ("url", "headers", "body", "status"),
+    [
+        (URL, {}, REPORT, 401),
+        (URL, {"Authorization": "Basic Z29vZA=="}, REPORT, 401),
+        (URL, bearer("forged"), REPORT, 401),
+        (URL, bearer("other-ns"), REPORT, 403),
+        ("/v1/namespaces/team-a/rocmtrainingjobs/job2/progress", bearer("good"), REPORT, 404),
+        ("/v1/namespaces/team-a/rocmtrainingjobs/Job_1/progress", bearer("good"), REPORT, 404),
+        (URL, bearer("good"), {"progress": {"step": 1}, "metrics": {"trainLoss": "NaN"}}, 400),
+        (URL, bearer("good"), {"progress": {"step": 1}, "metrics": {"trainLoss": 1}, "extra": 1}, 400),
+    ],
+)
+async def test_refusals_write_nothing(http: TestClient, jobs: Jobs, url: str, headers: dict, body: dict, status: int):
+    resp = await http.post(url, json=body, headers=headers)
+    assert resp.status == status
+    assert "error" in await resp.json()
+    if status == 401:
+        assert resp.headers["WWW-Authenticate"] == "Bearer"
+    assert jobs.patches == []
+
+
+async def test_nan_token_in_json_is_refused(http: TestClient, jobs: Jobs):
+    body = b'{"progress": {"step": 1}, "metrics": {"trainLoss": NaN}}'
+    resp = await http.post(URL, data=body, headers={**bearer("good"), "Content-Type": "application/json"})
+    assert resp.status == 400
+    assert jobs.patches == []
+
+
+async def test_oversized_bodies_are_refused_declared_or_streamed(http: TestClient, jobs: Jobs):
+    big = json.dumps({**REPORT, "pad": "x" * MAX_BODY_BYTES}).encode()
+    resp = await http.post(URL, data=big, headers=bearer("good"))
+    assert resp.status == 413
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(MAX_BODY_BYTES // 1024 + 2):
+            yield b" " * 1024
+
+    resp = await http.post(URL, data=chunks(), headers=bearer("good"))
+    assert resp.request_info.headers.get("Transfer-Encoding") == "chunked"
+    assert resp.status == 413
+    assert jobs.patches == []
+
+
+async def test_flood_is_rate_limited(http: TestClient, jobs: Jobs):
+    statuses = [(await http.post(URL, json=REPORT, headers=bearer("good"))) for _ in range(30)]
+    codes = [r.status for r in statuses]
+    assert codes[:10] == [204] * 10
+    assert codes.count(204) <= 11, "burst of 10, plus at most one refill during the run"
+    limited = [r for r in statuses if r.status == 429]
+    assert limited and all(int(r.headers["Retry-After"]) >= 1 for r in limited)
+    assert len(jobs.patches) == codes.count(204)
+
+
+async def test_conflicting_writes_are_retried_on_fresh_status(http: TestClient, jobs: Jobs):
+    jobs.objects["team-a", "job1"]["status"] = {"phase": "Running", "history": [{"step": 1, "trainLoss": 2.0}]}
+    jobs.conflicts = 2
+    resp = await http.post(URL, json=REPORT, headers=bearer("good"))
+    assert resp.status == 204
+    status = jobs.objects["team-a", "job1"]["status"]
+    assert status["phase"] == "Running"
+    assert [p["step"] for p in status["history"]] == [1, 5]
+
+
+async def test_api_server_trouble_is_503(http: TestClient, jobs: Jobs):
+    jobs.down = True
+    resp = await http.post(URL, json=REPORT, headers=bearer("good"))
+    assert resp.status == 503
+    assert resp.headers["Retry-After"]
+
+
+async def test_job_deleted_while_writing_is_404(http: TestClient, jobs: Jobs):
+    original = jobs.patch_status
+
+    async def delete_then_patch(namespace: str, name: str, patch: dict[str, Any]) -> None:
+        jobs.objects.pop((namespace, name))
+        await original(namespace, name, patch)
+
+    jobs.patch_status = delete_then_patch  # type: ignore[method-assign]
+    resp = await http.post(URL, json=REPORT, headers=bearer("good"))
+    assert resp.status == 404
+
+
+async def test_a_job_that_keeps_changing_is_503(http: TestClient, jobs: Jobs):
+    jobs.conflicts = 10
+    resp = await http.post(URL, json=REPORT, headers=bearer("good"))
+    assert resp.status == 503
+    assert jobs.patches == []
+
+
+def test_config_from_env():
+    assert ProgressServerConfig.from_env({}) is None, "off without the operator namespace"
+    assert (
+        ProgressServerConfig.from_env({"ROCMTRAIN_OPERATOR_NAMESPACE": "ops", "ROCMTRAIN_PROGRESS_PORT": "0"}) is None
+    )
+    cfg = ProgressServerConfig.from_env({"ROCMTRAIN_OPERATOR_NAMESPACE": "ops"})
+    assert cfg is not None and cfg.port == 8443 and cfg.manage_tls
+    assert cfg.base_url == "https://rocmtrain-progress.ops.svc"
+    assert "rocmtrain-progress.ops.svc.cluster.local" in cfg.hosts
+    local = ProgressServerConfig.from_env(
+        {
+            "ROCMTRAIN_OPERATOR_NAMESPACE": "ops",
+            "ROCMTRAIN_PROGRESS_ADVERTISE_HOST": "operator.example.test",
+            "ROCMTRAIN_PROGRESS_ADVERTISE_PORT": "9443",
+            "ROCMTRAIN_PROGRESS_MANAGE_TLS": "false",
+        }
+    )
+    assert local is not None and not local.manage_tls
+    assert local.base_url == "https://operator.example.test:9443"
+    assert local.hosts[-1] == "operator.example.test"
+    for bad in ({"ROCMTRAIN_PROGRESS_PORT": "http"}, {"ROCMTRAIN_OPERATOR_NAMESPACE": "Not_A_Namespace"}):
+        with pytest.raises(ValueError, match="ROCMTRAIN_"):
+            ProgressServerConfig.from_env({"ROCMTRAIN_OPERATOR_NAMESPACE": "ops", **bad})
+
+
+def test_render_options_point_the_head_pod_at_the_endpoint():
+    cfg = ProgressServerConfig(namespace="ops")
+    job = RocmTrainingJob.model_validate(
+        {
+            "metadata": {"name": "job1", "namespace": "team-a"},
+            "spec": {"model": {"source": "org/model", "numLabels": 2}, "data": {"train": {"uri": "/data/t.jsonl"}}},
+        }
+    )
+    rayjob = render_rayjob(job, options=cfg.render_options(RenderOptions()))
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in head["containers"][0]["env"]}
+    assert env["ROCMTRAIN_PROGRESS_URL"] == "https://rocmtrain-progress.ops.svc" + PATH.format(
+        namespace="team-a", name="job1"
+    )
+    sources = next(v for v in head["volumes"] if "projected" in v)["projected"]["sources"]
+    assert {"audience": AUDIENCE, "expirationSeconds": 3600, "path": "token"} in [
+        s.get("serviceAccountToken") for s in sources
+    ]
+    assert [s["configMap"]["name"] for s in sources if "configMap" in s] == [tls.CA_CONFIGMAP]

@@ -1,0 +1,226 @@
+"""The progress endpoint against the real control plane: who may write, and what is refused.
+
+Real parts: kube-apiserver (TokenRequest, TokenReview, the job's status
+subresource), the endpoint over TLS with the operator-managed CA. Not real: the
+Ray head pods are objects the tests create with KubeRay's labels (no KubeRay
+controller, no kubelet: they never run), and the operator's copy of
+`status.rayClusterName` is a status patch made here.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import ssl
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+
+from cluster.kubecluster import SA_ISSUER, KubeCluster
+from progress.endpoint import (
+    OPERATOR_NAMESPACE,
+    Client,
+    RayHead,
+    ServerThread,
+    bound_token,
+    create_job,
+    create_ray_head,
+)
+from rocmtrain.api.models import HISTORY_LENGTH, RocmTrainingJobStatus
+from rocmtrain.progress import tls
+from rocmtrain.progress.limits import DEFAULT_BURST, DEFAULT_RATE_PER_SECOND, MAX_BODY_BYTES
+
+pytestmark = pytest.mark.cluster
+
+REPORT = {
+    "progress": {"epoch": 0.5, "step": 20, "totalSteps": 80, "percent": 25.0, "etaSeconds": 60.0},
+    "metrics": {"trainLoss": 0.61, "learningRate": 4e-5, "gpuMemoryPeakBytes": 2048, "gpuMemoryPeakBytesMin": 1024},
+}
+
+
+@pytest.fixture(scope="module")
+def namespace(kube: KubeCluster) -> str:
+    return kube.new_namespace("progress")
+
+
+def new_head(kube: KubeCluster, namespace: str, *, record_cluster: bool = True) -> RayHead:
+    name = f"job-{uuid.uuid4().hex[:6]}"
+    cluster = f"{name}-q7x2k"
+    create_job(kube, namespace, name, cluster if record_cluster else None)
+    return create_ray_head(kube, namespace, name, cluster)
+
+
+@pytest.fixture
+def head(kube: KubeCluster, namespace: str) -> RayHead:
+    return new_head(kube, namespace)
+
+
+def assert_refused(kube: KubeCluster, head: RayHead, client: Client, body: bytes | dict, token: str | None, code: int):
+    before = head.job_object(kube)
+    resp = client.post(head.namespace, head.job, body, token)
+    assert resp.status == code, resp.body
+    assert "error" in json.loads(resp.body)
+    after = head.job_object(kube)
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"], "nothing may be written"
+    assert "lastProgressTime" not in after["status"]
+
+
+def test_tls_secret_and_ca_configmap(kube: KubeCluster, progress_server: ServerThread):
+    secret = kube.request("GET", f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/secrets/{tls.SECRET_NAME}")
+    assert base64.b64decode(secret["data"]["ca.crt"]) == progress_server.server.ca_crt
+    job_ns = kube.new_namespace("ca")
+    progress_server.run(progress_server.server.publish_ca(job_ns))
+    progress_server.run(progress_server.server.publish_ca(job_ns))  # idempotent
+    cm = kube.request("GET", f"/api/v1/namespaces/{job_ns}/configmaps/{tls.CA_CONFIGMAP}")
+    assert cm["data"] == {"ca.crt": progress_server.server.ca_crt.decode()}, "the CA certificate only, never a key"
+
+
+def test_token_of_the_jobs_head_pod_updates_its_status(kube: KubeCluster, client: Client, head: RayHead):
+    resp = client.post(head.namespace, head.job, REPORT, bound_token(kube, head))
+    assert resp.status == 204, resp.body
+    status = head.job_object(kube)["status"]
+    assert status["phase"] == "Running", "fields the endpoint does not own are kept"
+    assert status["progress"] == REPORT["progress"]
+    assert status["metrics"] == REPORT["metrics"]
+    assert status["history"] == [{"step": 20, "trainLoss": 0.61}]
+    written = dt.datetime.fromisoformat(status["lastProgressTime"].replace("Z", "+00:00"))
+    assert abs((dt.datetime.now(dt.UTC) - written).total_seconds()) < 60
+    RocmTrainingJobStatus.model_validate(status)
+    printed = head.printed(kube)
+    assert (printed["Progress"], printed["Loss"], printed["ETA"]) == (25, 0.61, 60), "kubectl get shows them"
+
+
+def test_before_the_cluster_is_recorded_the_job_label_decides(kube: KubeCluster, client: Client, namespace: str):
+    head = new_head(kube, namespace, record_cluster=False)
+    resp = client.post(head.namespace, head.job, REPORT, bound_token(kube, head))
+    assert resp.status == 204, resp.body
+
+
+def test_token_of_another_jobs_pod_is_forbidden(kube: KubeCluster, client: Client, namespace: str, head: RayHead):
+    other = new_head(kube, namespace)
+    assert_refused(kube, head, client, REPORT, bound_token(kube, other), 403)
+
+
+def test_token_from_another_namespace_is_forbidden(kube: KubeCluster, client: Client, head: RayHead):
+    elsewhere = new_head(kube, kube.new_namespace("progress-other"))
+    assert_refused(kube, head, client, REPORT, bound_token(kube, elsewhere), 403)
+
+
+def test_token_for_another_audience_is_unauthenticated(kube: KubeCluster, client: Client, head: RayHead):
+    assert_refused(kube, head, client, REPORT, bound_token(kube, head, audience=SA_ISSUER), 401)
+
+
+def test_missing_or_forged_token_is_unauthenticated(kube: KubeCluster, client: Client, head: RayHead):
+    assert_refused(kube, head, client, REPORT, None, 401)
+    assert_refused(kube, head, client, REPORT, "eyJhbGciOiJub25lIn0.e30.", 401)
+
+
+def _b64url(data: bytes) -> bytes:
+    return base64.urlsafe_b64encode(data).rstrip(b"=")
+
+
+def _resign(token: str, key_file: Path, **claims: int) -> str:
+    """The token with some claims changed, signed (ES256) with the API server's service-account key."""
+    header, payload, _ = token.encode().split(b".")
+    body = json.loads(base64.urlsafe_b64decode(payload + b"=" * (-len(payload) % 4)))
+    signing_input = header + b"." + _b64url(json.dumps({**body, **claims}).encode())
+    key = serialization.load_pem_private_key(key_file.read_bytes(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    r, s = decode_dss_signature(key.sign(signing_input, ec.ECDSA(hashes.SHA256())))
+    return (signing_input + b"." + _b64url(r.to_bytes(32, "big") + s.to_bytes(32, "big"))).decode()
+
+
+def test_expired_token_is_unauthenticated(kube: KubeCluster, client: Client, namespace: str):
+    """TokenRequest will not issue a token shorter than 600 s, so the expired token is made here.
+
+    It is a real bound token with `exp` moved into the past and signed again with
+    the API server's own service-account signing key (the harness's
+    --service-account-signing-key-file). The same token re-signed with a future
+    `exp` is accepted, so expiry alone is what TokenReview refuses.
+    """
+    apiserver = kube.processes.get("kube-apiserver")
+    if apiserver is None:
+        pytest.skip("needs the local control plane's signing key")
+    flag = "--service-account-signing-key-file="
+    key_file = Path(next(a for a in apiserver.args if str(a).startswith(flag))[len(flag) :])
+    head = new_head(kube, namespace)
+    token = bound_token(kube, head)
+    now = int(time.time())
+    assert_refused(
+        kube, head, client, REPORT, _resign(token, key_file, iat=now - 7200, nbf=now - 7200, exp=now - 3600), 401
+    )
+    fresh = _resign(token, key_file, iat=now - 60, nbf=now - 60, exp=now + 600)
+    assert client.post(head.namespace, head.job, REPORT, fresh).status == 204
+
+
+def test_unknown_job_is_not_found(kube: KubeCluster, client: Client, head: RayHead):
+    resp = client.post(head.namespace, "no-such-job", REPORT, bound_token(kube, head))
+    assert resp.status == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (json.dumps({**REPORT, "pad": "x" * MAX_BODY_BYTES}).encode(), 413),
+        (b'{"progress": {"step": 1}, "metrics": {', 400),
+        (b'{"progress": {"step": 1}, "metrics": {"trainLoss": NaN}}', 400),
+        (b'{"progress": {"step": 1}, "metrics": {"trainLoss": Infinity}}', 400),
+        (b'{"progress": {"step": 1, "percent": 1e400}}', 400),
+        (b'{"progress": {"step": 1}, "metrics": {"trainLoss": 0.5, "password": "hunter2"}}', 400),
+    ],
+    ids=["oversized", "malformed", "nan", "infinity", "overflow", "unknown-field"],
+)
+def test_bad_bodies_are_refused(kube: KubeCluster, client: Client, head: RayHead, body: bytes, code: int):
+    assert_refused(kube, head, client, body, bound_token(kube, head), code)
+
+
+def test_a_flood_is_rate_limited(kube: KubeCluster, client: Client, head: RayHead):
+    token = bound_token(kube, head)
+    start = time.monotonic()
+    codes = []
+    for step in range(1000):
+        body = {"progress": {"step": step, "totalSteps": 1000}, "metrics": {"trainLoss": 1.0 + step}}
+        codes.append(client.post(head.namespace, head.job, body, token).status)
+    elapsed = time.monotonic() - start
+    accepted = [step for step, code in enumerate(codes) if code == 204]
+    assert set(codes) == {204, 429}
+    assert codes.count(429) > 500, f"most of the flood is refused ({elapsed:.1f}s)"
+    assert len(accepted) <= DEFAULT_BURST + DEFAULT_RATE_PER_SECOND * elapsed + 1, "writes stay within the rate"
+    status = head.job_object(kube)["status"]
+    assert [p["step"] for p in status["history"]] == accepted[-HISTORY_LENGTH:], "every write is an accepted report"
+    assert status["progress"]["step"] == accepted[-1]
+
+
+def test_a_rotated_certificate_is_served_and_its_ca_republished(
+    kube: KubeCluster, progress_server: ServerThread, head: RayHead
+):
+    """A new CA and certificate in the Secret (an admin's or cert-manager's rotation) take effect on refresh."""
+    server = progress_server.server
+    job_ns = kube.new_namespace("ca-rotate")
+    progress_server.run(server.publish_ca(job_ns))
+    old_ca = server.ca_crt
+    rotated = tls.plan_secret(None, progress_server.config.hosts, dt.datetime.now(dt.UTC))
+    assert rotated is not None
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/tls",
+            "metadata": {"name": tls.SECRET_NAME, "namespace": OPERATOR_NAMESPACE},
+            "data": {k: base64.b64encode(v).decode() for k, v in rotated.items()},
+        }
+    )
+    progress_server.run(server.refresh())
+    assert server.ca_crt == rotated["ca.crt"] != old_ca
+    cm = kube.request("GET", f"/api/v1/namespaces/{job_ns}/configmaps/{tls.CA_CONFIGMAP}")
+    assert cm["data"]["ca.crt"] == rotated["ca.crt"].decode()
+    port = progress_server.config.port
+    assert Client(port, rotated["ca.crt"]).post(head.namespace, head.job, REPORT, bound_token(kube, head)).status == 204
+    with pytest.raises(ssl.SSLCertVerificationError):
+        Client(port, old_ca).post(head.namespace, head.job, REPORT, bound_token(kube, head))

@@ -1,0 +1,115 @@
+"""The operator's wiring of the endpoint: config, startup, CA publishing, rendering, cleanup.
+
+The operator's own configuration and handler functions run here, on one event loop,
+as the operator's ServiceAccount (manifests/rbac.yaml), against kube-apiserver;
+kopf's event loop is not started, so this test never competes with the operator
+that tests/operator run. Not real: no KubeRay controller, so the test writes the
+RayJob's `status.rayClusterName` and creates the head pod from the rendered
+template as KubeRay would; no kubelet, so that pod never runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import kopf
+import pytest
+from kubernetes_asyncio import config as async_config
+
+from cluster.kubecluster import KubeCluster, free_port
+from progress.endpoint import OPERATOR_NAMESPACE, Client, LoopThread, RayHead, bound_token, operator_kubeconfig
+from rocmtrain.api.models import API_VERSION, KIND, RocmTrainingJob
+from rocmtrain.controller import handlers
+from rocmtrain.controller.settings import OperatorConfig
+from rocmtrain.kube import Kube
+from rocmtrain.progress import tls
+from rocmtrain.render import render_rayjob
+
+pytestmark = pytest.mark.cluster
+
+SPEC = {
+    "model": {"source": "sentence-transformers/all-MiniLM-L6-v2", "numLabels": 2},
+    "data": {"train": {"uri": "/data/train.jsonl"}},
+    "resources": {"workers": 1, "gpusPerWorker": 0, "cpusPerWorker": "1", "memoryPerWorker": "2Gi"},
+}
+
+
+def test_the_progress_endpoint_is_off_unless_configured():
+    config = OperatorConfig.from_env({})
+    assert config.progress is None
+    assert config.render_options.progress_base_url is None
+
+
+@pytest.fixture
+def loop() -> Iterator[LoopThread]:
+    thread = LoopThread()
+    yield thread
+    thread.close()
+
+
+def test_operator_serves_progress_for_the_jobs_it_renders(kube: KubeCluster, loop: LoopThread, tmp_path: Path):
+    port = free_port()
+    config = OperatorConfig.from_env(
+        {
+            "ROCMTRAIN_OPERATOR_NAMESPACE": OPERATOR_NAMESPACE,
+            "ROCMTRAIN_PROGRESS_PORT": str(port),
+            "ROCMTRAIN_PROGRESS_ADVERTISE_HOST": "localhost",
+            "ROCMTRAIN_PROGRESS_ADVERTISE_PORT": str(port),
+        }
+    )
+    assert config.progress is not None
+    kubeconfig = operator_kubeconfig(kube, tmp_path / "kubeconfig")
+    api = loop.run(async_config.new_client_from_config(config_file=str(kubeconfig)))
+    memo = kopf.Memo(config=config, kube=Kube(api))
+    loop.run(handlers.progress_endpoint(memo=memo))
+    try:
+        namespace, name = kube.new_namespace("wired"), "wired-job"
+        job = kube.create(
+            {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name, "namespace": namespace}, "spec": SPEC}
+        )
+        # What the `reconcile` handler does: publish the CA, then create the RayJob rendered with the
+        # operator's render options (the Reconciler's own run needs kopf's context for its events).
+        loop.run(handlers.publish_progress_ca(memo, namespace))
+        kube.create(render_rayjob(RocmTrainingJob.model_validate(job), options=config.render_options))
+
+        ca = kube.request("GET", f"/api/v1/namespaces/{namespace}/configmaps/{tls.CA_CONFIGMAP}")["data"]["ca.crt"]
+        rayjob = kube.request("GET", f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/{name}")
+        template = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]
+        env = {e["name"]: e.get("value") for e in template["spec"]["containers"][0]["env"]}
+        url = f"https://localhost:{port}/v1/namespaces/{namespace}/rocmtrainingjobs/{name}/progress"
+        assert env["ROCMTRAIN_PROGRESS_URL"] == url
+
+        # KubeRay's part: name the cluster in the RayJob's status and create the head pod from the template.
+        cluster = f"{name}-b4x7z"
+        kube.request(
+            "PATCH",
+            f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/{name}/status",
+            body={"status": {"rayClusterName": cluster}},
+            content_type="application/merge-patch+json",
+            query={"fieldManager": "kuberay-operator"},
+        )
+        kube.apply(
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "ray-head", "namespace": namespace}}
+        )
+        labels = {**template["metadata"]["labels"], "ray.io/cluster": cluster, "ray.io/node-type": "head"}
+        pod = kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"{cluster}-head-q9w8e", "namespace": namespace, "labels": labels},
+                "spec": {**template["spec"], "serviceAccountName": "ray-head"},
+            }
+        )
+        head = RayHead(namespace, name, cluster, pod)
+
+        client = Client(port, ca.encode())
+        report = {"progress": {"step": 3, "totalSteps": 30, "percent": 10.0}, "metrics": {"trainLoss": 0.9}}
+        resp = client.post(namespace, name, report, bound_token(kube, head))
+        client.close()
+        assert resp.status == 204, resp.body
+        status = head.job_object(kube)["status"]
+        assert status["progress"]["step"] == 3 and status["metrics"]["trainLoss"] == 0.9
+    finally:
+        loop.run(handlers.stop_progress_endpoint(memo=memo))
+        loop.run(api.close())

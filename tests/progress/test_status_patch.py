@@ -1,0 +1,87 @@
+"""From a progress report to the status merge patch (pure, no cluster)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from rocmtrain.api.models import HISTORY_LENGTH, ProgressReport, RocmTrainingJobStatus
+from rocmtrain.progress.status_patch import progress_patch
+
+NOW = dt.datetime(2025, 3, 1, 12, 30, 5, 123456, tzinfo=dt.UTC)
+
+
+def report(step: int, **metrics: float) -> ProgressReport:
+    return ProgressReport.model_validate(
+        {"progress": {"step": step, "totalSteps": 100, "percent": step, "etaSeconds": 100 - step}, "metrics": metrics}
+    )
+
+
+def apply(status: dict, patch: dict) -> dict:
+    """RFC 7396 merge patch, as the API server applies it."""
+    out = dict(status)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict):
+            out[key] = apply(out.get(key) or {}, value)
+        else:
+            out[key] = value
+    return out
+
+
+def test_sets_progress_metrics_history_and_time():
+    patch = progress_patch(report(10, trainLoss=0.9, learningRate=1e-5), None, NOW)["status"]
+    assert patch["progress"] == {"epoch": None, "step": 10, "totalSteps": 100, "percent": 10.0, "etaSeconds": 90.0}
+    assert patch["metrics"] == {"trainLoss": 0.9, "learningRate": 1e-5}
+    assert patch["history"] == [{"step": 10, "trainLoss": 0.9}]
+    assert patch["lastProgressTime"] == "2025-03-01T12:30:05Z"
+
+
+def test_progress_is_replaced_and_metrics_are_merged():
+    status = apply({}, progress_patch(report(50, trainLoss=0.5, evalAccuracy=0.8, evalLoss=0.6), None, NOW)["status"])
+    final = ProgressReport.model_validate(
+        {"progress": {"step": 100, "totalSteps": 100, "percent": 100}, "metrics": {"trainLoss": 0.2}, "final": True}
+    )
+    status = apply(status, progress_patch(final, status, NOW)["status"])
+    assert "etaSeconds" not in status["progress"], "a field the report leaves out is cleared"
+    assert status["metrics"] == {"trainLoss": 0.2, "evalAccuracy": 0.8, "evalLoss": 0.6}
+    RocmTrainingJobStatus.model_validate(status)
+
+
+def test_history_completes_same_step_rewinds_and_stays_bounded():
+    status: dict = {}
+    for step in range(1, HISTORY_LENGTH + 11):
+        status = apply(status, progress_patch(report(step, trainLoss=1.0 / step), status, NOW)["status"])
+    assert len(status["history"]) == HISTORY_LENGTH
+    assert [p["step"] for p in status["history"]] == list(range(11, HISTORY_LENGTH + 11))
+
+    status = apply(status, progress_patch(report(HISTORY_LENGTH + 10, evalAccuracy=0.9), status, NOW)["status"])
+    last = status["history"][-1]
+    assert last == {"step": HISTORY_LENGTH + 10, "trainLoss": 1.0 / (HISTORY_LENGTH + 10), "evalAccuracy": 0.9}
+
+    status = apply(status, progress_patch(report(30, trainLoss=0.4), status, NOW)["status"])
+    assert [p["step"] for p in status["history"]][-2:] == [29, 30], "a restart from a checkpoint rewinds the curve"
+    RocmTrainingJobStatus.model_validate(status)
+
+
+def test_report_without_loss_adds_no_history_point():
+    patch = progress_patch(report(5, samplesPerSecond=100.0), {"history": [{"step": 1, "trainLoss": 2.0}]}, NOW)
+    assert "history" not in patch["status"]
+
+
+def test_evaluation_carried_over_by_the_driver_is_not_repeated_in_the_curve():
+    status = apply(
+        {}, progress_patch(report(10, trainLoss=0.9, evalAccuracy=0.7, evalSeconds=3.0), None, NOW)["status"]
+    )
+    status = apply(
+        status, progress_patch(report(20, trainLoss=0.8, evalAccuracy=0.7, evalSeconds=3.0), status, NOW)["status"]
+    )
+    status = apply(
+        status, progress_patch(report(30, trainLoss=0.6, evalAccuracy=0.7, evalSeconds=6.1), status, NOW)["status"]
+    )
+    assert status["history"] == [
+        {"step": 10, "trainLoss": 0.9, "evalAccuracy": 0.7},
+        {"step": 20, "trainLoss": 0.8},
+        {"step": 30, "trainLoss": 0.6, "evalAccuracy": 0.7},
+    ], "a new evaluation with an unchanged accuracy still counts (its evalSeconds moved)"
+    assert status["metrics"]["evalAccuracy"] == 0.7

@@ -1,0 +1,86 @@
+"""End to end: a real training run reports into a real job's status through the progress endpoint.
+
+Real parts: the training loop (`rocmtrain run`'s local runner: an embedded Ray,
+Ray Train, the MiniLM model on the CPU) with its HTTP sink, the endpoint with
+the real TokenReview, and kube-apiserver. Not real: the Ray head pod the token
+is bound to is an object created here with KubeRay's labels (no KubeRay, no
+kubelet), and the training runs on this machine instead of in that pod.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from pathlib import Path
+
+import pytest
+
+from cluster.kubecluster import KubeCluster
+from progress.endpoint import ServerThread, bound_token, create_job, create_ray_head
+from rocmtrain.api.models import RocmTrainingJob, RocmTrainingJobStatus
+from rocmtrain_train import http_sink
+from rocmtrain_train.config import local_settings
+from rocmtrain_train.local import run_local
+
+pytestmark = [pytest.mark.cluster, pytest.mark.ray]
+
+DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
+
+
+def tiny_spec() -> dict:
+    return {
+        "model": {"source": "sentence-transformers/all-MiniLM-L6-v2", "numLabels": 3, "maxSeqLength": 32},
+        "data": {
+            "train": {"uri": str(DATA / "train.jsonl"), "maxSamples": 192},
+            "eval": {"uri": str(DATA / "eval.jsonl"), "maxSamples": 64},
+        },
+        # 24 steps, evaluated every 8: at least three reports, however fast the machine.
+        "training": {
+            "epochs": 1,
+            "batchSizePerWorker": 8,
+            "learningRate": 1e-4,
+            "precision": "fp32",
+            "evalEverySteps": 8,
+        },
+        "resources": {"workers": 1, "gpusPerWorker": 0, "cpusPerWorker": "1", "memoryPerWorker": "2Gi"},
+    }
+
+
+def test_training_moves_the_job_status_to_its_final_metrics(
+    kube: KubeCluster, progress_server: ServerThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    namespace, name = kube.new_namespace("train"), "tiny-minilm"
+    cluster = f"{name}-k2m9p"
+    job = create_job(kube, namespace, name, cluster, tiny_spec())
+    head = create_ray_head(kube, namespace, name, cluster)
+    (tmp_path / "token").write_text(bound_token(kube, head))
+    (tmp_path / "ca.crt").write_bytes(progress_server.server.ca_crt)
+    monkeypatch.setenv(http_sink.URL_ENV, progress_server.url(namespace, name))
+    monkeypatch.setenv(http_sink.CA_ENV, str(tmp_path / "ca.crt"))
+    monkeypatch.setenv(http_sink.TOKEN_ENV, str(tmp_path / "token"))
+
+    settings = local_settings(
+        RocmTrainingJob.model_validate(job),
+        job_dir=str(tmp_path),
+        run_id=uuid.uuid4().hex,
+        storage=str(tmp_path / "runs"),
+        force_cpu=True,
+        cpu_count=2,
+        report_interval_s=0.5,
+    )
+    outcome = run_local(settings, console=False)
+
+    status = head.job_object(kube)["status"]
+    RocmTrainingJobStatus.model_validate(status)
+    total = outcome.summary["steps"]
+    assert status["progress"]["step"] == status["progress"]["totalSteps"] == total
+    assert status["progress"]["percent"] == 100.0
+    assert status["metrics"]["evalAccuracy"] == pytest.approx(outcome.summary["eval_accuracy"])
+    assert status["metrics"]["evalLoss"] == pytest.approx(outcome.summary["eval_loss"])
+    assert math.isfinite(status["metrics"]["trainLoss"])
+    history = status["history"]
+    steps = [point["step"] for point in history]
+    assert total == 24 and steps == sorted(steps) and steps[-1] == total
+    assert [p["step"] for p in history if "evalAccuracy" in p] == [8, 16, 24], "each evaluation once in the curve"
+    assert history[-1]["evalAccuracy"] == pytest.approx(outcome.summary["eval_accuracy"])
+    assert status["lastProgressTime"]
