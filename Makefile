@@ -8,7 +8,7 @@ export GOFLAGS ?= -buildvcs=false
 JOB ?= examples/quickstart.yaml
 
 .PHONY: install quickstart run test test-unit lint format crds docs manifests render validate \
-        cluster-binaries cluster-up cluster-down run-operator bench clean
+        cluster-binaries cluster-up cluster-down run-operator bench bench-train bench-operator clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ format: install
 crds: install
 	$(PY) -m rocmtrain.api.crd crds
 
+# kustomize reads no file outside manifests/, so the base carries a copy of crds/ (a test keeps them equal).
+manifests: crds
+	mkdir -p manifests/crd
+	cp crds/*.yaml manifests/crd/
+
 docs: install
 	$(PY) -m rocmtrain.docs README.md
 
@@ -64,6 +69,19 @@ cluster-up: install cluster-binaries
 
 cluster-down:
 	$(PY) tests/cluster/kubecluster.py down
+
+# The operator against the current KUBECONFIG (all namespaces unless ROCMTRAIN_NAMESPACES is set).
+run-operator: install
+	$(PY) -m rocmtrain.controller
+
+# Side-by-side benchmarks; figures in README.md.
+bench: bench-train bench-operator
+
+bench-train: install
+	$(PY) bench/train_throughput.py --out runs/bench-train.json
+
+bench-operator: install cluster-binaries
+	$(PY) bench/operator_bench.py --out runs/bench-operator.json
 
 clean:
 	rm -rf $(VENV) .cluster runs .pytest_cache .ruff_cache
