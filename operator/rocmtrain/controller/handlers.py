@@ -4,7 +4,7 @@
 - RayJobs we made (any event): map their state into the owning job's status, and
   have a RayJob deleted behind our back recreated while its job has not finished
   (a `rocmtrain.dev/resync` annotation on the job re-runs the job handler);
-- running jobs (a daemon per job, a timer in effect): stall detection;
+- running jobs: stall detection, by one periodic loop over the job index;
 - indexes of jobs, our RayJobs and Nodes keep lookups off the API server.
 
 No deletion handler: the RayJob goes with its job through its owner reference and
@@ -13,6 +13,9 @@ Kubernetes' garbage collector, so jobs carry no finalizer.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,10 +34,14 @@ RAYJOB = (RAYJOB_GROUP, RAYJOB_VERSION, RAYJOB_PLURAL)
 # kopf's retry signals are the operator waiting on purpose, not reconcile errors.
 EXPECTED = (kopf.TemporaryError, kopf.PermanentError)
 
+logger = logging.getLogger(__name__)
+
 
 @kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, jobs: kopf.Index, **_: Any) -> None:
-    """Read the configuration, configure kopf, connect to the API server, serve metrics."""
+async def startup(
+    settings: kopf.OperatorSettings, memo: kopf.Memo, jobs: kopf.Index, rayjobs: kopf.Index, **_: Any
+) -> None:
+    """Read the configuration, configure kopf, connect to the API server, serve metrics, watch for stalls."""
     memo.config = config = OperatorConfig.from_env()
     configure_kopf(settings)
     memo.kube = await Kube.connect()
@@ -43,6 +50,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, jobs: kopf.I
     metrics.JOBS.source = lambda: (
         (job["status"].get("phase"), job["gpus"]) for store in list(jobs.values()) for job in store
     )
+    memo.stall_watch = asyncio.create_task(watch_stalls(memo, jobs, rayjobs), name="stall watch")
 
 
 @kopf.on.login()
@@ -53,7 +61,11 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Stop serving metrics and close the API connection."""
+    """Stop the stall watch and the metrics, and close the API connection."""
+    if memo.get("stall_watch") is not None:
+        memo.stall_watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await memo.stall_watch
     metrics.JOBS.source = tuple
     if memo.get("metrics") is not None:
         await memo.metrics.cleanup()
@@ -122,24 +134,22 @@ def forget(uid: str, memo: kopf.Memo, **_: Any) -> None:
     memo.reconciler.forget(uid)
 
 
-def _running(status: Mapping[str, Any], **_: Any) -> bool:
-    return status.get("phase") == "Running"
+async def watch_stalls(memo: kopf.Memo, jobs: kopf.Index, rayjobs: kopf.Index) -> None:
+    """Re-evaluate every running job periodically, so that `Stalled` turns True when nothing moves.
 
-
-@kopf.daemon(*JOB, when=_running, cancellation_timeout=1)
-async def stall_watch(
-    stopped: kopf.DaemonStopped,
-    body: kopf.Body,
-    namespace: str,
-    name: str,
-    memo: kopf.Memo,
-    rayjobs: kopf.Index,
-    **_: Any,
-) -> None:
-    """While a job runs, re-evaluate it periodically, so that `Stalled` turns True when nothing moves."""
-    while not await stopped.wait(memo.config.stall_check_seconds):
-        with metrics.observe("stall_check"):
-            await memo.reconciler.refresh(job_view(body), _one(rayjobs, (namespace, name)))
+    One loop over the job index rather than a kopf timer per job: a timer is a task
+    with its own state per object, which at a thousand running jobs costs tens of MiB.
+    """
+    while True:
+        await asyncio.sleep(memo.config.stall_check_seconds)
+        running = [job for store in list(jobs.values()) for job in store if job["status"].get("phase") == "Running"]
+        for job in running:
+            meta = job["metadata"]
+            try:
+                with metrics.observe("stall_check"):
+                    await memo.reconciler.refresh(job, _one(rayjobs, (meta["namespace"], meta["name"])))
+            except Exception:
+                logger.exception("stall check of %s/%s failed", meta["namespace"], meta["name"])
 
 
 # ---- RayJobs ------------------------------------------------------------------------

@@ -109,7 +109,6 @@ class JobState:
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     written: dict[str, Any] | None = None  # owned status fields as last written
-    spec: tuple[int | None, RocmTrainingJobSpec] | None = None  # parsed spec, by generation
 
 
 class Reconciler:
@@ -132,12 +131,6 @@ class Reconciler:
         """The job's status as the operator knows it: its own last write over the observed one."""
         return {**(job.get("status") or {}), **(state.written or {})}
 
-    def _spec(self, state: JobState, job: Mapping[str, Any]) -> RocmTrainingJobSpec:
-        generation = job["metadata"].get("generation")
-        if state.spec is None or state.spec[0] != generation:
-            state.spec = (generation, RocmTrainingJobSpec.model_validate(job["spec"]))
-        return state.spec[1]
-
     # ---- job side -------------------------------------------------------------------
 
     async def ensure(self, job: Mapping[str, Any], nodes: Iterable[preflight.NodeInfo]) -> None:
@@ -159,7 +152,6 @@ class Reconciler:
                 new = status.invalid_status(current, problems, generation=meta.get("generation"), now=_now())
                 await self._write(job, state, current, new)
                 raise kopf.PermanentError("invalid spec: " + "; ".join(problems))
-            state.spec = (meta.get("generation"), valid.spec)
             if current.get("phase") in status.TERMINAL_PHASES:
                 rayjob = await self._kube.get(RAYJOBS, meta["namespace"], meta["name"])
                 hold = blocked = None
@@ -234,7 +226,7 @@ class Reconciler:
         async with state.lock:
             current = self._current(state, job)
             try:
-                spec = self._spec(state, job)
+                spec = RocmTrainingJobSpec.model_validate(job["spec"])
             except ValidationError:
                 return  # a spec the job handler refuses; it owns that status
             new = status.compute_status(
