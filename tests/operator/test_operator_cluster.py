@@ -340,7 +340,7 @@ def test_running_job_without_progress_is_stalled(kube: KubeCluster, api: Api, ns
         what="Stalled=True",
     )
     assert stalled["reason"] == "NoProgress"
-    wait_until(lambda: ("Warning", "NoProgress") in api.events(ns, "slow"), what="the NoProgress event")
+    wait_until(lambda: ("Warning", "NoProgress") in api.events(ns, "slow"), timeout=10, what="the NoProgress event")
     # The progress endpoint (issue 6) records reports as status.lastProgressTime.
     kube.request(
         "PATCH",
