@@ -1,4 +1,4 @@
-"""The operator's one door to the API server: create, read and patch, nothing decided here.
+"""The operator's one door to the API server: create, read, patch and post events; nothing decided here.
 
 Built on kubernetes_asyncio (kopf imports it anyway). Every write is either a
 create that tells "already exists" apart, or a JSON merge patch of named fields,
@@ -8,7 +8,10 @@ so a write is never half-applied and never touches fields the operator does not 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import logging
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,9 @@ _MERGE_PATCH = "application/merge-patch+json"
 # Transient failures worth a quick retry: throttling, server errors, timeouts.
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 _RETRY_DELAYS = (0.1, 0.5, 1.0)
+EVENT_MESSAGE_LIMIT = 1024  # the API server refuses longer event messages
+
+logger = logging.getLogger(__name__)
 
 
 class ApiMissing(Exception):
@@ -59,11 +65,12 @@ async def _retrying(call: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 class Kube:
-    """Async access to RocmTrainingJobs and RayJobs through one pooled connection."""
+    """Async access to RocmTrainingJobs, RayJobs and Events through one pooled connection."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self._api = api
         self._objects = client.CustomObjectsApi(api)
+        self._core = client.CoreV1Api(api)
 
     @classmethod
     async def connect(cls, pool_size: int = 32) -> Kube:
@@ -153,3 +160,31 @@ class Kube:
             if exc.status == 404:
                 return None
             raise
+
+    async def post_event(self, obj: Any, *, type: str, reason: str, message: str) -> None:
+        """Post a core/v1 Event about `obj` (a job); best effort: a failure is logged, not raised."""
+        meta = obj["metadata"]
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": obj["apiVersion"],
+                "kind": obj["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "type": type,
+            "reason": reason,
+            "message": message[:EVENT_MESSAGE_LIMIT],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "reportingInstance": socket.gethostname()[:128],
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await _retrying(self._core.create_namespaced_event, meta["namespace"], body)
+        except (ApiException, TimeoutError, aiohttp.ClientError) as exc:
+            logger.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], exc)

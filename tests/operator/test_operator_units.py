@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+from kubernetes_asyncio import client
 from prometheus_client import generate_latest
 
 from rocmtrain import metrics
+from rocmtrain.controller.rayjob_watch import RayJobWatch
 from rocmtrain.controller.reconciler import controller_ref, mutable_patch, rayjob_view
 from rocmtrain.controller.settings import ConfigError, OperatorConfig
 
@@ -101,3 +105,39 @@ def test_observe_counts_unexpected_errors_only():
     with pytest.raises(RuntimeError), metrics.observe("unit", expected=(Waiting,)):
         raise RuntimeError
     assert errors() == before + 1
+
+
+def _rayjob(namespace: str, name: str, state: str) -> dict:
+    return {"metadata": {"namespace": namespace, "name": name, "uid": name}, "status": {"jobDeploymentStatus": state}}
+
+
+def test_rayjob_watch_relist_reports_differences_and_coalesces_per_object():
+    """A relist (after a 410 or KubeRay's return) yields only what changed; a burst on one RayJob is handled once."""
+    seen: list[tuple[str, str, str | None]] = []
+
+    async def handle(kind: str, view: dict) -> None:
+        seen.append((kind, view["metadata"]["name"], view["status"].get("jobDeploymentStatus")))
+        await asyncio.sleep(0)
+
+    async def scenario() -> None:
+        api = client.ApiClient(client.Configuration())
+        watch = RayJobWatch(api, handle, label_selector="x=y")
+        watch._replace("a", [rayjob_view(_rayjob("a", "one", "Running")), rayjob_view(_rayjob("a", "two", "Running"))])
+        watch._replace("b", [rayjob_view(_rayjob("b", "three", "Running"))])
+        await asyncio.sleep(0.05)
+        seen.clear()
+        # Relist of namespace "a": "one" unchanged, "two" gone, "four" new; namespace "b" untouched.
+        watch._replace("a", [rayjob_view(_rayjob("a", "one", "Running")), rayjob_view(_rayjob("a", "four", "New"))])
+        await asyncio.sleep(0)  # the handler takes "four"'s ADDED
+        for state in ("Initializing", "Running", "Complete"):  # a burst on "four" while its ADDED is handled
+            watch._apply("MODIFIED", rayjob_view(_rayjob("a", "four", state)))
+        await asyncio.sleep(0.05)
+        assert sorted(watch.views) == [("a", "four"), ("a", "one"), ("b", "three")]
+        assert watch.get("a", "four")["status"]["jobDeploymentStatus"] == "Complete"
+        await watch.stop()
+        await api.close()
+
+    asyncio.run(scenario())
+    assert ("DELETED", "two", "Running") in seen
+    assert [s for s in seen if s[1] == "four"] == [("ADDED", "four", "New"), ("MODIFIED", "four", "Complete")]
+    assert not [s for s in seen if s[1] in ("one", "three")]

@@ -1,11 +1,12 @@
 """kopf handlers: each one wires an event to the reconciler, nothing more.
 
 - jobs (create, resume, spec update): validate, pre-flight, create or update the RayJob;
-- RayJobs we made (any event): map their state into the owning job's status, and
-  have a RayJob deleted behind our back recreated while its job has not finished
-  (a `rocmtrain.dev/resync` annotation on the job re-runs the job handler);
+- RayJobs we made (any change, from `RayJobWatch` rather than kopf, which stops on a
+  404 when KubeRay's CRD is removed): map their state into the owning job's status,
+  and have a RayJob deleted behind our back recreated while its job has not finished
+  (a `operator.rocmtrain.dev/resync` annotation on the job re-runs the job handler);
 - running jobs: stall detection, by one periodic loop over the job index;
-- indexes of jobs, our RayJobs and Nodes keep lookups off the API server.
+- indexes of jobs and Nodes keep lookups off the API server.
 
 No deletion handler: the RayJob goes with its job through its owner reference and
 Kubernetes' garbage collector, so jobs carry no finalizer.
@@ -23,14 +24,14 @@ import kopf
 
 from rocmtrain import metrics, preflight
 from rocmtrain.api.models import GROUP, PLURAL, VERSION
-from rocmtrain.controller.reconciler import RESYNC_ANNOTATION, Reconciler, controller_ref, job_view, rayjob_view
-from rocmtrain.controller.settings import MANAGED_LABELS, OperatorConfig, configure_kopf
-from rocmtrain.kube import RAYJOB_GROUP, RAYJOB_PLURAL, RAYJOB_VERSION, Kube
+from rocmtrain.controller.rayjob_watch import RayJobWatch
+from rocmtrain.controller.reconciler import RESYNC_ANNOTATION, Reconciler, controller_ref, job_view
+from rocmtrain.controller.settings import MANAGED_SELECTOR, OperatorConfig, configure_kopf
+from rocmtrain.kube import Kube
 from rocmtrain.progress.server import start_progress_server
 from rocmtrain.status import TERMINAL_PHASES
 
 JOB = (GROUP, VERSION, PLURAL)
-RAYJOB = (RAYJOB_GROUP, RAYJOB_VERSION, RAYJOB_PLURAL)
 # kopf's retry signals are the operator waiting on purpose, not reconcile errors.
 EXPECTED = (kopf.TemporaryError, kopf.PermanentError)
 
@@ -38,10 +39,8 @@ logger = logging.getLogger(__name__)
 
 
 @kopf.on.startup()
-async def startup(
-    settings: kopf.OperatorSettings, memo: kopf.Memo, jobs: kopf.Index, rayjobs: kopf.Index, **_: Any
-) -> None:
-    """Read the configuration, configure kopf, connect to the API server, serve metrics, watch for stalls."""
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, jobs: kopf.Index, **_: Any) -> None:
+    """Read the configuration, configure kopf, connect, serve metrics, watch RayJobs and stalls."""
     memo.config = config = OperatorConfig.from_env()
     configure_kopf(settings)
     memo.kube = await Kube.connect()
@@ -50,7 +49,19 @@ async def startup(
     metrics.JOBS.source = lambda: (
         (job["status"].get("phase"), job["gpus"]) for store in list(jobs.values()) for job in store
     )
-    memo.stall_watch = asyncio.create_task(watch_stalls(memo, jobs, rayjobs), name="stall watch")
+
+    async def handle(kind: str, rayjob: dict[str, Any]) -> None:
+        await rayjob_changed(kind, rayjob, memo, jobs)
+
+    memo.rayjobs = RayJobWatch(
+        memo.kube.api,
+        handle,
+        label_selector=MANAGED_SELECTOR,
+        namespaces=config.namespaces,
+        missing_retry_seconds=config.retry_seconds,
+    )
+    memo.rayjobs.start()
+    memo.stall_watch = asyncio.create_task(watch_stalls(memo, jobs), name="stall watch")
 
 
 @kopf.on.login()
@@ -61,7 +72,9 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the stall watch and the metrics, and close the API connection."""
+    """Stop the watches and the metrics, and close the API connection."""
+    if memo.get("rayjobs") is not None:
+        await memo.rayjobs.stop()
     if memo.get("stall_watch") is not None:
         memo.stall_watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -90,12 +103,6 @@ def jobs(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[tuple[str
     resources = view["spec"].get("resources") or {}
     view["gpus"] = int(resources.get("workers", 0)) * int(resources.get("gpusPerWorker", 0))
     return {(namespace, name): view}
-
-
-@kopf.index(*RAYJOB, labels=MANAGED_LABELS)
-def rayjobs(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    """Our RayJobs by (namespace, name), without their pod templates."""
-    return {(namespace, name): rayjob_view(body)}
 
 
 def _node_list(index: kopf.Index) -> list[preflight.NodeInfo]:
@@ -134,7 +141,7 @@ def forget(uid: str, memo: kopf.Memo, **_: Any) -> None:
     memo.reconciler.forget(uid)
 
 
-async def watch_stalls(memo: kopf.Memo, jobs: kopf.Index, rayjobs: kopf.Index) -> None:
+async def watch_stalls(memo: kopf.Memo, jobs: kopf.Index) -> None:
     """Re-evaluate every running job periodically, so that `Stalled` turns True when nothing moves.
 
     One loop over the job index rather than a kopf timer per job: a timer is a task
@@ -145,9 +152,12 @@ async def watch_stalls(memo: kopf.Memo, jobs: kopf.Index, rayjobs: kopf.Index) -
         running = [job for store in list(jobs.values()) for job in store if job["status"].get("phase") == "Running"]
         for job in running:
             meta = job["metadata"]
+            rayjob = memo.rayjobs.get(meta["namespace"], meta["name"])
+            if rayjob is None:  # not seen (yet), or deleted: the RayJob handler deals with that
+                continue
             try:
                 with metrics.observe("stall_check"):
-                    await memo.reconciler.refresh(job, _one(rayjobs, (meta["namespace"], meta["name"])))
+                    await memo.reconciler.refresh(job, rayjob)
             except Exception:
                 logger.exception("stall check of %s/%s failed", meta["namespace"], meta["name"])
 
@@ -155,26 +165,19 @@ async def watch_stalls(memo: kopf.Memo, jobs: kopf.Index, rayjobs: kopf.Index) -
 # ---- RayJobs ------------------------------------------------------------------------
 
 
-@kopf.on.event(*RAYJOB, labels=MANAGED_LABELS)
-async def rayjob_event(
-    type: str,
-    body: kopf.Body,
-    namespace: str,
-    memo: kopf.Memo,
-    jobs: kopf.Index,
-    nodes: kopf.Index,
-    **_: Any,
-) -> None:
+async def rayjob_changed(kind: str, rayjob: dict[str, Any], memo: kopf.Memo, jobs: kopf.Index) -> None:
     """Mirror the RayJob's state into its job; recreate it if it was deleted before the job ended."""
     with metrics.observe("rayjob_event", expected=EXPECTED):
-        owner = controller_ref(body)
-        job = _one(jobs, (namespace, owner.get("name", "")), owner.get("uid"))
+        owner = controller_ref(rayjob)
+        job = _one(jobs, (rayjob["metadata"]["namespace"], owner.get("name", "")), owner.get("uid"))
         if job is None or "deletionTimestamp" in job["metadata"]:
             return
-        if type != "DELETED":
-            await memo.reconciler.refresh(job, rayjob_view(body))
+        if kind != "DELETED":
+            await memo.reconciler.refresh(job, rayjob)
         elif job["status"].get("phase") not in TERMINAL_PHASES:
-            kopf.event(job, type="Warning", reason="RayJobDeleted", message="the RayJob was deleted; recreating it")
+            await memo.kube.post_event(
+                job, type="Warning", reason="RayJobDeleted", message="the RayJob was deleted; recreating it"
+            )
             await memo.reconciler.resync(job)  # `reconcile` runs again, with kopf's retries
 
 

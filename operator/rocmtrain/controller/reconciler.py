@@ -39,6 +39,10 @@ RESYNC_ANNOTATION = f"operator.{GROUP}/resync"
 # A RayJob name taken by an object the job does not own (typically the RayJob of a
 # deleted job of the same name, about to be garbage-collected): check again soon.
 CONFLICT_RETRY_SECONDS = 5
+# Jobs reconciled at once. A burst of new jobs then waits here, small, instead of
+# holding rendered RayJobs and open requests for all of them (memory, and the API
+# server's CPU); 16 keeps the client's connections busy.
+ACTIVE_RECONCILES = 16
 
 
 def _now() -> dt.datetime:
@@ -118,6 +122,7 @@ class Reconciler:
         self._kube = kube
         self._config = config
         self._states: dict[str, JobState] = {}
+        self._slots = asyncio.Semaphore(ACTIVE_RECONCILES)
 
     def forget(self, uid: str) -> None:
         """Drop what is remembered about a deleted job."""
@@ -139,6 +144,10 @@ class Reconciler:
         Raises kopf.PermanentError for a spec the operator refuses, and
         kopf.TemporaryError while the RayJob is held (KubeRay missing, no node fits).
         """
+        async with self._slots:
+            await self._ensure(job, nodes)
+
+    async def _ensure(self, job: Mapping[str, Any], nodes: Iterable[preflight.NodeInfo]) -> None:
         meta = job["metadata"]
         valid, errors = validate_job(
             {"apiVersion": job["apiVersion"], "kind": job["kind"], "metadata": dict(meta), "spec": dict(job["spec"])},
@@ -253,4 +262,4 @@ class Reconciler:
             return
         state.written = {key: new.get(key) for key in status.OWNED_FIELDS}
         for event in status.transition_events(current, new):
-            kopf.event(dict(job), type=event.type, reason=event.reason, message=event.message)
+            await self._kube.post_event(job, type=event.type, reason=event.reason, message=event.message)

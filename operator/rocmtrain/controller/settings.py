@@ -25,13 +25,13 @@ import kopf
 
 from rocmtrain.api.models import GROUP
 from rocmtrain.api.types import DNS_LABEL
-from rocmtrain.kube import FIELD_MANAGER, RAYJOB_GROUP, RAYJOB_PLURAL
+from rocmtrain.kube import FIELD_MANAGER
 from rocmtrain.progress.server import ProgressServerConfig
 from rocmtrain.render import RenderOptions
 
 # Server-side filter: the operator watches (and caches) only the RayJobs it made.
 MANAGED_BY = "app.kubernetes.io/managed-by"
-MANAGED_LABELS = {MANAGED_BY: FIELD_MANAGER}
+MANAGED_SELECTOR = f"{MANAGED_BY}={FIELD_MANAGER}"
 
 
 class ConfigError(ValueError):
@@ -104,10 +104,7 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
     # the operator posts its transition events explicitly.
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "rocm-train-operator"
-    settings.watching.label_selectors[RAYJOB_GROUP, RAYJOB_PLURAL] = f"{MANAGED_BY}={FIELD_MANAGER}"
-    # Renew watches every 5 minutes. Wait a second before re-opening a closed one: when a CRD
-    # (KubeRay's) is deleted, kopf's CRD scan then stops that watcher before it can hit a 404,
-    # which kopf treats as fatal.
+    # Renew watches every 5 minutes. (RayJobs are not watched by kopf: see `rayjob_watch`.)
     settings.watching.reconnect_backoff = 1.0
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
