@@ -1,13 +1,17 @@
 """Operator benchmark on a real control plane: reconcile throughput, status latency, memory.
 
-1. Throughput at N jobs (default 500): N jobs are created at once (32 requests in flight)
-   while the operator runs; the time until every job has its RayJob and a status is
-   compared with the time the same client takes to create the same N rendered RayJobs
-   directly (the least work any operator must cause). Target: at most 1.5x.
+1. Throughput at N jobs (default 500), compared with the time the same client takes to
+   create the same N rendered RayJobs directly (32 requests in flight). Target: at most 1.5x.
+   - backlog: N jobs exist before the operator starts; the time from the operator being
+     up until every job has its RayJob and a status: the operator's own throughput.
+   - at once: N jobs are created at once while the operator runs; the same end point,
+     timed from the first create, so it includes the client creating the N jobs.
+   For scale, the "API floor": the same client making every write N reconciled jobs
+   take (job, RayJob, status, event) itself, no operator.
 2. Latency: a RayJob status change (written as KubeRay writes it) until the job's
    status shows it, seen through a watch, one change at a time. Target: p95 < 1 s.
 3. Memory: the operator's RSS (a subprocess, `python -m rocmtrain.controller`) with
-   M jobs (default 1,000), all Running (each with its stall-watch daemon). Target: < 200 MiB.
+   M jobs (default 1,000, the N of each throughput run and more), all Running. Target: < 200 MiB.
 
 There is no KubeRay controller: RayJob status is written by this script.
 
@@ -180,20 +184,75 @@ async def plain_client(kube: Kube, namespace: str, count: int) -> float:
     return time.monotonic() - start
 
 
-async def throughput(kube: Kube, namespace: str, count: int) -> dict[str, float]:
-    """Create `count` jobs at once; seconds until each has a status and a RayJob (and the parts)."""
+async def api_floor(kube: Kube, namespace: str, count: int, *, with_jobs: bool) -> float:
+    """Seconds for the same client to make, itself, every write that N reconciled jobs take.
+
+    Per job: create its RayJob, write its status, post its event; with `with_jobs`,
+    creating the job is timed too (else the jobs are created first). No operator runs.
+    """
+    events = client.CoreV1Api(kube.api)
     names = [f"job-{i:04d}" for i in range(count)]
+    jobs: dict[str, Any] = {}
+
+    async def create(name: str) -> None:
+        jobs[name] = await kube.create(JOBS, job_body(name, namespace))
+        if jobs[name] is None:
+            raise RuntimeError(f"job {namespace}/{name} exists")
+
+    if not with_jobs:
+        await bounded([lambda n=n: create(n) for n in names])
+
+    async def one(name: str) -> None:
+        if with_jobs:
+            await create(name)
+        job = jobs[name]
+        uid = job["metadata"]["uid"]
+        rayjob = render_rayjob(RocmTrainingJob.model_validate(job))
+        rayjob["metadata"]["ownerReferences"] = [
+            {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": name, "uid": uid, "controller": True}
+        ]
+        await kube.create(RAYJOBS, rayjob)
+        ready = {"type": "Ready", "status": "False", "reason": "RayJobCreated", "message": "waiting for KubeRay"}
+        condition = {**ready, "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1}
+        status = {"phase": "Pending", "rayJobName": name, "observedGeneration": 1, "conditions": [condition]}
+        await kube.patch_status(JOBS, namespace, name, status, uid=uid)
+        reference = {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": name, "namespace": namespace}
+        event = {
+            "metadata": {"generateName": "bench-"},
+            "involvedObject": {**reference, "uid": uid},
+            "type": "Normal",
+            "reason": "Pending",
+            "message": "New → Pending",
+            "source": {"component": "bench"},
+        }
+        await events.create_namespaced_event(namespace, event)
+
+    start = time.monotonic()
+    await bounded([lambda n=n: one(n) for n in names])
+    return time.monotonic() - start
+
+
+@contextlib.asynccontextmanager
+async def reconciled(kube: Kube, namespace: str, names: list[str]) -> AsyncIterator[Callable[[], Any]]:
+    """Watch `namespace`; yields an awaitable factory: the time every job of `names` has a status and a RayJob."""
     async with Watcher(kube, JOBS, namespace).running() as jobs, Watcher(kube, RAYJOBS, namespace).running() as rjs:
+
+        async def done() -> float:
+            with_status = await jobs.until(lambda seen: all(phase(seen.get(n)) for n in names), timeout=600)
+            with_rayjob = await rjs.until(lambda seen: all(n in seen for n in names), timeout=600)
+            return max(with_status, with_rayjob)
+
+        yield done
+
+
+async def throughput(kube: Kube, namespace: str, count: int) -> dict[str, float]:
+    """Create `count` jobs at once, the operator running; seconds until each has a status and a RayJob."""
+    names = [f"job-{i:04d}" for i in range(count)]
+    async with reconciled(kube, namespace, names) as done:
         start = time.monotonic()
         created = await create_jobs(kube, namespace, names)
-        with_status = await jobs.until(lambda seen: all(phase(seen.get(n)) for n in names), timeout=600)
-        with_rayjob = await rjs.until(lambda seen: all(n in seen for n in names), timeout=600)
-    return {
-        "seconds": max(with_status, with_rayjob) - start,
-        "create_jobs_seconds": created,
-        "status_seconds": with_status - start,
-        "rayjobs_seconds": with_rayjob - start,
-    }
+        finished = await done()
+    return {"seconds": finished - start, "create_jobs_seconds": created}
 
 
 async def latency(kube: Kube, namespace: str, names: list[str]) -> list[float]:
@@ -239,25 +298,41 @@ async def bench(cluster: KubeCluster, args: argparse.Namespace, log: Path) -> di
     try:
         base_ns = cluster.new_namespace("plain")
         plain = await plain_client(kube, base_ns, args.jobs)
-        with operator_process(cluster.kubeconfig, log) as (proc, _metrics_port):
-            ns = cluster.new_namespace("bench")
-            result = await throughput(kube, ns, args.jobs)
-            sample_names = [f"job-{i:04d}" for i in range(args.latency_samples)]
-            lat = await latency(kube, ns, sample_names)
-            more = [f"job-{i:04d}" for i in range(args.jobs, args.rss_jobs)]
-            if more:
-                await _add_jobs(kube, ns, more)
-            await run_running(kube, ns, [f"job-{i:04d}" for i in range(args.rss_jobs)])
-            await asyncio.sleep(args.settle)
-            rss, peak = rss_mib(proc.pid)
+        backlog_ns = cluster.new_namespace("backlog")
+        backlog_names = [f"job-{i:04d}" for i in range(args.jobs)]
+        await create_jobs(kube, backlog_ns, backlog_names)  # no operator running yet
+        async with reconciled(kube, backlog_ns, backlog_names) as done:
+            with operator_process(cluster.kubeconfig, log) as (proc, _metrics_port):
+                start = time.monotonic()  # the operator is up (its startup handlers have run)
+                backlog = await done() - start
+                ns = cluster.new_namespace("bench")
+                result = await throughput(kube, ns, args.jobs)
+                sample_names = [f"job-{i:04d}" for i in range(args.latency_samples)]
+                lat = await latency(kube, ns, sample_names)
+                more = [f"job-{i:04d}" for i in range(args.jobs, args.rss_jobs - args.jobs)]
+                if more:
+                    await _add_jobs(kube, ns, more)
+                await run_running(kube, backlog_ns, backlog_names)
+                await run_running(kube, ns, [f"job-{i:04d}" for i in range(args.rss_jobs - args.jobs)])
+                await asyncio.sleep(args.settle)
+                rss, peak = rss_mib(proc.pid)
+        # No operator runs now.
+        floor = await api_floor(kube, cluster.new_namespace("floor"), args.jobs, with_jobs=True)
+        backlog_floor = await api_floor(kube, cluster.new_namespace("floor"), args.jobs, with_jobs=False)
     finally:
         await kube.close()
     return {
         "jobs": args.jobs,
         "plain_client_seconds": round(plain, 3),
+        "backlog_operator_seconds": round(backlog, 3),
+        "backlog_ratio": round(backlog / plain, 3),
+        "backlog_api_floor_seconds": round(backlog_floor, 3),
+        "backlog_floor_ratio": round(backlog_floor / plain, 3),
         "operator_seconds": round(result["seconds"], 3),
         "operator_create_jobs_seconds": round(result["create_jobs_seconds"], 3),
         "throughput_ratio": round(result["seconds"] / plain, 3),
+        "api_floor_seconds": round(floor, 3),
+        "api_floor_ratio": round(floor / plain, 3),
         "latency_samples": len(lat),
         "latency_p50_seconds": round(statistics.median(lat), 4),
         "latency_p95_seconds": round(percentile(lat, 95), 4),
@@ -283,8 +358,8 @@ def main() -> int:
     parser.add_argument("--kubeconfig", type=Path, help="an existing cluster (else a local control plane starts)")
     parser.add_argument("--out", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args()
-    if args.rss_jobs < args.jobs or args.latency_samples > args.jobs:
-        parser.error("need --latency-samples <= --jobs <= --rss-jobs")
+    if args.rss_jobs < 2 * args.jobs or args.latency_samples > args.jobs:
+        parser.error("need --latency-samples <= --jobs and 2 * --jobs <= --rss-jobs")
     log = Path(os.environ.get("TMPDIR", "/tmp")) / "rocmtrain-operator-bench.log"  # noqa: S108
     if args.kubeconfig:
         os.environ["ROCMTRAIN_TEST_KUBECONFIG"] = str(args.kubeconfig)

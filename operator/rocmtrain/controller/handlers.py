@@ -1,10 +1,10 @@
 """kopf handlers: each one wires an event to the reconciler, nothing more.
 
-- jobs (create, resume, spec update): validate, pre-flight, create or update the RayJob;
+- jobs (every event; level-triggered, so kopf keeps no state in them): validate,
+  pre-flight, create or update the RayJob, with retries while it is held;
 - RayJobs we made (any change, from `RayJobWatch` rather than kopf, which stops on a
   404 when KubeRay's CRD is removed): map their state into the owning job's status,
-  and have a RayJob deleted behind our back recreated while its job has not finished
-  (a `operator.rocmtrain.dev/resync` annotation on the job re-runs the job handler);
+  and recreate a RayJob deleted behind our back while its job has not finished;
 - running jobs: stall detection, by one periodic loop over the job index;
 - indexes of jobs and Nodes keep lookups off the API server.
 
@@ -25,33 +25,32 @@ import kopf
 from rocmtrain import metrics, preflight
 from rocmtrain.api.models import GROUP, PLURAL, VERSION
 from rocmtrain.controller.rayjob_watch import RayJobWatch
-from rocmtrain.controller.reconciler import RESYNC_ANNOTATION, Reconciler, controller_ref, job_view
+from rocmtrain.controller.reconciler import Reconciler, controller_ref, job_view
 from rocmtrain.controller.settings import MANAGED_SELECTOR, OperatorConfig, configure_kopf
 from rocmtrain.kube import Kube
 from rocmtrain.progress.server import start_progress_server
 from rocmtrain.status import TERMINAL_PHASES
 
 JOB = (GROUP, VERSION, PLURAL)
-# kopf's retry signals are the operator waiting on purpose, not reconcile errors.
-EXPECTED = (kopf.TemporaryError, kopf.PermanentError)
 
 logger = logging.getLogger(__name__)
 
 
 @kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, jobs: kopf.Index, **_: Any) -> None:
+async def startup(
+    settings: kopf.OperatorSettings, memo: kopf.Memo, jobs: kopf.Index, nodes: kopf.Index, **_: Any
+) -> None:
     """Read the configuration, configure kopf, connect, serve metrics, watch RayJobs and stalls."""
     memo.config = config = OperatorConfig.from_env()
     configure_kopf(settings)
     memo.kube = await Kube.connect()
-    memo.reconciler = Reconciler(memo.kube, config)
     memo.metrics = await metrics.serve(config.metrics_port) if config.metrics_port else None
     metrics.JOBS.source = lambda: (
         (job["status"].get("phase"), job["gpus"]) for store in list(jobs.values()) for job in store
     )
 
     async def handle(kind: str, rayjob: dict[str, Any]) -> None:
-        await rayjob_changed(kind, rayjob, memo, jobs)
+        await rayjob_changed(kind, rayjob, memo, jobs, nodes)
 
     memo.rayjobs = RayJobWatch(
         memo.kube.api,
@@ -59,6 +58,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, jobs: kopf.I
         label_selector=MANAGED_SELECTOR,
         namespaces=config.namespaces,
         missing_retry_seconds=config.retry_seconds,
+    )
+    memo.reconciler = Reconciler(
+        memo.kube, config, known=memo.rayjobs.get, before_render=lambda namespace: publish_progress_ca(memo, namespace)
     )
     memo.rayjobs.start()
     memo.stall_watch = asyncio.create_task(watch_stalls(memo, jobs), name="stall watch")
@@ -72,9 +74,11 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the watches and the metrics, and close the API connection."""
+    """Stop the watches, the retries and the metrics, and close the API connection."""
     if memo.get("rayjobs") is not None:
         await memo.rayjobs.stop()
+    if memo.get("reconciler") is not None:
+        await memo.reconciler.stop()
     if memo.get("stall_watch") is not None:
         memo.stall_watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -120,25 +124,35 @@ def _one(index: kopf.Index, key: tuple[str, str], uid: str | None = None) -> Map
 # ---- jobs ---------------------------------------------------------------------------
 
 
-@kopf.on.resume(*JOB)
-@kopf.on.create(*JOB)
-@kopf.on.update(*JOB, field="spec")
-@kopf.on.update(*JOB, field=("metadata", "annotations", RESYNC_ANNOTATION))
-async def reconcile(body: kopf.Body, memo: kopf.Memo, nodes: kopf.Index, **_: Any) -> None:
-    """Create the RayJob, or carry suspend/lifecycle changes over to it; then write the status."""
-    with metrics.observe("reconcile", expected=EXPECTED):
-        await publish_progress_ca(memo, body["metadata"]["namespace"])
-        await memo.reconciler.ensure(body, _node_list(nodes))
+@kopf.on.event(*JOB)
+async def job_event(
+    type: str, body: kopf.Body, uid: str, memo: kopf.Memo, jobs: kopf.Index, nodes: kopf.Index, **_: Any
+) -> None:
+    """Any job event: bring its RayJob in line (when it is not already); drop a deleted job's state."""
+    if type == "DELETED":
+        memo.reconciler.forget(uid)
+    elif "deletionTimestamp" not in body["metadata"]:
+        await sync(memo, job_view(body), jobs, nodes)
 
 
-def _deleted(type: str, **_: Any) -> bool:
-    return type == "DELETED"
+async def sync(memo: kopf.Memo, job: Mapping[str, Any], jobs: kopf.Index, nodes: kopf.Index) -> None:
+    """Reconcile one job; schedule a retry (with the job as the index then holds it) when held or failed."""
+    meta = job["metadata"]
+    try:
+        with metrics.observe("reconcile"):
+            delay = await memo.reconciler.sync(job, _node_list(nodes))
+    except Exception:
+        logger.exception("reconciling %s/%s failed; retrying", meta["namespace"], meta["name"])
+        delay = memo.config.retry_seconds
+    if delay is None:
+        return
 
+    async def again() -> None:
+        latest = _one(jobs, (meta["namespace"], meta["name"]), meta["uid"])
+        if latest is not None and "deletionTimestamp" not in latest["metadata"]:
+            await sync(memo, latest, jobs, nodes)
 
-@kopf.on.event(*JOB, when=_deleted)
-def forget(uid: str, memo: kopf.Memo, **_: Any) -> None:
-    """Drop what is remembered about a deleted job."""
-    memo.reconciler.forget(uid)
+    memo.reconciler.retry_later(meta["uid"], delay, again)
 
 
 async def watch_stalls(memo: kopf.Memo, jobs: kopf.Index) -> None:
@@ -165,9 +179,11 @@ async def watch_stalls(memo: kopf.Memo, jobs: kopf.Index) -> None:
 # ---- RayJobs ------------------------------------------------------------------------
 
 
-async def rayjob_changed(kind: str, rayjob: dict[str, Any], memo: kopf.Memo, jobs: kopf.Index) -> None:
+async def rayjob_changed(
+    kind: str, rayjob: dict[str, Any], memo: kopf.Memo, jobs: kopf.Index, nodes: kopf.Index
+) -> None:
     """Mirror the RayJob's state into its job; recreate it if it was deleted before the job ended."""
-    with metrics.observe("rayjob_event", expected=EXPECTED):
+    with metrics.observe("rayjob_event"):
         owner = controller_ref(rayjob)
         job = _one(jobs, (rayjob["metadata"]["namespace"], owner.get("name", "")), owner.get("uid"))
         if job is None or "deletionTimestamp" in job["metadata"]:
@@ -178,7 +194,8 @@ async def rayjob_changed(kind: str, rayjob: dict[str, Any], memo: kopf.Memo, job
             await memo.kube.post_event(
                 job, type="Warning", reason="RayJobDeleted", message="the RayJob was deleted; recreating it"
             )
-            await memo.reconciler.resync(job)  # `reconcile` runs again, with kopf's retries
+            memo.reconciler.invalidate(job["metadata"]["uid"])
+            await sync(memo, job, jobs, nodes)
 
 
 # ---- progress endpoint: training drivers push ProgressReports (rocmtrain.progress) ------------

@@ -3,8 +3,15 @@
 The decisions live in pure modules (`validate`, `render`, `preflight`, `status`);
 this module sequences them around the few API calls of `rocmtrain.kube`.
 
+Level-triggered: `sync` is called for every observed state of a job and does
+nothing once the job's current generation is in line (its RayJob created or
+updated, or the spec refused); a job that is held (KubeRay missing, no node fits,
+a name conflict) or that met an error is tried again after a delay. The
+operator keeps no bookkeeping in the job object: after a restart, each job is
+checked once more, and creating its RayJob again finds the existing one.
+
 All status writes of one job go through one asyncio lock, and the operator keeps
-the status it last wrote per job, so that two handlers (the job's own and the
+the status it last wrote per job, so that two paths (the job's own and the
 RayJob watch) never write an older view over a newer one, and a transition is
 announced by exactly one event.
 """
@@ -14,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +29,7 @@ import kopf
 from pydantic import ValidationError
 
 from rocmtrain import preflight, status
-from rocmtrain.api.models import GROUP, KIND, RocmTrainingJob, RocmTrainingJobSpec
+from rocmtrain.api.models import KIND, RocmTrainingJob, RocmTrainingJobSpec
 from rocmtrain.controller.settings import OperatorConfig
 from rocmtrain.kube import JOBS, RAYJOBS, ApiMissing, Kube
 from rocmtrain.render import render_rayjob
@@ -33,9 +40,6 @@ logger = logging.getLogger(__name__)
 # RayJob spec fields that follow the job after creation, with KubeRay's defaults.
 # `suspend` is Kueue's once the job is queued, so it is left alone there.
 MUTABLE_RAYJOB_FIELDS = {"shutdownAfterJobFinishes": False, "ttlSecondsAfterFinished": 0, "suspend": False}
-# Touching this annotation re-runs the job handler (with kopf's retries), e.g. to recreate a deleted RayJob.
-# Not under `rocmtrain.dev/`: kopf keeps its own state there and leaves those keys out of its diffs.
-RESYNC_ANNOTATION = f"operator.{GROUP}/resync"
 # A RayJob name taken by an object the job does not own (typically the RayJob of a
 # deleted job of the same name, about to be garbage-collected): check again soon.
 CONFLICT_RETRY_SECONDS = 5
@@ -113,20 +117,63 @@ class JobState:
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     written: dict[str, Any] | None = None  # owned status fields as last written
+    synced: int | None = None  # the generation whose RayJob is in line with the spec (or that was refused)
+    tried: int | None = None  # the generation last tried while a retry is scheduled
+    retry: asyncio.TimerHandle | None = None
 
 
 class Reconciler:
     """Turns jobs into RayJobs and RayJob states into job statuses."""
 
-    def __init__(self, kube: Kube, config: OperatorConfig) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        config: OperatorConfig,
+        known: Callable[[str, str], Mapping[str, Any] | None],
+        before_render: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        """`known(namespace, name)`: the watched view of a RayJob, if any (saves a read);
+        `before_render(namespace)`: awaited before a job there is rendered (the progress CA)."""
         self._kube = kube
         self._config = config
+        self._known = known
+        self._before_render = before_render
         self._states: dict[str, JobState] = {}
         self._slots = asyncio.Semaphore(ACTIVE_RECONCILES)
+        self._retries: set[asyncio.Task[None]] = set()
 
     def forget(self, uid: str) -> None:
-        """Drop what is remembered about a deleted job."""
-        self._states.pop(uid, None)
+        """Drop what is remembered about a deleted job, and its scheduled retry."""
+        state = self._states.pop(uid, None)
+        if state is not None and state.retry is not None:
+            state.retry.cancel()
+
+    def invalidate(self, uid: str) -> None:
+        """Have the next `sync` of the job check its RayJob again (it was deleted behind our back)."""
+        self._state(uid).synced = None
+
+    def retry_later(self, uid: str, delay: float, again: Callable[[], Awaitable[None]]) -> None:
+        """Run `again()` in `delay` seconds (replacing a retry already scheduled for the job)."""
+        state = self._state(uid)
+        if state.retry is not None:
+            state.retry.cancel()
+
+        def fire() -> None:
+            state.retry = None
+            task = asyncio.create_task(again(), name=f"retry {uid}")
+            self._retries.add(task)
+            task.add_done_callback(self._retries.discard)
+
+        state.retry = asyncio.get_running_loop().call_later(delay, fire)
+
+    async def stop(self) -> None:
+        """Cancel the scheduled retries and those running."""
+        for state in self._states.values():
+            if state.retry is not None:
+                state.retry.cancel()
+        for task in list(self._retries):
+            task.cancel()
+        await asyncio.gather(*self._retries, return_exceptions=True)
 
     def _state(self, uid: str) -> JobState:
         return self._states.setdefault(uid, JobState())
@@ -138,31 +185,44 @@ class Reconciler:
 
     # ---- job side -------------------------------------------------------------------
 
-    async def ensure(self, job: Mapping[str, Any], nodes: Iterable[preflight.NodeInfo]) -> None:
-        """Bring the job's RayJob in line with its spec, then write the status.
+    async def sync(self, job: Mapping[str, Any], nodes: Iterable[preflight.NodeInfo]) -> float | None:
+        """Bring the job's RayJob in line with its spec and write the status, unless it already is.
 
-        Raises kopf.PermanentError for a spec the operator refuses, and
-        kopf.TemporaryError while the RayJob is held (KubeRay missing, no node fits).
+        Returns the seconds after which to try again while the RayJob is held
+        (KubeRay missing, no node fits, a name conflict), else None.
         """
+        meta = job["metadata"]
+        state = self._state(meta["uid"])
+        generation = meta.get("generation")
+        if state.synced == generation or (state.retry is not None and state.tried == generation):
+            return None  # in line, or a retry of this very generation is already scheduled
+        state.tried = generation
         async with self._slots:
-            await self._ensure(job, nodes)
+            if self._before_render is not None:
+                await self._before_render(meta["namespace"])
+            delay = await self._ensure(job, nodes, state)
+        if delay is None:
+            state.synced = generation
+        return delay
 
-    async def _ensure(self, job: Mapping[str, Any], nodes: Iterable[preflight.NodeInfo]) -> None:
+    async def _ensure(
+        self, job: Mapping[str, Any], nodes: Iterable[preflight.NodeInfo], state: JobState
+    ) -> float | None:
         meta = job["metadata"]
         valid, errors = validate_job(
             {"apiVersion": job["apiVersion"], "kind": job["kind"], "metadata": dict(meta), "spec": dict(job["spec"])},
             context="cluster",
         )
-        state = self._state(meta["uid"])
         async with state.lock:
             current = self._current(state, job)
             if valid is None:
                 problems = [str(e) for e in errors]
                 new = status.invalid_status(current, problems, generation=meta.get("generation"), now=_now())
                 await self._write(job, state, current, new)
-                raise kopf.PermanentError("invalid spec: " + "; ".join(problems))
+                logger.warning("refused %s/%s: %s", meta["namespace"], meta["name"], "; ".join(problems))
+                return None  # nothing to retry: the user changes the spec, or deletes the job
             if current.get("phase") in status.TERMINAL_PHASES:
-                rayjob = await self._kube.get(RAYJOBS, meta["namespace"], meta["name"])
+                rayjob = await self._read_rayjob(meta["namespace"], meta["name"])
                 hold = blocked = None
             else:
                 rayjob, hold, blocked = await self._apply_rayjob(job, valid, nodes)
@@ -180,23 +240,27 @@ class Reconciler:
             )
             await self._write(job, state, current, new)
         if blocked is not None:
-            delay = self._config.retry_seconds if blocked == status.KUBERAY_NOT_INSTALLED else CONFLICT_RETRY_SECONDS
-            raise kopf.TemporaryError(blocked.message, delay=delay)
+            return self._config.retry_seconds if blocked == status.KUBERAY_NOT_INSTALLED else CONFLICT_RETRY_SECONDS
         if hold is not None:
-            raise kopf.TemporaryError(hold.message, delay=self._config.retry_seconds)
+            return self._config.retry_seconds
+        return None
+
+    async def _read_rayjob(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The RayJob as the watch last saw it, else as the API server has it."""
+        return self._known(namespace, name) or await self._kube.get(RAYJOBS, namespace, name)
 
     async def _apply_rayjob(
         self, job: Mapping[str, Any], valid: RocmTrainingJob, nodes: Iterable[preflight.NodeInfo]
-    ) -> tuple[dict[str, Any] | None, status.Hold | None, status.Hold | None]:
+    ) -> tuple[Mapping[str, Any] | None, status.Hold | None, status.Hold | None]:
         """Create the RayJob or carry the mutable fields over: (RayJob, pre-flight hold, other hold)."""
         meta = job["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         rendered = render_rayjob(valid, options=self._config.render_options)
         rendered["metadata"]["ownerReferences"] = [kopf.build_owner_reference(job)]
-        live = None
+        live = self._known(namespace, name)
         hold = preflight.check(valid.spec, nodes)
         if hold is not None:
-            live = await self._kube.get(RAYJOBS, namespace, name)
+            live = live or await self._kube.get(RAYJOBS, namespace, name)
             if live is None:
                 return None, hold, None
         if live is None:
@@ -208,8 +272,8 @@ class Reconciler:
                 logger.info("created RayJob %s/%s", namespace, name)
                 return created, None, None
             live = await self._kube.get(RAYJOBS, namespace, name)
-            if live is None:  # deleted between the create and the read: next round creates it
-                raise kopf.TemporaryError(f"RayJob {namespace}/{name} vanished; retrying", delay=1)
+            if live is None:  # deleted between the create and the read: the retry creates it
+                raise LookupError(f"RayJob {namespace}/{name} vanished while it was created")
         if controller_ref(live).get("uid") != meta["uid"]:
             return None, None, status.Hold("RayJobConflict", f"a RayJob named {name} exists and is not this job's")
         patch = mutable_patch(rendered["spec"], live.get("spec") or {}, queued=bool(valid.spec.scheduling.queue_name))
@@ -217,14 +281,6 @@ class Reconciler:
             live = await self._kube.patch(RAYJOBS, namespace, name, {"spec": patch}) or live
             logger.info("updated RayJob %s/%s: %s", namespace, name, sorted(patch))
         return live, None, None
-
-    async def resync(self, job: Mapping[str, Any]) -> None:
-        """Have the job handler run again for `job` (it reacts to the resync annotation)."""
-        meta = job["metadata"]
-        stamp = _now().isoformat()
-        await self._kube.patch(
-            JOBS, meta["namespace"], meta["name"], {"metadata": {"annotations": {RESYNC_ANNOTATION: stamp}}}
-        )
 
     # ---- RayJob side --------------------------------------------------------------------
 

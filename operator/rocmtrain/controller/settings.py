@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 import kopf
 
-from rocmtrain.api.models import GROUP
 from rocmtrain.api.types import DNS_LABEL
 from rocmtrain.kube import FIELD_MANAGER
 from rocmtrain.progress.server import ProgressServerConfig
@@ -93,13 +92,8 @@ class OperatorConfig:
 
 
 def configure_kopf(settings: kopf.OperatorSettings) -> None:
-    """Tune kopf for this operator: one standalone replica, state in `rocmtrain.dev` annotations."""
+    """Tune kopf for this operator: one standalone replica; its handlers keep no state in the objects."""
     settings.peering.standalone = True
-    settings.persistence.finalizer = f"{GROUP}/finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
     # Only warnings and errors of kopf's own per-object logs become Kubernetes events;
     # the operator posts its transition events explicitly.
     settings.posting.level = logging.WARNING
