@@ -50,7 +50,7 @@ JOBS = Ref(GROUP, VERSION, PLURAL)
 RAYJOBS = Ref(RAYJOB_GROUP, RAYJOB_VERSION, RAYJOB_PLURAL)
 
 
-async def _retrying(call: Any, *args: Any, **kwargs: Any) -> Any:
+async def retrying(call: Any, *args: Any, **kwargs: Any) -> Any:
     """Await `call`, retrying briefly on throttling, server errors and broken connections."""
     for delay in _RETRY_DELAYS:
         try:
@@ -97,7 +97,7 @@ class Kube:
         """Create `body`; None when an object of that name already exists."""
         namespace = body["metadata"]["namespace"]
         try:
-            return await _retrying(
+            return await retrying(
                 self._objects.create_namespaced_custom_object,
                 ref.group,
                 ref.version,
@@ -117,7 +117,7 @@ class Kube:
     async def get(self, ref: Ref, namespace: str, name: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
         try:
-            return await _retrying(
+            return await retrying(
                 self._objects.get_namespaced_custom_object, ref.group, ref.version, namespace, ref.plural, name
             )
         except ApiException as exc:
@@ -145,7 +145,7 @@ class Kube:
         self, call: Any, ref: Ref, namespace: str, name: str, body: dict[str, Any]
     ) -> dict[str, Any] | None:
         try:
-            return await _retrying(
+            return await retrying(
                 call,
                 ref.group,
                 ref.version,
@@ -185,6 +185,6 @@ class Kube:
             "count": 1,
         }
         try:
-            await _retrying(self._core.create_namespaced_event, meta["namespace"], body)
+            await retrying(self._core.create_namespaced_event, meta["namespace"], body)
         except (ApiException, TimeoutError, aiohttp.ClientError) as exc:
             logger.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], exc)

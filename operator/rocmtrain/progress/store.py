@@ -1,4 +1,8 @@
-"""Read RocmTrainingJobs and merge-patch their status subresource (the endpoint's only writes)."""
+"""Read RocmTrainingJobs and merge-patch their status subresource (the endpoint's only writes).
+
+Throttling, server errors and broken connections are retried briefly (`rocmtrain.kube.retrying`)
+before they become a 503 for the reporting job.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from rocmtrain.api.models import GROUP, PLURAL, VERSION
+from rocmtrain.kube import retrying
 from rocmtrain.progress.errors import Conflict, Gone, checked
 
 
@@ -21,7 +26,8 @@ class KubeJobStore:
         """The job object, or None when it does not exist."""
         try:
             return await checked(
-                "job lookup", self._custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+                "job lookup",
+                retrying(self._custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name),
             )
         except ApiException:
             return None
@@ -31,8 +37,15 @@ class KubeJobStore:
         try:
             await checked(
                 "status patch",
-                self._custom.patch_namespaced_custom_object_status(
-                    GROUP, VERSION, namespace, PLURAL, name, patch, _content_type="application/merge-patch+json"
+                retrying(
+                    self._custom.patch_namespaced_custom_object_status,
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    PLURAL,
+                    name,
+                    patch,
+                    _content_type="application/merge-patch+json",
                 ),
             )
         except ApiException as exc:
