@@ -50,6 +50,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from rocmtrain.progress.tls import CA_KEY_USAGE
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = REPO_ROOT / ".cluster"
 BIN_DIR = Path(os.environ.get("CLUSTER_BIN_DIR", CLUSTER_DIR / "bin"))
@@ -138,20 +140,7 @@ def _issue(
     )
     if ca is None:
         builder = builder.add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        builder = builder.add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        builder = builder.add_extension(CA_KEY_USAGE, critical=True)
     else:
         builder = builder.add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if client else [ExtendedKeyUsageOID.SERVER_AUTH]
@@ -527,6 +516,33 @@ class KubeCluster:
         self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
         self.namespaces.append(name)
         return name
+
+    def service_account_kubeconfig(self, namespace: str, account: str, path: Path, seconds: int = 7200) -> Path:
+        """Write a standalone kubeconfig holding a TokenRequest token of `namespace/account` to `path`."""
+        token = self.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
+            body={
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": seconds},
+            },
+        )["status"]["token"]
+        cluster = yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]
+        if "certificate-authority" in cluster:  # inline a CA file, so the kubeconfig stands alone
+            ca = Path(cluster.pop("certificate-authority")).read_bytes()
+            cluster = {**cluster, "certificate-authority-data": base64.b64encode(ca).decode()}
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "cluster", "cluster": cluster}],
+            "users": [{"name": account, "user": {"token": token}}],
+            "contexts": [{"name": account, "context": {"cluster": "cluster", "user": account}}],
+            "current-context": account,
+        }
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
 
     # ---- bootstrap ----------------------------------------------------------
 

@@ -8,7 +8,6 @@ ClusterRole is enough.
 
 from __future__ import annotations
 
-import base64
 import os
 import subprocess
 from collections.abc import Iterator
@@ -16,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from operator_testkit import APPLIED_KINDS, OPERATOR_NAMESPACE, OPERATOR_SA, REPO, Api, Operator
 
 from cluster.kubecluster import BIN_DIR, KubeCluster
@@ -56,28 +54,8 @@ def operator_kubeconfig(
     kube: KubeCluster, installed: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
     """A kubeconfig holding a token of the operator's ServiceAccount (TokenRequest)."""
-    token = kube.request(
-        "POST",
-        f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/serviceaccounts/{OPERATOR_SA}/token",
-        body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 7200}},
-    )["status"]["token"]
-    admin = yaml.safe_load(kube.kubeconfig.read_text())
-    cluster = admin["clusters"][0]["cluster"]
-    if "certificate-authority" in cluster:  # inline a CA file, so the kubeconfig stands alone
-        ca = Path(cluster.pop("certificate-authority")).read_bytes()
-        cluster = {**cluster, "certificate-authority-data": base64.b64encode(ca).decode()}
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "test", "cluster": cluster}],
-        "users": [{"name": OPERATOR_SA, "user": {"token": token}}],
-        "contexts": [{"name": "operator", "context": {"cluster": "test", "user": OPERATOR_SA}}],
-        "current-context": "operator",
-    }
     path = tmp_path_factory.mktemp("operator") / "kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
+    return kube.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_SA, path)
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from kubernetes_asyncio import config as async_config
 
 from cluster.kubecluster import KubeCluster
@@ -210,20 +209,4 @@ def operator_kubeconfig(kube: KubeCluster, path: Path) -> Path:
     """
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}})
     kube.apply((REPO / "manifests" / "rbac.yaml").read_text(), namespace=OPERATOR_NAMESPACE)
-    token = kube.request(
-        "POST",
-        f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/serviceaccounts/{OPERATOR_SA}/token",
-        body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 7200}},
-    )["status"]["token"]
-    admin = yaml.safe_load(kube.kubeconfig.read_text())
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "test", "cluster": admin["clusters"][0]["cluster"]}],
-        "users": [{"name": OPERATOR_SA, "user": {"token": token}}],
-        "contexts": [{"name": "operator", "context": {"cluster": "test", "user": OPERATOR_SA}}],
-        "current-context": "operator",
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
+    return kube.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_SA, path)

@@ -98,6 +98,20 @@ def _builder(
     )
 
 
+# What a CA key may do: sign certificates and CRLs (and its own signatures).
+CA_KEY_USAGE = x509.KeyUsage(
+    digital_signature=True,
+    key_cert_sign=True,
+    crl_sign=True,
+    content_commitment=False,
+    key_encipherment=False,
+    data_encipherment=False,
+    key_agreement=False,
+    encipher_only=False,
+    decipher_only=False,
+)
+
+
 def new_ca(now: dt.datetime) -> tuple[bytes, bytes]:
     """A self-signed CA certificate and its key (PEM)."""
     key = ec.generate_private_key(ec.SECP256R1())
@@ -105,20 +119,7 @@ def new_ca(now: dt.datetime) -> tuple[bytes, bytes]:
         _builder("rocmtrain-progress-ca", key.public_key(), now, CA_LIFETIME)
         .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rocmtrain-progress-ca")]))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(CA_KEY_USAGE, critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
