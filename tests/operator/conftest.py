@@ -8,17 +8,14 @@ ClusterRole is enough.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_testkit import APPLIED_KINDS, OPERATOR_NAMESPACE, OPERATOR_SA, REPO, Api, Operator
+from operator_testkit import APPLIED_KINDS, OPERATOR_NAMESPACE, OPERATOR_SA, REPO, Api, Operator, kustomize_build
 
-from cluster.kubecluster import BIN_DIR, KubeCluster
-from rocmtrain.manifests import load_documents
+from cluster.kubecluster import KubeCluster
 
 
 @pytest.fixture(scope="session")
@@ -31,14 +28,7 @@ def api(kube: KubeCluster) -> Api:
 @pytest.fixture(scope="session")
 def kustomized() -> list[dict[str, Any]]:
     """`kustomize build manifests/`: the objects `kubectl apply -k manifests/` would apply."""
-    binary = BIN_DIR / "kustomize"
-    if not binary.is_file():
-        message = f"no kustomize in {BIN_DIR}; run `make cluster-binaries`"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    out = subprocess.run([str(binary), "build", str(REPO / "manifests")], capture_output=True, text=True, check=True)
-    return load_documents(out.stdout)  # YAML 1.2 numbers (`5e-05`), as kubectl reads them
+    return kustomize_build(REPO / "manifests")
 
 
 @pytest.fixture(scope="session")

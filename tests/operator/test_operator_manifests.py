@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import config as k8s_config
-from operator_testkit import OPERATOR_NAMESPACE, REPO
+from operator_testkit import OPERATOR_NAMESPACE, REPO, kustomize_build
 
 from cluster.kubecluster import KubeCluster, request
+from rocmtrain.progress import tls
+from rocmtrain.progress.server import SERVICE_NAME, ProgressServerConfig
 
 CRDS = REPO / "crds"
 MANIFEST_CRDS = REPO / "manifests" / "crd"
@@ -70,6 +73,43 @@ def test_roles_name_every_verb_and_resource(kustomized: list[dict[str, Any]]):
     assert rules
     for rule in rules:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"], rule
+
+
+def _cert_manager_overlay(folder: Path, namespace: str | None = None) -> list[dict[str, Any]]:
+    """Build an overlay of the base with the cert-manager component (and, as documented, another namespace)."""
+    component = REPO / "manifests" / "cert-manager"
+    lines = [
+        f"resources: [{os.path.relpath(REPO / 'manifests', folder)}]",
+        f"components: [{os.path.relpath(component, folder)}]",
+    ]
+    if namespace is not None:
+        text = (component / "kustomization.yaml").read_text()
+        lines += [f"namespace: {namespace}", text[text.index("replacements:") :]]
+    (folder / "kustomization.yaml").write_text("\n".join(lines) + "\n")
+    return kustomize_build(folder)
+
+
+@pytest.mark.parametrize("namespace", [None, "ml-platform"])
+def test_cert_manager_component_issues_the_secret_the_operator_reads(tmp_path: Path, namespace: str | None):
+    objs = _cert_manager_overlay(tmp_path, namespace)
+    namespace = namespace or OPERATOR_NAMESPACE
+    serving = _one(objs, "Certificate", "rocmtrain-progress")["spec"]
+    assert serving["secretName"] == tls.SECRET_NAME
+    assert serving["dnsNames"] == tls.service_hosts(SERVICE_NAME, namespace), "names the operator advertises"
+    assert _one(objs, "Service", SERVICE_NAME)["metadata"]["namespace"] == namespace
+    # A CA issuer (so the Secret carries ca.crt, which the operator publishes), rooted in a self-signed CA.
+    issuer = _one(objs, "Issuer", serving["issuerRef"]["name"])["spec"]
+    root = _one(objs, "Certificate", "rocmtrain-progress-ca")["spec"]
+    assert root["isCA"] is True and issuer["ca"]["secretName"] == root["secretName"] != tls.SECRET_NAME
+    assert "selfSigned" in _one(objs, "Issuer", root["issuerRef"]["name"])["spec"]
+    # The operator only reads that Secret: its setting, and a Role narrowed to `get`.
+    container = _one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value", "") for e in container["env"]} | {"ROCMTRAIN_OPERATOR_NAMESPACE": namespace}
+    config = ProgressServerConfig.from_env(env)
+    assert config is not None and not config.manage_tls
+    assert _one(objs, "Role", "rocm-train-operator-progress-tls")["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [tls.SECRET_NAME], "verbs": ["get"]}
+    ]
 
 
 # ---- on the cluster ---------------------------------------------------------------------------

@@ -16,11 +16,13 @@ import ssl
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+from kubernetes_asyncio import config as async_config
 
 from cluster.kubecluster import SA_ISSUER, KubeCluster
 from progress.endpoint import (
@@ -224,3 +226,39 @@ def test_a_rotated_certificate_is_served_and_its_ca_republished(
     assert Client(port, rotated["ca.crt"]).post(head.namespace, head.job, REPORT, bound_token(kube, head)).status == 204
     with pytest.raises(ssl.SSLCertVerificationError):
         Client(port, old_ca).post(head.namespace, head.job, REPORT, bound_token(kube, head))
+
+
+def test_a_cert_manager_secret_is_read_never_written(kube: KubeCluster, progress_server: ServerThread):
+    """With ROCMTRAIN_PROGRESS_MANAGE_TLS=false (manifests/cert-manager), the Secret is cert-manager's to write."""
+    namespace = kube.new_namespace("cert-manager")
+    hosts = tls.service_hosts("rocmtrain-progress", namespace)
+    admin = progress_server.run(async_config.new_client_from_config(config_file=str(kube.kubeconfig)))
+    try:
+        _read_only_secret(kube, progress_server, admin, namespace, hosts)
+    finally:
+        progress_server.run(admin.close())
+
+
+def _read_only_secret(kube: KubeCluster, loop: ServerThread, admin: Any, namespace: str, hosts: list[str]) -> None:
+    with pytest.raises(ValueError, match="does not exist"):  # not issued yet: no self-made certificate
+        loop.run(tls.load_serving_secret(admin, namespace, hosts, manage=False))
+    issued = tls.plan_secret(None, hosts, dt.datetime.now(dt.UTC))
+    assert issued is not None
+    issued.pop("ca.key")  # a CA Issuer's Secret: ca.crt, tls.crt, tls.key; never the CA key
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/tls",
+        "metadata": {"name": tls.SECRET_NAME, "namespace": namespace},
+        "data": {key: base64.b64encode(value).decode() for key, value in issued.items()},
+    }
+    version = kube.create(secret)["metadata"]["resourceVersion"]
+    material = loop.run(tls.load_serving_secret(admin, namespace, hosts, manage=False))
+    assert (material.ca_crt, material.tls_crt, material.tls_key) == (
+        issued["ca.crt"],
+        issued["tls.crt"],
+        issued["tls.key"],
+    )
+    # The managing path would have added a CA key and rewritten the Secret; this one left it alone.
+    after = kube.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{tls.SECRET_NAME}")
+    assert after["metadata"]["resourceVersion"] == version and "ca.key" not in after["data"]
