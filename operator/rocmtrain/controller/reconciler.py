@@ -318,4 +318,5 @@ class Reconciler:
             return
         state.written = {key: new.get(key) for key in status.OWNED_FIELDS}
         for event in status.transition_events(current, new):
+            logger.info("%s/%s %s: %s", meta["namespace"], meta["name"], event.reason, event.message)
             await self._kube.post_event(job, type=event.type, reason=event.reason, message=event.message)

@@ -97,6 +97,9 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
     # Only warnings and errors of kopf's own per-object logs become Kubernetes events;
     # the operator posts its transition events explicitly.
     settings.posting.level = logging.WARNING
+    # kopf logs each handled event at INFO ("Handler 'job_event' succeeded"), a line per job change;
+    # the operator logs what it does (RayJob created or updated, job refused) itself.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     settings.posting.reporting_component = "rocm-train-operator"
     # Renew watches every 5 minutes. (RayJobs are not watched by kopf: see `rayjob_watch`.)
     settings.watching.reconnect_backoff = 1.0
