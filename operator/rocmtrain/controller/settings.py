@@ -6,7 +6,7 @@
 | ROCMTRAIN_METRICS_PORT     | 8080    | Prometheus `/metrics` port; 0 turns the endpoint off         |
 | ROCMTRAIN_HEALTH_PORT      | 8081    | liveness probe port (`/healthz`); 0 turns it off             |
 | ROCMTRAIN_STALL_SECONDS    | 900     | a Running job without progress for this long is Stalled      |
-| ROCMTRAIN_RETRY_SECONDS    | 30      | re-check interval of a job waiting for KubeRay or for nodes  |
+| ROCMTRAIN_RETRY_SECONDS    | 30      | re-check interval of a held job (KubeRay, nodes) or failure  |
 
 The progress endpoint is on when `ROCMTRAIN_OPERATOR_NAMESPACE` is set (the
 Deployment sets it from the downward API); its other `ROCMTRAIN_PROGRESS_*`
