@@ -27,13 +27,10 @@ quickstart: install
 
 run: quickstart
 
-# The README's test command: installs everything (Python deps, Go-built control plane), lints, tests.
-# Each folder with a control plane or an operator runs in its own pytest session, so one
-# folder's long-lived operator never writes to another folder's objects.
+# The README's test command: installs everything (Python deps, Go-built control plane), lints,
+# then every test in one pytest session (one control plane).
 test: install cluster-binaries lint
-	$(BIN)/pytest -q -ra tests/unit tests/cluster tests/train
-	$(BIN)/pytest -q -ra tests/operator
-	$(BIN)/pytest -q -ra tests/progress
+	$(BIN)/pytest -q -ra tests
 
 test-unit: install
 	$(BIN)/pytest -q -ra -m "not cluster and not ray"

@@ -48,9 +48,13 @@ def operator_kubeconfig(
     return kube.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_SA, path)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def operator(operator_kubeconfig: Path) -> Iterator[Operator]:
-    """The operator, running for the whole session (tests may restart it)."""
+    """The operator, running for one test module (tests may restart it).
+
+    Not longer: a running operator reconciles every job in the cluster, including
+    other test folders' jobs in the same pytest session.
+    """
     running = Operator(operator_kubeconfig)
     running.start()
     try:
