@@ -117,16 +117,19 @@ class RayJobWatch:
 
     async def _list(self, namespace: str | None) -> str:
         """List the RayJobs, replace the namespace's views, hand over the differences; the list's version."""
-        if namespace is None:
-            listed = await self._objects.list_cluster_custom_object(
-                RAYJOBS.group, RAYJOBS.version, RAYJOBS.plural, label_selector=self._selector
-            )
-        else:
-            listed = await self._objects.list_namespaced_custom_object(
-                RAYJOBS.group, RAYJOBS.version, namespace, RAYJOBS.plural, label_selector=self._selector
-            )
+        listed = await self._list_call(namespace)
         self._replace(namespace, [rayjob_view(item) for item in listed.get("items", [])])
         return listed["metadata"]["resourceVersion"]
+
+    async def _list_call(self, namespace: str | None, **options: Any) -> Any:
+        """The labelled list (or, with `watch=True`, watch) request, cluster-wide or in `namespace`."""
+        if namespace is None:
+            return await self._objects.list_cluster_custom_object(
+                RAYJOBS.group, RAYJOBS.version, RAYJOBS.plural, label_selector=self._selector, **options
+            )
+        return await self._objects.list_namespaced_custom_object(
+            RAYJOBS.group, RAYJOBS.version, namespace, RAYJOBS.plural, label_selector=self._selector, **options
+        )
 
     def _replace(self, namespace: str | None, views: list[dict[str, Any]]) -> None:
         """Make `views` the whole content of `namespace` (None: of every namespace), as events."""
@@ -141,23 +144,15 @@ class RayJobWatch:
 
     async def _watch(self, namespace: str | None, version: str) -> str:
         """Follow one watch request from `version`; the last version seen when the server closes it."""
-        common: dict[str, Any] = {
-            "label_selector": self._selector,
-            "resource_version": version,
-            "allow_watch_bookmarks": True,
-            "timeout_seconds": WATCH_SECONDS,
-            "watch": True,
-            "_preload_content": False,
-            "_request_timeout": WATCH_SECONDS + 30,
-        }
-        if namespace is None:
-            response = await self._objects.list_cluster_custom_object(
-                RAYJOBS.group, RAYJOBS.version, RAYJOBS.plural, **common
-            )
-        else:
-            response = await self._objects.list_namespaced_custom_object(
-                RAYJOBS.group, RAYJOBS.version, namespace, RAYJOBS.plural, **common
-            )
+        response = await self._list_call(
+            namespace,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=WATCH_SECONDS,
+            watch=True,
+            _preload_content=False,
+            _request_timeout=WATCH_SECONDS + 30,
+        )
         async with response:
             async for line in response.content:
                 if not line.strip():

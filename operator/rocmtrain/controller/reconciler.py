@@ -257,10 +257,11 @@ class Reconciler:
         namespace, name = meta["namespace"], meta["name"]
         rendered = render_rayjob(valid, options=self._config.render_options)
         rendered["metadata"]["ownerReferences"] = [kopf.build_owner_reference(job)]
-        live = self._known(namespace, name)
         hold = preflight.check(valid.spec, nodes)
-        if hold is not None:
-            live = live or await self._kube.get(RAYJOBS, namespace, name)
+        if hold is None:
+            live = self._known(namespace, name)  # not seen yet: the create below finds out
+        else:  # held: carry the fields over to a RayJob that already exists, create none
+            live = await self._read_rayjob(namespace, name)
             if live is None:
                 return None, hold, None
         if live is None:
