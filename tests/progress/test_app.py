@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from fakes import merge_patch
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.progress import tls
 from rocmtrain.progress.auth import AUDIENCE, Identity
@@ -28,18 +29,6 @@ POD = Identity(namespace="team-a", service_account="default", pod_name="job1-hea
 TOKENS = {"good": POD, "other-ns": Identity("team-b", "default", "x-head", "uid-9")}
 URL = "/v1/namespaces/team-a/rocmtrainingjobs/job1/progress"
 REPORT = {"progress": {"step": 5, "totalSteps": 50, "percent": 10}, "metrics": {"trainLoss": 1.25}}
-
-
-def merge(target: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(target)
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        elif isinstance(value, dict):
-            out[key] = merge(out.get(key) or {}, value)
-        else:
-            out[key] = value
-    return out
 
 
 class Jobs:
@@ -71,7 +60,7 @@ class Jobs:
             obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
         if patch["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"]:
             raise Conflict
-        obj["status"] = merge(obj["status"], patch["status"])
+        obj["status"] = merge_patch(obj["status"], patch["status"])
         obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
         self.patches.append(patch)
 

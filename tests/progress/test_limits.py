@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from fakes import Clock
 from rocmtrain.progress.limits import MAX_BODY_BYTES, MAX_KEYS, RateLimiter, ReportError, parse_report
 
 GOOD = {"progress": {"step": 10, "totalSteps": 100, "percent": 10.0}, "metrics": {"trainLoss": 0.7}}
@@ -57,16 +58,8 @@ def test_bounds_size_and_field_count():
         parse_report(json.dumps(many).encode())
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_rate_limiter_allows_a_burst_then_the_rate():
-    clock = Clock()
+    clock = Clock(1000.0)
     limiter = RateLimiter(rate=2.0, burst=10, clock=clock)
     assert [limiter.acquire("ns/a") for _ in range(10)] == [0.0] * 10
     assert limiter.acquire("ns/a") == pytest.approx(0.5)
@@ -79,7 +72,7 @@ def test_rate_limiter_allows_a_burst_then_the_rate():
 
 
 def test_rate_limiter_forgets_idle_jobs_within_its_bound():
-    clock = Clock()
+    clock = Clock(1000.0)
     limiter = RateLimiter(rate=1.0, burst=2, clock=clock, max_keys=3)
     for key in ("a", "b", "c"):
         limiter.acquire(key)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from fakes import merge_patch
 from rocmtrain.api.models import HISTORY_LENGTH, ProgressReport, RocmTrainingJobStatus
 from rocmtrain.progress.status_patch import progress_patch
 
@@ -16,19 +17,6 @@ def report(step: int, **metrics: float) -> ProgressReport:
     )
 
 
-def apply(status: dict, patch: dict) -> dict:
-    """RFC 7396 merge patch, as the API server applies it."""
-    out = dict(status)
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        elif isinstance(value, dict):
-            out[key] = apply(out.get(key) or {}, value)
-        else:
-            out[key] = value
-    return out
-
-
 def test_sets_progress_metrics_history_and_time():
     patch = progress_patch(report(10, trainLoss=0.9, learningRate=1e-5), None, NOW)["status"]
     assert patch["progress"] == {"epoch": None, "step": 10, "totalSteps": 100, "percent": 10.0, "etaSeconds": 90.0}
@@ -38,11 +26,13 @@ def test_sets_progress_metrics_history_and_time():
 
 
 def test_progress_is_replaced_and_metrics_are_merged():
-    status = apply({}, progress_patch(report(50, trainLoss=0.5, evalAccuracy=0.8, evalLoss=0.6), None, NOW)["status"])
+    status = merge_patch(
+        {}, progress_patch(report(50, trainLoss=0.5, evalAccuracy=0.8, evalLoss=0.6), None, NOW)["status"]
+    )
     final = ProgressReport.model_validate(
         {"progress": {"step": 100, "totalSteps": 100, "percent": 100}, "metrics": {"trainLoss": 0.2}, "final": True}
     )
-    status = apply(status, progress_patch(final, status, NOW)["status"])
+    status = merge_patch(status, progress_patch(final, status, NOW)["status"])
     assert "etaSeconds" not in status["progress"], "a field the report leaves out is cleared"
     assert status["metrics"] == {"trainLoss": 0.2, "evalAccuracy": 0.8, "evalLoss": 0.6}
     RocmTrainingJobStatus.model_validate(status)
@@ -51,15 +41,15 @@ def test_progress_is_replaced_and_metrics_are_merged():
 def test_history_completes_same_step_rewinds_and_stays_bounded():
     status: dict = {}
     for step in range(1, HISTORY_LENGTH + 11):
-        status = apply(status, progress_patch(report(step, trainLoss=1.0 / step), status, NOW)["status"])
+        status = merge_patch(status, progress_patch(report(step, trainLoss=1.0 / step), status, NOW)["status"])
     assert len(status["history"]) == HISTORY_LENGTH
     assert [p["step"] for p in status["history"]] == list(range(11, HISTORY_LENGTH + 11))
 
-    status = apply(status, progress_patch(report(HISTORY_LENGTH + 10, evalAccuracy=0.9), status, NOW)["status"])
+    status = merge_patch(status, progress_patch(report(HISTORY_LENGTH + 10, evalAccuracy=0.9), status, NOW)["status"])
     last = status["history"][-1]
     assert last == {"step": HISTORY_LENGTH + 10, "trainLoss": 1.0 / (HISTORY_LENGTH + 10), "evalAccuracy": 0.9}
 
-    status = apply(status, progress_patch(report(30, trainLoss=0.4), status, NOW)["status"])
+    status = merge_patch(status, progress_patch(report(30, trainLoss=0.4), status, NOW)["status"])
     assert [p["step"] for p in status["history"]][-2:] == [29, 30], "a restart from a checkpoint rewinds the curve"
     RocmTrainingJobStatus.model_validate(status)
 
@@ -70,13 +60,13 @@ def test_report_without_loss_adds_no_history_point():
 
 
 def test_evaluation_carried_over_by_the_driver_is_not_repeated_in_the_curve():
-    status = apply(
+    status = merge_patch(
         {}, progress_patch(report(10, trainLoss=0.9, evalAccuracy=0.7, evalSeconds=3.0), None, NOW)["status"]
     )
-    status = apply(
+    status = merge_patch(
         status, progress_patch(report(20, trainLoss=0.8, evalAccuracy=0.7, evalSeconds=3.0), status, NOW)["status"]
     )
-    status = apply(
+    status = merge_patch(
         status, progress_patch(report(30, trainLoss=0.6, evalAccuracy=0.7, evalSeconds=6.1), status, NOW)["status"]
     )
     assert status["history"] == [

@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from fakes import Clock
 from rocmtrain.api.models import ProgressReport
 from rocmtrain_train.reporting import Aggregator, Reporter, summary
 from rocmtrain_train.sinks import ConsoleSink, JsonlSink
@@ -37,16 +38,8 @@ def rank(r: int, **extra) -> dict:
     return base | extra
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_ranks_are_combined():
-    clock = Clock()
+    clock = Clock(100.0)
     aggregator = Aggregator(clock)
     aggregator.add([rank(0, step=5), rank(1, step=5)])
     clock.now += 50.0
@@ -63,7 +56,7 @@ def test_ranks_are_combined():
 
 
 def test_metrics_keep_their_latest_value_and_the_final_report_has_whole_run_throughput():
-    aggregator = Aggregator(Clock())
+    aggregator = Aggregator(Clock(100.0))
     aggregator.add([rank(0, eval_accuracy=0.9, eval_loss=0.3), rank(1, eval_accuracy=0.9, eval_loss=0.3)])
     aggregator.add([rank(0, loss=math.nan), rank(1, loss=math.nan)])
     final = aggregator.add([rank(0, step=40, final=True, interval_samples=0), rank(1, step=40, interval_samples=0)])
