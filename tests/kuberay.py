@@ -21,7 +21,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from rocmtrain.render import KUBERAY_VERSION
+from rocmtrain.api.contract import KUBERAY_VERSION
 
 MODULE = "github.com/ray-project/kuberay/ray-operator"
 CRD_FILE = "ray.io_rayjobs.yaml"

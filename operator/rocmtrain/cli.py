@@ -7,13 +7,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-import yaml
-
-from rocmtrain.api.models import RocmTrainingJob
-from rocmtrain.manifests import load_documents
-from rocmtrain.validate import Context, validate_job
+from rocmtrain.api.manifests import read_jobs
 
 EXIT_INVALID = 1
 EXIT_USAGE = 2
@@ -39,29 +34,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read(file: str) -> str:
-    return sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
-
-
-def _load_jobs(file: str, context: Context) -> tuple[list[RocmTrainingJob], list[str]]:
-    """The validated jobs of a file, or the error lines for it."""
-    try:
-        documents = load_documents(_read(file))
-    except yaml.YAMLError as exc:
-        return [], [f"{file}: invalid YAML: {exc}"]
-    if not documents:
-        return [], [f"{file}: no job in the file"]
-    jobs: list[RocmTrainingJob] = []
-    lines: list[str] = []
-    for index, document in enumerate(documents, start=1):
-        job, errors = validate_job(document, context=context)
-        where = file if len(documents) == 1 else f"{file}: document {index}"
-        lines += [f"{where}: {error}" for error in errors]
-        if job is not None:
-            jobs.append(job)
-    return jobs, lines
-
-
 def _report(lines: list[str]) -> int:
     for line in lines:
         print(line, file=sys.stderr)
@@ -72,7 +44,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     """Print one RayJob per job, as a multi-document YAML stream."""
     from rocmtrain.render import render_rayjob_yaml
 
-    jobs, errors = _load_jobs(args.file, "cluster")
+    jobs, errors = read_jobs(args.file, "cluster")
     if errors:
         return _report(errors)
     sys.stdout.write("---\n".join(render_rayjob_yaml(job) for job in jobs))
@@ -81,7 +53,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Report every error with its path; one OK line when there is none."""
-    jobs, errors = _load_jobs(args.file, args.context)
+    jobs, errors = read_jobs(args.file, args.context)
     if errors:
         return _report(errors)
     names = ", ".join(job.metadata.name for job in jobs)

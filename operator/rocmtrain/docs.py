@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rocmtrain.api import crd
-from rocmtrain.patterns import describe_pattern
+from rocmtrain.api.patterns import describe_pattern
 
 BEGIN = "<!-- BEGIN FIELD REFERENCE -->"
 END = "<!-- END FIELD REFERENCE -->"

@@ -20,10 +20,18 @@ import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from rocmtrain.api.models import GROUP, PLURAL, VERSION
+from rocmtrain.api.contract import (
+    GROUP,
+    OPERATOR_NAME,
+    PLURAL,
+    RAYJOB_GROUP,
+    RAYJOB_PLURAL,
+    RAYJOB_VERSION,
+    VERSION,
+)
+from rocmtrain.api.timestamps import rfc3339
 
-FIELD_MANAGER = "rocm-train-operator"
-RAYJOB_GROUP, RAYJOB_VERSION, RAYJOB_PLURAL = "ray.io", "v1", "rayjobs"
+FIELD_MANAGER = OPERATOR_NAME
 _MERGE_PATCH = "application/merge-patch+json"
 # Transient failures worth a quick retry: throttling, server errors, timeouts.
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -164,7 +172,7 @@ class Kube:
     async def post_event(self, obj: Any, *, type: str, reason: str, message: str) -> None:
         """Post a core/v1 Event about `obj` (a job); best effort: a failure is logged, not raised."""
         meta = obj["metadata"]
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = rfc3339(dt.datetime.now(dt.UTC))
         body = {
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
             "involvedObject": {

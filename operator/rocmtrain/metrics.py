@@ -51,8 +51,8 @@ class JobsCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """Yield the two job gauges."""
-        jobs = Tally()
-        gpus = Tally()
+        jobs: Tally[str] = Tally()
+        gpus: Tally[str] = Tally()
         for phase, requested in self.source():
             label = phase if phase in PHASES else UNKNOWN_PHASE
             jobs[label] += 1

@@ -14,15 +14,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rocmtrain.api.contract import GPU_NODE_LABELS, GPU_RESOURCE
 from rocmtrain.api.models import RocmTrainingJobSpec
-from rocmtrain.status import GPU_RESOURCE, Hold
-
-# AMD GPU node-labeller labels behind ResourcesSpec.gpu.
-GPU_LABELS = {
-    "product_name": "amd.com/gpu.product-name",
-    "family": "amd.com/gpu.family",
-    "vram": "amd.com/gpu.vram",
-}
+from rocmtrain.api.quantity import parse_quantity
+from rocmtrain.status import Hold, HoldKind
 
 
 @dataclass(frozen=True)
@@ -34,10 +29,13 @@ class NodeInfo:
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
-def _quantity_int(value: object) -> int:
-    """An integer extended-resource quantity (`8`); 0 when absent or not a plain integer."""
-    text = str(value) if value is not None else ""
-    return int(text) if text.isdigit() else 0
+def _device_count(value: object) -> int:
+    """A count of devices from an extended-resource quantity (`8`); 0 when absent, invalid or fractional."""
+    try:
+        count = parse_quantity(str(value)) if value is not None else 0
+    except ValueError:
+        return 0
+    return int(count) if count == int(count) else 0
 
 
 def node_info(node: Mapping[str, Any]) -> NodeInfo | None:
@@ -48,24 +46,22 @@ def node_info(node: Mapping[str, Any]) -> NodeInfo | None:
     allocatable = (node.get("status") or {}).get("allocatable") or {}
     return NodeInfo(
         name=metadata.get("name", ""),
-        gpus=_quantity_int(allocatable.get(GPU_RESOURCE)),
+        gpus=_device_count(allocatable.get(GPU_RESOURCE)),
         labels=dict(metadata.get("labels") or {}),
     )
 
 
 def _required_labels(spec: RocmTrainingJobSpec) -> dict[str, str]:
-    required = dict(spec.scheduling.node_selector)
     gpu = spec.resources.gpu
-    if gpu is not None:
-        for attribute, label in GPU_LABELS.items():
-            value = getattr(gpu, attribute)
-            if value is not None:
-                required[label] = value
-    return required
+    return {**spec.scheduling.node_selector, **(gpu.node_labels() if gpu is not None else {})}
 
 
 def _describe(labels: Mapping[str, str]) -> str:
     return ", ".join(f"{key}={value}" for key, value in sorted(labels.items()))
+
+
+def _unschedulable(reason: str, message: str) -> Hold:
+    return Hold(HoldKind.UNSCHEDULABLE, reason, message)
 
 
 def check(spec: RocmTrainingJobSpec, nodes: Iterable[NodeInfo]) -> Hold | None:
@@ -80,20 +76,22 @@ def check(spec: RocmTrainingJobSpec, nodes: Iterable[NodeInfo]) -> Hold | None:
     required = _required_labels(spec)
     matching = [n for n in nodes if all(n.labels.get(k) == v for k, v in required.items())]
     if required and not any(n.gpus for n in matching):
-        models = sorted({n.labels[GPU_LABELS["product_name"]] for n in nodes if GPU_LABELS["product_name"] in n.labels})
+        product = GPU_NODE_LABELS["product_name"]
+        models = sorted({n.labels[product] for n in nodes if product in n.labels})
         available = f" (GPU models on the nodes: {', '.join(models)})" if models else ""
-        return Hold("GPUModelUnavailable", f"no node with {GPU_RESOURCE} has {_describe(required)}{available}")
+        return _unschedulable(
+            "GPUModelUnavailable", f"no node with {GPU_RESOURCE} has {_describe(required)}{available}"
+        )
     largest = max((n.gpus for n in matching), default=0)
     if largest < per_worker:
         where = "node" if not required else "matching node"
-        return Hold(
-            "InsufficientGPUs",
-            f"needs {per_worker} {GPU_RESOURCE} per worker; the largest {where} has {largest}",
+        return _unschedulable(
+            "InsufficientGPUs", f"needs {per_worker} {GPU_RESOURCE} per worker; the largest {where} has {largest}"
         )
     slots = sum(n.gpus // per_worker for n in matching)
     workers = spec.resources.workers
     if slots < workers:
-        return Hold(
+        return _unschedulable(
             "InsufficientGPUs",
             f"needs {workers} workers with {per_worker} {GPU_RESOURCE} each; "
             f"the nodes can hold only {slots} such workers",

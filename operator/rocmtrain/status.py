@@ -1,8 +1,8 @@
 """Map what the operator observes onto a RocmTrainingJob's status (pure).
 
 Inputs are plain data: the job, the owned RayJob as KubeRay last wrote it (or
-None), why the operator holds the RayJob back (pre-flight, KubeRay missing), and
-the time. The output is the part of `status` the operator owns (everything but
+None), why the operator holds the RayJob back (a `Hold`: pre-flight, KubeRay
+missing, a name conflict), and the time. The output is the part of `status` the operator owns (everything but
 the progress fields the training driver reports) plus the events that explain
 each transition. Conditions follow Kubernetes API conventions: a condition's
 `lastTransitionTime` moves only when its status changes.
@@ -18,11 +18,14 @@ JobDeploymentStatusTransitionGracePeriodExceeded) and `message` on failures.
 from __future__ import annotations
 
 import datetime as dt
+import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rocmtrain.api.contract import RAYJOB_API_VERSION
 from rocmtrain.api.models import Condition, Phase, RocmTrainingJobSpec, RocmTrainingJobStatus
+from rocmtrain.api.timestamps import parse_time, rfc3339
 
 # Status fields the operator writes; the progress endpoint owns the others.
 OWNED_FIELDS = (
@@ -41,7 +44,6 @@ OWNED_FIELDS = (
     "restarts",
 )
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-GPU_RESOURCE = "amd.com/gpu"
 
 # Condition types, in the order they are listed.
 READY = "Ready"
@@ -54,32 +56,36 @@ FAILED = "Failed"
 MANAGED_CONDITIONS = (READY, ADMITTED, UNSCHEDULABLE, KUBERAY_MISSING, STALLED, SUCCEEDED, FAILED)
 
 
-def rfc3339(moment: dt.datetime) -> str:
-    """Kubernetes' timestamp form: UTC, second precision, `Z` suffix."""
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+class HoldKind(enum.Enum):
+    """What holds a RayJob back; the first two also raise the condition of their name."""
 
-
-def parse_time(value: object) -> dt.datetime | None:
-    """An RFC 3339 timestamp as an aware datetime; None for anything else."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        moment = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+    UNSCHEDULABLE = UNSCHEDULABLE  # pre-flight: no node can ever run the workers
+    KUBERAY_MISSING = KUBERAY_MISSING  # the RayJob API is not served
+    CONFLICT = "Conflict"  # the RayJob's name is taken by an object the job does not own
 
 
 @dataclass(frozen=True)
 class Hold:
-    """Why the operator does not (yet) create the RayJob: a condition reason and message."""
+    """Why the operator does not (yet) create or update the RayJob, and when to look again.
 
+    `reason` and `message` become the Ready condition's (and the kind's own condition's);
+    `retry_seconds` None means after the operator's `ROCMTRAIN_RETRY_SECONDS`.
+    """
+
+    kind: HoldKind
     reason: str
     message: str
+    retry_seconds: float | None = None
+
+    def retry_after(self, default: float) -> float:
+        """Seconds until the held job is checked again."""
+        return default if self.retry_seconds is None else self.retry_seconds
 
 
 KUBERAY_NOT_INSTALLED = Hold(
-    "KubeRayNotInstalled", "KubeRay's RayJob API (ray.io/v1) is not installed; install the KubeRay operator"
+    HoldKind.KUBERAY_MISSING,
+    "KubeRayNotInstalled",
+    f"KubeRay's RayJob API ({RAYJOB_API_VERSION}) is not installed; install the KubeRay operator",
 )
 
 
@@ -102,8 +108,7 @@ class Observation:
     rayjob: Mapping[str, Any] | None  # the owned RayJob; None while absent
     now: dt.datetime
     stall_after: float  # seconds without progress before a running job counts as stalled
-    unschedulable: Hold | None = None  # pre-flight verdict while the RayJob is held; None when it fits
-    blocked: Hold | None = None  # another reason the RayJob cannot be created (KubeRay missing, name taken)
+    hold: Hold | None = None  # why the RayJob is held back; None when nothing holds it
 
 
 @dataclass(frozen=True)
@@ -209,9 +214,8 @@ def _state(obs: Observation) -> _State:
         return _State(previous, ready.get("reason", previous), ready.get("message", ""))
     if obs.rayjob is not None:
         return _rayjob_state(obs, obs.rayjob)
-    hold = obs.blocked or obs.unschedulable
-    if hold is not None:
-        return _State("Pending", hold.reason, hold.message)
+    if obs.hold is not None:
+        return _State("Pending", obs.hold.reason, obs.hold.message)
     return _State("Pending", "CreatingRayJob", "creating the RayJob")
 
 
@@ -268,21 +272,16 @@ def _admitted(obs: Observation, phase: str) -> tuple[str, str, str] | None:
 def _desired_conditions(obs: Observation, state: _State) -> dict[str, tuple[str, str, str]]:
     phase = state.phase
     current = obs.current.get("conditions") or []
-    held = obs.rayjob is None and phase not in TERMINAL_PHASES
-    unschedulable = obs.unschedulable if held else None
-    missing = KUBERAY_NOT_INSTALLED if held and obs.blocked == KUBERAY_NOT_INSTALLED else None
+    hold = obs.hold if obs.rayjob is None and phase not in TERMINAL_PHASES else None
+
+    def held_by(kind: HoldKind) -> tuple[str, str] | None:
+        return (hold.reason, hold.message) if hold is not None and hold.kind is kind else None
+
     candidates = {
         READY: ("True" if phase == "Running" else "False", state.reason, state.message),
         ADMITTED: _admitted(obs, phase),
-        UNSCHEDULABLE: _alarm(
-            current,
-            UNSCHEDULABLE,
-            (unschedulable.reason, unschedulable.message) if unschedulable else None,
-            "Schedulable",
-        ),
-        KUBERAY_MISSING: _alarm(
-            current, KUBERAY_MISSING, (missing.reason, missing.message) if missing else None, "KubeRayInstalled"
-        ),
+        UNSCHEDULABLE: _alarm(current, UNSCHEDULABLE, held_by(HoldKind.UNSCHEDULABLE), "Schedulable"),
+        KUBERAY_MISSING: _alarm(current, KUBERAY_MISSING, held_by(HoldKind.KUBERAY_MISSING), "KubeRayInstalled"),
         STALLED: _alarm(current, STALLED, _stall(obs, phase), "Progressing" if phase == "Running" else "NotRunning"),
         SUCCEEDED: ("True", state.reason, state.message) if phase == "Succeeded" else None,
         FAILED: ("True", state.reason, state.message) if phase == "Failed" else None,
@@ -348,7 +347,6 @@ def compute_status(obs: Observation) -> dict[str, Any]:
     completion = current.get("completionTime")
     if state.phase in TERMINAL_PHASES and not completion:
         completion = rfc3339(parse_time(rayjob_status.get("endTime")) or obs.now)
-    resources = obs.spec.resources
     status = RocmTrainingJobStatus(
         phase=state.phase,
         conditions=merge_conditions(
@@ -364,7 +362,7 @@ def compute_status(obs: Observation) -> dict[str, Any]:
         dashboard_url=rayjob_status.get("dashboardURL") or None,
         workers_desired=desired,
         workers_ready=ready,
-        gpus=resources.workers * resources.gpus_per_worker,
+        gpus=obs.spec.resources.total_gpus,
         start_time=start_time,
         completion_time=completion if state.phase in TERMINAL_PHASES else None,
         restarts=max(_restarts(obs.rayjob, state.phase), _count(current.get("restarts"))),

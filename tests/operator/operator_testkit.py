@@ -18,7 +18,7 @@ import pytest
 from kopf.testing import KopfRunner
 
 from cluster.kubecluster import BIN_DIR, KubeCluster, free_port
-from rocmtrain.manifests import load_documents
+from rocmtrain.api.manifests import load_documents
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_NAMESPACE = "rocm-train-system"

@@ -18,6 +18,7 @@ from rocmtrain.status import (
     KUBERAY_NOT_INSTALLED,
     OWNED_FIELDS,
     Hold,
+    HoldKind,
     Observation,
     compute_status,
     invalid_status,
@@ -309,8 +310,8 @@ def observe(current: dict[str, Any] | None = None, rj: dict[str, Any] | None = N
 
 
 def test_unschedulable_hold_then_resolved():
-    hold = Hold("InsufficientGPUs", "needs 16 amd.com/gpu per worker; the largest node has 8")
-    held = observe(unschedulable=hold)
+    hold = Hold(HoldKind.UNSCHEDULABLE, "InsufficientGPUs", "needs 16 amd.com/gpu per worker; the largest node has 8")
+    held = observe(hold=hold)
     assert held["phase"] == "Pending"
     assert conditions(held)["Unschedulable"] == ("True", "InsufficientGPUs")
     assert conditions(held)["Ready"] == ("False", "InsufficientGPUs")
@@ -322,10 +323,17 @@ def test_unschedulable_hold_then_resolved():
 
 
 def test_kuberay_missing_condition():
-    missing = observe(blocked=KUBERAY_NOT_INSTALLED)
+    missing = observe(hold=KUBERAY_NOT_INSTALLED)
     assert conditions(missing)["KubeRayMissing"] == ("True", "KubeRayNotInstalled")
     assert conditions(missing)["Ready"] == ("False", "KubeRayNotInstalled")
     assert conditions(observe(missing, rayjob(None)))["KubeRayMissing"] == ("False", "KubeRayInstalled")
+
+
+def test_a_name_conflict_holds_without_a_condition_of_its_own():
+    conflict = Hold(HoldKind.CONFLICT, "RayJobConflict", "a RayJob named job exists and is not this job's", 5)
+    held = observe(hold=conflict)
+    assert held["phase"] == "Pending" and conditions(held) == {"Ready": ("False", "RayJobConflict")}
+    assert conflict.retry_after(30) == 5 and KUBERAY_NOT_INSTALLED.retry_after(30) == 30
 
 
 def running_rayjob(last_write: dt.datetime) -> dict[str, Any]:

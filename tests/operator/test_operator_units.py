@@ -9,9 +9,12 @@ from kubernetes_asyncio import client
 from prometheus_client import generate_latest
 
 from rocmtrain import metrics
+from rocmtrain.api.models import MUTABLE_FIELDS, RocmTrainingJob
 from rocmtrain.controller.rayjob_watch import RayJobWatch
-from rocmtrain.controller.reconciler import controller_ref, mutable_patch, rayjob_view
 from rocmtrain.controller.settings import ConfigError, OperatorConfig
+from rocmtrain.objects import controller_ref, job_view, mutable_patch, rayjob_view, requested_gpus
+from rocmtrain.render.rayjob import MUTABLE_RAYJOB_DEFAULTS, mutable_rayjob_fields
+from unit.samples import full_job
 
 
 def test_config_defaults_and_overrides():
@@ -49,6 +52,28 @@ def test_mutable_patch_carries_only_suspend_and_lifecycle():
     # KubeRay's defaults (ttl 0) count as equal to an unset field: no patch loop.
     defaulted = {"shutdownAfterJobFinishes": True, "ttlSecondsAfterFinished": 0}
     assert mutable_patch({"shutdownAfterJobFinishes": True}, defaulted, queued=False) == {}
+
+
+def test_the_rayjob_fields_that_follow_the_job_are_those_of_its_mutable_fields():
+    """Every RayJob field `mutable_patch` carries over comes from `MUTABLE_FIELDS`, and has KubeRay's default."""
+    manifest = full_job()
+    assert set(MUTABLE_FIELDS) == {"suspend", "lifecycle"}
+    job = RocmTrainingJob.model_validate(manifest)
+    assert set(mutable_rayjob_fields(job)) == set(MUTABLE_RAYJOB_DEFAULTS)  # the full job sets a TTL
+    changed = RocmTrainingJob.model_validate(
+        {**manifest, "spec": {**manifest["spec"], "suspend": True, "lifecycle": {"shutdownAfterJobFinishes": True}}}
+    )
+    assert mutable_patch(mutable_rayjob_fields(changed), mutable_rayjob_fields(job), queued=False) == {
+        "suspend": True,
+        "ttlSecondsAfterFinished": 0,
+    }
+
+
+def test_requested_gpus_is_the_spec_s_total_even_for_partly_defaulted_resources():
+    job = job_view({"spec": {"resources": {"gpusPerWorker": 4}}})  # workers defaults to 1, as the API server sets
+    assert requested_gpus(job) == 4
+    assert requested_gpus(job_view(full_job())) == 6
+    assert requested_gpus(job_view({"spec": {"resources": {"workers": "many"}}})) == 0
 
 
 def test_rayjob_view_keeps_status_and_status_write_times_only():

@@ -23,9 +23,16 @@ from typing import Any, TypeVar
 from kubernetes_asyncio import config as async_config
 
 from cluster.kubecluster import KubeCluster
-from rocmtrain.api.models import API_VERSION, KIND, PLURAL
-from rocmtrain.progress.auth import AUDIENCE, JOB_NAME_LABEL, RAY_CLUSTER_LABEL
-from rocmtrain.progress.server import PATH, ProgressServer, ProgressServerConfig, start_progress_server
+from rocmtrain.api.contract import (
+    API_VERSION,
+    JOB_NAME_LABEL,
+    KIND,
+    PLURAL,
+    PROGRESS_AUDIENCE,
+    RAY_CLUSTER_LABEL,
+    progress_path,
+)
+from rocmtrain.progress.server import ProgressServer, ProgressServerConfig, start_progress_server
 
 T = TypeVar("T")
 
@@ -63,7 +70,7 @@ class ServerThread(LoopThread):
 
     def url(self, namespace: str, name: str) -> str:
         """The job's endpoint URL as the renderer would write it."""
-        return self.config.base_url + PATH.format(namespace=namespace, name=name)
+        return self.config.base_url + progress_path(namespace, name)
 
     def stop(self) -> None:
         self.run(self.server.stop())
@@ -94,7 +101,7 @@ class Client:
         if self._conn is None:
             self._conn = http.client.HTTPSConnection("localhost", self.port, context=self.context, timeout=30)
         try:
-            self._conn.request("POST", PATH.format(namespace=namespace, name=name), body=data, headers=headers)
+            self._conn.request("POST", progress_path(namespace, name), body=data, headers=headers)
             resp = self._conn.getresponse()
             return Post(resp.status, dict(resp.headers), resp.read())
         except (http.client.HTTPException, OSError):
@@ -182,7 +189,7 @@ def create_ray_head(kube: KubeCluster, namespace: str, job: str, cluster: str) -
     return RayHead(namespace, job, cluster, pod)
 
 
-def bound_token(kube: KubeCluster, head: RayHead, audience: str = AUDIENCE, seconds: int = 600) -> str:
+def bound_token(kube: KubeCluster, head: RayHead, audience: str = PROGRESS_AUDIENCE, seconds: int = 600) -> str:
     """A TokenRequest token bound to the head pod (600 s is the API server's minimum lifetime)."""
     meta = head.pod["metadata"]
     review = kube.request(

@@ -16,12 +16,13 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from fakes import merge_patch
+from rocmtrain.api.contract import PROGRESS_AUDIENCE, progress_path
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.progress import tls
-from rocmtrain.progress.auth import AUDIENCE, Identity
+from rocmtrain.progress.auth import Identity
 from rocmtrain.progress.errors import Conflict, Forbidden, Gone, Unauthenticated, Unavailable
 from rocmtrain.progress.limits import MAX_BODY_BYTES, RateLimiter
-from rocmtrain.progress.server import PATH, ProgressServerConfig, make_app
+from rocmtrain.progress.server import ProgressServerConfig, make_app
 from rocmtrain.render import RenderOptions, render_rayjob
 
 NOW = dt.datetime(2025, 3, 1, tzinfo=dt.UTC)
@@ -235,11 +236,9 @@ def test_render_options_point_the_head_pod_at_the_endpoint():
     rayjob = render_rayjob(job, options=cfg.render_options(RenderOptions()))
     head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in head["containers"][0]["env"]}
-    assert env["ROCMTRAIN_PROGRESS_URL"] == "https://rocmtrain-progress.ops.svc" + PATH.format(
-        namespace="team-a", name="job1"
-    )
+    assert env["ROCMTRAIN_PROGRESS_URL"] == "https://rocmtrain-progress.ops.svc" + progress_path("team-a", "job1")
     sources = next(v for v in head["volumes"] if "projected" in v)["projected"]["sources"]
-    assert {"audience": AUDIENCE, "expirationSeconds": 3600, "path": "token"} in [
+    assert {"audience": PROGRESS_AUDIENCE, "expirationSeconds": 3600, "path": "token"} in [
         s.get("serviceAccountToken") for s in sources
     ]
     assert [s["configMap"]["name"] for s in sources if "configMap" in s] == [tls.CA_CONFIGMAP]

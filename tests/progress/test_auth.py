@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from rocmtrain.api.contract import JOB_NAME_LABEL, PROGRESS_AUDIENCE, RAY_CLUSTER_LABEL
 from rocmtrain.progress.auth import (
-    AUDIENCE,
-    JOB_NAME_LABEL,
     POD_NAME_EXTRA,
     POD_UID_EXTRA,
-    RAY_CLUSTER_LABEL,
     Identity,
     TtlCache,
     identity_from_review,
@@ -19,7 +17,7 @@ from rocmtrain.progress.errors import Forbidden, Unauthenticated
 
 BOUND = {
     "authenticated": True,
-    "audiences": [AUDIENCE],
+    "audiences": [PROGRESS_AUDIENCE],
     "user": {
         "username": "system:serviceaccount:team-a:ray-head",
         "extra": {POD_NAME_EXTRA: ["job1-abcde-head-x1y2z"], POD_UID_EXTRA: ["0f1e"]},
@@ -28,7 +26,9 @@ BOUND = {
 
 
 def test_bound_service_account_token_names_its_pod():
-    assert identity_from_review(BOUND, AUDIENCE) == Identity("team-a", "ray-head", "job1-abcde-head-x1y2z", "0f1e")
+    assert identity_from_review(BOUND, PROGRESS_AUDIENCE) == Identity(
+        "team-a", "ray-head", "job1-abcde-head-x1y2z", "0f1e"
+    )
 
 
 @pytest.mark.parametrize(
@@ -42,7 +42,7 @@ def test_bound_service_account_token_names_its_pod():
 )
 def test_rejected_or_other_audience_is_unauthenticated(status: dict):
     with pytest.raises(Unauthenticated):
-        identity_from_review(status, AUDIENCE)
+        identity_from_review(status, PROGRESS_AUDIENCE)
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def test_rejected_or_other_audience_is_unauthenticated(status: dict):
 )
 def test_tokens_not_bound_to_exactly_one_pod_are_forbidden(user: dict):
     with pytest.raises(Forbidden):
-        identity_from_review({**BOUND, "user": user}, AUDIENCE)
+        identity_from_review({**BOUND, "user": user}, PROGRESS_AUDIENCE)
 
 
 @pytest.mark.parametrize(

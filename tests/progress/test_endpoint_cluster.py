@@ -34,9 +34,10 @@ from progress.endpoint import (
     create_job,
     create_ray_head,
 )
+from rocmtrain.api.contract import PROGRESS_BURST, PROGRESS_RATE_PER_SECOND
 from rocmtrain.api.models import HISTORY_LENGTH, RocmTrainingJobStatus
 from rocmtrain.progress import tls
-from rocmtrain.progress.limits import DEFAULT_BURST, DEFAULT_RATE_PER_SECOND, MAX_BODY_BYTES
+from rocmtrain.progress.limits import MAX_BODY_BYTES
 
 pytestmark = pytest.mark.cluster
 
@@ -193,7 +194,7 @@ def test_a_flood_is_rate_limited(kube: KubeCluster, client: Client, head: RayHea
     accepted = [step for step, code in enumerate(codes) if code == 204]
     assert set(codes) == {204, 429}
     assert codes.count(429) > 500, f"most of the flood is refused ({elapsed:.1f}s)"
-    assert len(accepted) <= DEFAULT_BURST + DEFAULT_RATE_PER_SECOND * elapsed + 1, "writes stay within the rate"
+    assert len(accepted) <= PROGRESS_BURST + PROGRESS_RATE_PER_SECOND * elapsed + 1, "writes stay within the rate"
     status = head.job_object(kube)["status"]
     assert [p["step"] for p in status["history"]] == accepted[-HISTORY_LENGTH:], "every write is an accepted report"
     assert status["progress"]["step"] == accepted[-1]

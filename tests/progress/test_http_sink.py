@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 
 from cluster.kubecluster import free_port
+from rocmtrain.api.contract import PROGRESS_CA_ENV, PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV, progress_path
 from rocmtrain.api.models import ProgressReport
 from rocmtrain.progress import tls
 from rocmtrain_train import http_sink
 from rocmtrain_train.http_sink import HttpSink, from_env
 
-PATH = "/v1/namespaces/team-a/rocmtrainingjobs/job1/progress"
+PATH = progress_path("team-a", "job1")
 
 
 def report(step: int) -> ProgressReport:
@@ -158,15 +159,15 @@ def test_training_never_waits_for_an_absent_operator(pki: dict[str, Path]):
 
 def test_from_env(pki: dict[str, Path]):
     assert from_env({}) is None
-    assert from_env({http_sink.URL_ENV: "https://x"}) is None
+    assert from_env({PROGRESS_URL_ENV: "https://x"}) is None
     env = {
-        http_sink.URL_ENV: f"https://localhost:{free_port()}{PATH}",
-        http_sink.CA_ENV: str(pki["ca"]),
-        http_sink.TOKEN_ENV: str(pki["token"]),
+        PROGRESS_URL_ENV: f"https://localhost:{free_port()}{PATH}",
+        PROGRESS_CA_ENV: str(pki["ca"]),
+        PROGRESS_TOKEN_ENV: str(pki["token"]),
     }
     sink = from_env(env)
-    assert isinstance(sink, HttpSink) and sink.url == env[http_sink.URL_ENV]
+    assert isinstance(sink, HttpSink) and sink.url == env[PROGRESS_URL_ENV]
     sink.close()
-    assert from_env({**env, http_sink.URL_ENV: "http://localhost/x"}) is None, "never over plain HTTP"
+    assert from_env({**env, PROGRESS_URL_ENV: "http://localhost/x"}) is None, "never over plain HTTP"
     with pytest.raises(ValueError, match="https"):
         HttpSink("http://localhost/x", pki["ca"], pki["token"])

@@ -19,7 +19,8 @@ from kubernetes_asyncio import config as async_config
 
 from cluster.kubecluster import KubeCluster, free_port
 from progress.endpoint import OPERATOR_NAMESPACE, Client, LoopThread, RayHead, bound_token, operator_kubeconfig
-from rocmtrain.api.models import API_VERSION, KIND, RocmTrainingJob
+from rocmtrain.api.contract import API_VERSION, KIND
+from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.controller import handlers
 from rocmtrain.controller.settings import OperatorConfig
 from rocmtrain.kube import Kube

@@ -17,8 +17,8 @@ import pytest
 
 from cluster.kubecluster import KubeCluster
 from progress.endpoint import ServerThread, bound_token, create_job, create_ray_head
+from rocmtrain.api.contract import PROGRESS_CA_ENV, PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV
 from rocmtrain.api.models import RocmTrainingJob, RocmTrainingJobStatus
-from rocmtrain_train import http_sink
 from rocmtrain_train.config import local_settings
 from rocmtrain_train.local import run_local
 
@@ -55,9 +55,9 @@ def test_training_moves_the_job_status_to_its_final_metrics(
     head = create_ray_head(kube, namespace, name, cluster)
     (tmp_path / "token").write_text(bound_token(kube, head))
     (tmp_path / "ca.crt").write_bytes(progress_server.server.ca_crt)
-    monkeypatch.setenv(http_sink.URL_ENV, progress_server.url(namespace, name))
-    monkeypatch.setenv(http_sink.CA_ENV, str(tmp_path / "ca.crt"))
-    monkeypatch.setenv(http_sink.TOKEN_ENV, str(tmp_path / "token"))
+    monkeypatch.setenv(PROGRESS_URL_ENV, progress_server.url(namespace, name))
+    monkeypatch.setenv(PROGRESS_CA_ENV, str(tmp_path / "ca.crt"))
+    monkeypatch.setenv(PROGRESS_TOKEN_ENV, str(tmp_path / "token"))
 
     settings = local_settings(
         RocmTrainingJob.model_validate(job),

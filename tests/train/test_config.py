@@ -4,28 +4,22 @@ from __future__ import annotations
 
 import pytest
 
+from rocmtrain.api.contract import JOB_ENV
 from rocmtrain_train.checkpoint import resumable
 from rocmtrain_train.config import (
     DEFAULT_CLUSTER_STORAGE,
-    JOB_ENV,
     ConfigError,
     cluster_settings,
-    cpu_quantity,
     job_from_env,
     local_settings,
 )
 from train.jobs import EXAMPLES, job
 
 
-@pytest.mark.parametrize(("value", "cpus"), [("8", 8.0), ("1.5", 1.5), ("500m", 0.5), ("2k", 2000.0)])
-def test_cpu_quantities(value, cpus):
-    assert cpu_quantity(value) == cpus
-
-
-@pytest.mark.parametrize("value", ["2Gi", "0", "-1", "lots"])
-def test_bad_cpu_quantities(value):
-    with pytest.raises(ConfigError, match="cpusPerWorker"):
-        cpu_quantity(value)
+@pytest.mark.parametrize(("value", "cpus", "threads"), [("8", 8.0, 8), ("1.5", 1.5, 1), ("500m", 0.5, 1)])
+def test_cpus_are_kubernetes_quantities(value, cpus, threads):
+    run = cluster_settings(job("cpus", CLUSTER, {"resources": {"cpusPerWorker": value}}), run_id="r")
+    assert (run.cpus_per_worker, run.torch_threads) == (cpus, threads)
 
 
 def test_local_runs_share_the_machine_cpus_among_workers(tmp_path):
@@ -56,6 +50,10 @@ def test_cpu_flag_overrides_gpus():
     assert not forced.use_gpu and forced.gpus_per_worker == 0
 
 
+# What makes the quickstart job a cluster job: data on a volume instead of `./` paths.
+CLUSTER = {"data": {"train": {"uri": "/data/train.jsonl"}, "eval": {"uri": "/data/eval.jsonl"}}}
+
+
 def test_cluster_settings():
     on_volume = cluster_settings(job("big", {"checkpoint": {"storagePath": "/mnt/ckpt"}}), run_id="r")
     assert on_volume.run_path == "/mnt/ckpt/big" and on_volume.log_dir == "/mnt/ckpt/big/logs"
@@ -66,13 +64,19 @@ def test_cluster_settings():
     assert cluster_settings(job("big", {"resources": {"gpusPerWorker": 2}}), run_id="r").gpus_per_worker == 2
 
 
-def test_the_job_travels_in_the_environment():
-    sent = job("sent")
+def test_the_job_travels_in_the_environment_and_is_validated_as_a_cluster_job():
+    sent = job("sent", CLUSTER)
     assert job_from_env({JOB_ENV: sent.model_dump_json(by_alias=True)}) == sent
     with pytest.raises(ConfigError, match="is not set"):
         job_from_env({})
     with pytest.raises(ConfigError, match="not hold a valid RocmTrainingJob"):
-        job_from_env({JOB_ENV: '{"kind": "RocmTrainingJob"}'})
+        job_from_env({JOB_ENV: '{"kind": "RocmTrainingJob"'})
+    with pytest.raises(ConfigError, match=r"not hold a valid RocmTrainingJob: spec: required field is missing"):
+        job_from_env(
+            {JOB_ENV: '{"apiVersion": "rocmtrain.dev/v1alpha1", "kind": "RocmTrainingJob", "metadata": {"name": "x"}}'}
+        )
+    with pytest.raises(ConfigError, match=r"spec.data.train.uri: a ./relative path is only for `rocmtrain run`"):
+        job_from_env({JOB_ENV: job("local").model_dump_json(by_alias=True)})
 
 
 def test_resume_rule():

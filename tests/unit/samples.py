@@ -6,7 +6,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from rocmtrain.manifests import load_documents
+from rocmtrain.api.manifests import load_documents
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

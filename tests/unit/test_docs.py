@@ -7,7 +7,7 @@ from typing import Any
 
 from rocmtrain import docs
 from rocmtrain.api import crd
-from rocmtrain.patterns import PATTERN_DESCRIPTIONS
+from rocmtrain.api.patterns import PATTERN_DESCRIPTIONS
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

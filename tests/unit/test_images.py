@@ -8,9 +8,8 @@ from pathlib import Path
 
 import yaml
 
+from rocmtrain.api.contract import RAY_VERSION, RUN_AS_GROUP, RUN_AS_USER
 from rocmtrain.api.models import DEFAULT_IMAGE
-from rocmtrain.render import RAY_VERSION
-from rocmtrain.render.pod import RUN_AS_GROUP, RUN_AS_USER
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())

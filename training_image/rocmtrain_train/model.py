@@ -8,21 +8,17 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
-import torch
 
+from rocmtrain.api.contract import HUB_SCHEME, is_local, is_object_store
 from rocmtrain.api.models import ModelSpec
 from rocmtrain_train.config import ConfigError
-from rocmtrain_train.storage import (
-    HUB_SCHEME,
-    ObjectStoreFactory,
-    describe,
-    filesystem,
-    is_local,
-    is_object_store,
-    object_store_filesystem,
-)
+from rocmtrain_train.storage import ObjectStoreFactory, describe, filesystem, object_store_filesystem
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # Hub models that an installed Python package ships for offline use: hub id -> (package, folder in it).
 PACKAGED_MODELS = {
@@ -123,7 +119,7 @@ def resolve_model(
     return packaged_model(hub_id) or _hub_model(hub_id, download=download)
 
 
-def load_model(path: Path, spec: ModelSpec) -> tuple[torch.nn.Module, object]:
+def load_model(path: Path, spec: ModelSpec) -> tuple[PreTrainedModel, Any]:
     """The tokenizer and a sequence-classification (or regression) model with a fresh head."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 

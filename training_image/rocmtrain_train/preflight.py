@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from rocmtrain.api.contract import is_local
 from rocmtrain_train.config import ConfigError, RunSettings
 from rocmtrain_train.data import read_records
 from rocmtrain_train.model import resolve_model
-from rocmtrain_train.storage import is_local
 
 
 def check_gpus(settings: RunSettings, available: int) -> None:
-    needed = settings.num_workers * settings.gpus_per_worker
+    needed = settings.total_gpus
     if needed > available:
         raise ConfigError(
             f"the job asks for {needed} GPUs ({settings.num_workers} workers x {settings.gpus_per_worker} "

@@ -1,4 +1,9 @@
-"""Locations: local paths, object-store URIs and the Hugging Face hub, as pyarrow filesystems."""
+"""Locations: local paths, object-store URIs and the Hugging Face hub, as pyarrow filesystems.
+
+Which location is which (`is_local`, `is_object_store`, `is_hub`) and the object-store
+schemes are the contract's (`rocmtrain.api.contract`): validation admits exactly the
+schemes this module opens.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +11,12 @@ from collections.abc import Callable
 
 import pyarrow.fs as pafs
 
+from rocmtrain.api.contract import is_local, is_object_store
 from rocmtrain_train.config import ConfigError, resolve_relative
-
-OBJECT_STORE_SCHEMES = ("s3://", "gs://", "gcs://", "abfs://", "az://")
-HUB_SCHEME = "hf://"
 
 # Returns the filesystem and the path inside it for an object-store URI; tests inject their own.
 ObjectStoreFactory = Callable[[str], tuple[pafs.FileSystem, str]]
 HubFactory = Callable[[], pafs.FileSystem]
-
-
-def is_local(location: str) -> bool:
-    return location.startswith(("/", "./"))
-
-
-def is_object_store(location: str) -> bool:
-    return location.startswith(OBJECT_STORE_SCHEMES)
 
 
 def object_store_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -30,8 +25,6 @@ def object_store_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     S3 uses the AWS SDK's own configuration (AWS_REGION, AWS_ENDPOINT_URL, credentials chain)
     instead of `from_uri`, which would look the bucket's region up over the network first.
     """
-    if uri.startswith("az://"):
-        raise ConfigError(f"{uri}: az:// is not supported by the training image; use abfs://container@account...")
     try:
         if uri.startswith("s3://"):
             return pafs.S3FileSystem(), uri.removeprefix("s3://")

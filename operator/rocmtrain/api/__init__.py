@@ -1,1 +1,17 @@
-"""The RocmTrainingJob API contract: models and CRD generation (no kopf, kubernetes, torch or ray)."""
+"""The contract: everything the operator, the renderer and the training image share, and nothing else.
+
+It imports only the standard library, pydantic and PyYAML (never kopf, kubernetes,
+torch or ray, nor any other part of `rocmtrain`), and it is the only part of
+`rocmtrain` the training image (`rocmtrain_train`) imports; `tests/unit/test_boundary.py`
+enforces both.
+
+- `contract`: every shared name and number (API group, labels, RayJob API, AMD GPU
+  resource and node labels, object-store schemes, environment variables, reserved
+  volumes, the progress channel's path, audience and rate);
+- `models`: the RocmTrainingJob spec and status (pydantic), the single source of the CRD;
+- `validate`: the one validation of every entry point, for a cluster or a local run;
+- `manifests`: reading job files (YAML as kubectl reads it) into validated jobs;
+- `names`: the names KubeRay derives from a job; `patterns` and `types`: the string
+  patterns and constrained types; `quantity`: resource quantities; `timestamps`: RFC 3339;
+- `crd`: the CustomResourceDefinition generated from the models.
+"""

@@ -13,9 +13,10 @@ from typing import Any
 import yaml
 
 from rocmtrain.api import models
-from rocmtrain.api.types import DNS_1035_LABEL
+from rocmtrain.api.contract import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from rocmtrain.api.patterns import DNS_1035_LABEL
 
-CRD_FILE = f"{models.GROUP}_{models.PLURAL}.yaml"
+CRD_FILE = f"{GROUP}_{PLURAL}.yaml"
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase."},
@@ -152,8 +153,8 @@ def openapi_schema() -> dict[str, Any]:
         "description": "A distributed Transformer fine-tuning job on AMD GPUs, run by Ray Train on KubeRay.",
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string", "description": "API version: " + models.API_VERSION + "."},
-            "kind": {"type": "string", "description": "Kind: " + models.KIND + "."},
+            "apiVersion": {"type": "string", "description": "API version: " + API_VERSION + "."},
+            "kind": {"type": "string", "description": "Kind: " + KIND + "."},
             "metadata": {"type": "object"},
             "spec": spec_schema,
             "status": _structural(status, status.get("$defs", {})),
@@ -182,13 +183,13 @@ def custom_resource_definition() -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{models.PLURAL}.{models.GROUP}"},
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
         "spec": {
-            "group": models.GROUP,
+            "group": GROUP,
             "names": {
-                "kind": models.KIND,
-                "listKind": models.KIND + "List",
-                "plural": models.PLURAL,
+                "kind": KIND,
+                "listKind": KIND + "List",
+                "plural": PLURAL,
                 "singular": models.SINGULAR,
                 "shortNames": models.SHORT_NAMES,
                 "categories": models.CATEGORIES,
@@ -196,7 +197,7 @@ def custom_resource_definition() -> dict[str, Any]:
             "scope": "Namespaced",
             "versions": [
                 {
-                    "name": models.VERSION,
+                    "name": VERSION,
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel, to_snake
 
+from rocmtrain.api.contract import GPU_NODE_LABELS, GPU_RESOURCE
 from rocmtrain.api.types import (
     AbsPath,
     ConfigKey,
@@ -31,11 +32,6 @@ from rocmtrain.api.types import (
     Text,
 )
 
-GROUP = "rocmtrain.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "RocmTrainingJob"
-PLURAL = "rocmtrainingjobs"
 SINGULAR = "rocmtrainingjob"
 SHORT_NAMES = ["rtj"]
 CATEGORIES = ["rocmtrain", "ml"]
@@ -210,10 +206,18 @@ class GpuSelector(ApiModel):
 
     product_name: LabelValue | None = Field(
         default=None,
-        description="Value of `amd.com/gpu.product-name`, for example AMD_Instinct_MI300X_OAM.",
+        description=f"Value of `{GPU_NODE_LABELS['product_name']}`, for example AMD_Instinct_MI300X_OAM.",
     )
-    family: LabelValue | None = Field(default=None, description="Value of `amd.com/gpu.family`, for example AI (CDNA).")
-    vram: LabelValue | None = Field(default=None, description="Value of `amd.com/gpu.vram`, for example 192G.")
+    family: LabelValue | None = Field(
+        default=None, description=f"Value of `{GPU_NODE_LABELS['family']}`, for example AI (CDNA)."
+    )
+    vram: LabelValue | None = Field(
+        default=None, description=f"Value of `{GPU_NODE_LABELS['vram']}`, for example 192G."
+    )
+
+    def node_labels(self) -> dict[str, str]:
+        """The node labels (and values) a node must carry to match: one per field that is set."""
+        return {label: value for field, label in GPU_NODE_LABELS.items() if (value := getattr(self, field)) is not None}
 
 
 class ResourcesSpec(ApiModel):
@@ -236,7 +240,7 @@ class ResourcesSpec(ApiModel):
         default=1,
         ge=0,
         le=16,
-        description="AMD GPUs (`amd.com/gpu`) per worker pod; 0 trains on CPU.",
+        description=f"AMD GPUs (`{GPU_RESOURCE}`) per worker pod; 0 trains on CPU.",
     )
     cpus_per_worker: Quantity = Field(default="8", description="CPU request and limit per worker pod.")
     memory_per_worker: Quantity = Field(default="64Gi", description="Memory request and limit per worker pod.")
@@ -253,6 +257,11 @@ class ResourcesSpec(ApiModel):
         if self.gpu is not None and self.gpus_per_worker == 0:
             raise ValueError("gpu model selection requires gpusPerWorker > 0")
         return self
+
+    @property
+    def total_gpus(self) -> int:
+        """AMD GPUs the job asks for in all: the one place this is computed."""
+        return self.workers * self.gpus_per_worker
 
 
 class Toleration(ApiModel):
@@ -589,6 +598,14 @@ class Progress(ApiModel):
     eta_seconds: float | None = Field(default=None, ge=0, le=1e9, description="Estimated seconds until training ends.")
 
 
+class _Evaluation:
+    """Marks a `Metrics` field that an evaluation produces (see `EVAL_METRICS`)."""
+
+
+_EVALUATION = _Evaluation()
+EvalMetric = Annotated[float | None, _EVALUATION]
+
+
 class Metrics(ApiModel):
     """Latest training metrics, aggregated over all workers."""
 
@@ -596,11 +613,11 @@ class Metrics(ApiModel):
 
     train_loss: float | None = Field(default=None, ge=-1e12, le=1e12, description="Mean training loss, last interval.")
     learning_rate: float | None = Field(default=None, ge=0, le=10, description="Current learning rate.")
-    eval_loss: float | None = Field(default=None, ge=-1e12, le=1e12, description="Loss on the evaluation set.")
-    eval_accuracy: float | None = Field(default=None, ge=0, le=1, description="Accuracy on the evaluation set.")
-    eval_f1: float | None = Field(default=None, ge=0, le=1, description="Macro-F1 on the evaluation set.")
-    eval_mse: float | None = Field(default=None, ge=0, le=1e12, description="Mean squared error (regression).")
-    eval_mae: float | None = Field(default=None, ge=0, le=1e12, description="Mean absolute error (regression).")
+    eval_loss: EvalMetric = Field(default=None, ge=-1e12, le=1e12, description="Loss on the evaluation set.")
+    eval_accuracy: EvalMetric = Field(default=None, ge=0, le=1, description="Accuracy on the evaluation set.")
+    eval_f1: EvalMetric = Field(default=None, ge=0, le=1, description="Macro-F1 on the evaluation set.")
+    eval_mse: EvalMetric = Field(default=None, ge=0, le=1e12, description="Mean squared error (regression).")
+    eval_mae: EvalMetric = Field(default=None, ge=0, le=1e12, description="Mean absolute error (regression).")
     train_seconds: float | None = Field(default=None, ge=0, le=1e9, description="Seconds spent training so far.")
     eval_seconds: float | None = Field(default=None, ge=0, le=1e9, description="Seconds spent evaluating so far.")
     samples_per_second: float | None = Field(
@@ -631,6 +648,9 @@ class Metrics(ApiModel):
         default=None, ge=0, le=100, description="Highest GPU utilisation of any worker, in percent."
     )
 
+
+# Metrics an evaluation produces: identical on every rank, and new only after an evaluation.
+EVAL_METRICS = tuple(name for name, info in Metrics.model_fields.items() if _EVALUATION in info.metadata)
 
 HISTORY_LENGTH = 50
 
@@ -701,8 +721,9 @@ class ObjectMeta(ApiModel):
 class RocmTrainingJob(ApiModel):
     """A RocmTrainingJob object."""
 
-    api_version: Literal["rocmtrain.dev/v1alpha1"] = Field(default=API_VERSION, description="API version.")
-    kind: Literal["RocmTrainingJob"] = Field(default=KIND, description="Kind.")
+    # A Literal spells its value out; tests/unit/test_boundary.py checks both equal the contract's.
+    api_version: Literal["rocmtrain.dev/v1alpha1"] = Field(default="rocmtrain.dev/v1alpha1", description="API version.")
+    kind: Literal["RocmTrainingJob"] = Field(default="RocmTrainingJob", description="Kind.")
     metadata: ObjectMeta = Field(description="Object metadata.")
     spec: RocmTrainingJobSpec = Field(description="Desired state.")
     status: RocmTrainingJobStatus | None = Field(default=None, description="Observed state.")

@@ -23,11 +23,12 @@ from typing import Any
 import kopf
 
 from rocmtrain import metrics, preflight
-from rocmtrain.api.models import GROUP, PLURAL, VERSION
+from rocmtrain.api.contract import GROUP, MANAGED_SELECTOR, PLURAL, VERSION
 from rocmtrain.controller.rayjob_watch import RayJobWatch
-from rocmtrain.controller.reconciler import Reconciler, controller_ref, job_view
-from rocmtrain.controller.settings import MANAGED_SELECTOR, OperatorConfig, configure_kopf
+from rocmtrain.controller.reconciler import Reconciler
+from rocmtrain.controller.settings import OperatorConfig, configure_kopf
 from rocmtrain.kube import Kube
+from rocmtrain.objects import controller_ref, job_view, requested_gpus
 from rocmtrain.progress.server import start_progress_server
 from rocmtrain.status import TERMINAL_PHASES
 
@@ -36,7 +37,7 @@ JOB = (GROUP, VERSION, PLURAL)
 logger = logging.getLogger(__name__)
 
 
-@kopf.on.startup()
+@kopf.on.startup()  # type: ignore[arg-type]  # kopf also passes its indexes, which its protocols do not name
 async def startup(
     settings: kopf.OperatorSettings, memo: kopf.Memo, jobs: kopf.Index, nodes: kopf.Index, **_: Any
 ) -> None:
@@ -100,12 +101,11 @@ def nodes(body: kopf.Body, **_: Any) -> dict[str, preflight.NodeInfo] | None:
     return {info.name: info} if info is not None else None
 
 
-@kopf.index(*JOB)
+@kopf.index(*JOB)  # type: ignore[arg-type]  # a namespaced resource: kopf passes `namespace` as a str
 def jobs(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
     """Jobs by (namespace, name), with their GPU request for the metrics."""
     view = job_view(body)
-    resources = view["spec"].get("resources") or {}
-    view["gpus"] = int(resources.get("workers", 0)) * int(resources.get("gpusPerWorker", 0))
+    view["gpus"] = requested_gpus(view)
     return {(namespace, name): view}
 
 
@@ -124,7 +124,7 @@ def _one(index: kopf.Index, key: tuple[str, str], uid: str | None = None) -> Map
 # ---- jobs ---------------------------------------------------------------------------
 
 
-@kopf.on.event(*JOB)
+@kopf.on.event(*JOB)  # type: ignore[arg-type]  # kopf also passes its indexes, which its protocols do not name
 async def job_event(
     type: str, body: kopf.Body, uid: str, memo: kopf.Memo, jobs: kopf.Index, nodes: kopf.Index, **_: Any
 ) -> None:

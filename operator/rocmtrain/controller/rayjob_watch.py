@@ -22,8 +22,8 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from rocmtrain.controller.reconciler import rayjob_view
 from rocmtrain.kube import RAYJOBS
+from rocmtrain.objects import rayjob_view
 
 Key = tuple[str, str]
 Handler = Callable[[str, dict[str, Any]], Awaitable[None]]
@@ -138,9 +138,9 @@ class RayJobWatch:
             if (namespace is None or key[0] == namespace) and key not in fresh:
                 self._apply("DELETED", old)
         for key, view in fresh.items():
-            old = self.views.get(key)
-            if old != view:
-                self._apply("ADDED" if old is None else "MODIFIED", view)
+            known = self.views.get(key)
+            if known != view:
+                self._apply("ADDED" if known is None else "MODIFIED", view)
 
     async def _watch(self, namespace: str | None, version: str) -> str:
         """Follow one watch request from `version`; the last version seen when the server closes it."""

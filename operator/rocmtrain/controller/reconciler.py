@@ -1,7 +1,9 @@
 """Per-job orchestration: validate, pre-flight, create or update the RayJob, write the status.
 
-The decisions live in pure modules (`validate`, `render`, `preflight`, `status`);
-this module sequences them around the few API calls of `rocmtrain.kube`.
+The decisions live in pure modules (`rocmtrain.api.validate`, `rocmtrain.render`,
+`rocmtrain.preflight`, `rocmtrain.status`, `rocmtrain.objects`); this module
+sequences them around the few API calls of `rocmtrain.kube`. A job's spec is read
+one way everywhere here: `validate_job` in the cluster context.
 
 Level-triggered: `sync` is called for every observed state of a job and does
 nothing once the job's current generation is in line (its RayJob created or
@@ -21,25 +23,21 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import kopf
-from pydantic import ValidationError
-
 from rocmtrain import preflight, status
-from rocmtrain.api.models import KIND, RocmTrainingJob, RocmTrainingJobSpec
+from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.api.validate import FieldError, validate_job
 from rocmtrain.controller.settings import OperatorConfig
 from rocmtrain.kube import JOBS, RAYJOBS, ApiMissing, Kube
+from rocmtrain.objects import controller_ref, job_document, mutable_patch, owner_reference, rayjob_view
 from rocmtrain.render import render_rayjob
-from rocmtrain.validate import validate_job
+from rocmtrain.status import Hold, HoldKind
 
 logger = logging.getLogger(__name__)
 
-# RayJob spec fields that follow the job after creation, with KubeRay's defaults.
-# `suspend` is Kueue's once the job is queued, so it is left alone there.
-MUTABLE_RAYJOB_FIELDS = {"shutdownAfterJobFinishes": False, "ttlSecondsAfterFinished": 0, "suspend": False}
 # A RayJob name taken by an object the job does not own (typically the RayJob of a
 # deleted job of the same name, about to be garbage-collected): check again soon.
 CONFLICT_RETRY_SECONDS = 5
@@ -53,62 +51,9 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def job_view(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of a job object the operator keeps in memory (its index)."""
-    meta = body.get("metadata") or {}
-    return {
-        "apiVersion": body.get("apiVersion"),
-        "kind": body.get("kind"),
-        "metadata": {
-            key: meta[key]
-            for key in ("name", "namespace", "uid", "generation", "labels", "deletionTimestamp")
-            if key in meta
-        },
-        "spec": body.get("spec") or {},
-        "status": body.get("status") or {},
-    }
-
-
-def rayjob_view(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of a RayJob the status mapping reads (its rayClusterSpec is left out)."""
-    meta = body.get("metadata") or {}
-    spec = body.get("spec") or {}
-    return {
-        "metadata": {
-            "name": meta.get("name"),
-            "namespace": meta.get("namespace"),
-            "uid": meta.get("uid"),
-            "creationTimestamp": meta.get("creationTimestamp"),
-            "ownerReferences": list(meta.get("ownerReferences") or []),
-            "managedFields": [
-                {"subresource": "status", "time": entry.get("time")}
-                for entry in meta.get("managedFields") or []
-                if entry.get("subresource") == "status"
-            ],
-        },
-        "spec": {key: spec[key] for key in MUTABLE_RAYJOB_FIELDS if key in spec},
-        "status": body.get("status") or {},
-    }
-
-
-def controller_ref(rayjob: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The owner reference of the RocmTrainingJob controlling `rayjob` ({} when there is none)."""
-    for ref in (rayjob.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("kind") == KIND:
-            return ref
-    return {}
-
-
-def mutable_patch(rendered: Mapping[str, Any], live: Mapping[str, Any], *, queued: bool) -> dict[str, Any]:
-    """The RayJob spec merge patch that carries the job's mutable fields over; {} when in step."""
-    patch = {}
-    for key, default in MUTABLE_RAYJOB_FIELDS.items():
-        if queued and key == "suspend":
-            continue
-        want = rendered.get(key, default)
-        if live.get(key, default) != want:
-            patch[key] = want
-    return patch
+def _validated(job: Mapping[str, Any]) -> tuple[RocmTrainingJob | None, list[FieldError]]:
+    """The job's one reading: as `rocmtrain validate` reads a cluster job."""
+    return validate_job(job_document(job), context="cluster")
 
 
 @dataclass
@@ -152,7 +97,7 @@ class Reconciler:
         """Have the next `sync` of the job check its RayJob again (it was deleted behind our back)."""
         self._state(uid).synced = None
 
-    def retry_later(self, uid: str, delay: float, again: Callable[[], Awaitable[None]]) -> None:
+    def retry_later(self, uid: str, delay: float, again: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run `again()` in `delay` seconds (replacing a retry already scheduled for the job)."""
         state = self._state(uid)
         if state.retry is not None:
@@ -209,10 +154,7 @@ class Reconciler:
         self, job: Mapping[str, Any], nodes: Iterable[preflight.NodeInfo], state: JobState
     ) -> float | None:
         meta = job["metadata"]
-        valid, errors = validate_job(
-            {"apiVersion": job["apiVersion"], "kind": job["kind"], "metadata": dict(meta), "spec": dict(job["spec"])},
-            context="cluster",
-        )
+        valid, errors = _validated(job)
         async with state.lock:
             current = self._current(state, job)
             if valid is None:
@@ -221,11 +163,11 @@ class Reconciler:
                 await self._write(job, state, current, new)
                 logger.warning("refused %s/%s: %s", meta["namespace"], meta["name"], "; ".join(problems))
                 return None  # nothing to retry: the user changes the spec, or deletes the job
+            hold: Hold | None = None
             if current.get("phase") in status.TERMINAL_PHASES:
                 rayjob = await self._read_rayjob(meta["namespace"], meta["name"])
-                hold = blocked = None
             else:
-                rayjob, hold, blocked = await self._apply_rayjob(job, valid, nodes)
+                rayjob, hold = await self._apply_rayjob(job, valid, nodes)
             new = status.compute_status(
                 status.Observation(
                     spec=valid.spec,
@@ -234,16 +176,11 @@ class Reconciler:
                     rayjob=rayjob_view(rayjob) if rayjob is not None else None,
                     now=_now(),
                     stall_after=self._config.stall_seconds,
-                    unschedulable=hold,
-                    blocked=blocked,
+                    hold=hold,
                 )
             )
             await self._write(job, state, current, new)
-        if blocked is not None:
-            return self._config.retry_seconds if blocked == status.KUBERAY_NOT_INSTALLED else CONFLICT_RETRY_SECONDS
-        if hold is not None:
-            return self._config.retry_seconds
-        return None
+        return None if hold is None else hold.retry_after(self._config.retry_seconds)
 
     async def _read_rayjob(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The RayJob as the watch last saw it, else as the API server has it."""
@@ -251,37 +188,38 @@ class Reconciler:
 
     async def _apply_rayjob(
         self, job: Mapping[str, Any], valid: RocmTrainingJob, nodes: Iterable[preflight.NodeInfo]
-    ) -> tuple[Mapping[str, Any] | None, status.Hold | None, status.Hold | None]:
-        """Create the RayJob or carry the mutable fields over: (RayJob, pre-flight hold, other hold)."""
+    ) -> tuple[Mapping[str, Any] | None, Hold | None]:
+        """Create the RayJob or carry the mutable fields over: the RayJob, or what holds it back."""
         meta = job["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         rendered = render_rayjob(valid, options=self._config.render_options)
-        rendered["metadata"]["ownerReferences"] = [kopf.build_owner_reference(job)]
+        rendered["metadata"]["ownerReferences"] = [owner_reference(job)]
         hold = preflight.check(valid.spec, nodes)
         if hold is None:
             live = self._known(namespace, name)  # not seen yet: the create below finds out
         else:  # held: carry the fields over to a RayJob that already exists, create none
             live = await self._read_rayjob(namespace, name)
             if live is None:
-                return None, hold, None
+                return None, hold
         if live is None:
             try:
                 created = await self._kube.create(RAYJOBS, rendered)
             except ApiMissing:
-                return None, None, status.KUBERAY_NOT_INSTALLED
+                return None, status.KUBERAY_NOT_INSTALLED
             if created is not None:
                 logger.info("created RayJob %s/%s", namespace, name)
-                return created, None, None
+                return created, None
             live = await self._kube.get(RAYJOBS, namespace, name)
             if live is None:  # deleted between the create and the read: the retry creates it
                 raise LookupError(f"RayJob {namespace}/{name} vanished while it was created")
         if controller_ref(live).get("uid") != meta["uid"]:
-            return None, None, status.Hold("RayJobConflict", f"a RayJob named {name} exists and is not this job's")
+            conflict = f"a RayJob named {name} exists and is not this job's"
+            return None, Hold(HoldKind.CONFLICT, "RayJobConflict", conflict, retry_seconds=CONFLICT_RETRY_SECONDS)
         patch = mutable_patch(rendered["spec"], live.get("spec") or {}, queued=bool(valid.spec.scheduling.queue_name))
         if patch:
             live = await self._kube.patch(RAYJOBS, namespace, name, {"spec": patch}) or live
             logger.info("updated RayJob %s/%s: %s", namespace, name, sorted(patch))
-        return live, None, None
+        return live, None
 
     # ---- RayJob side --------------------------------------------------------------------
 
@@ -291,13 +229,12 @@ class Reconciler:
         state = self._state(meta["uid"])
         async with state.lock:
             current = self._current(state, job)
-            try:
-                spec = RocmTrainingJobSpec.model_validate(job["spec"])
-            except ValidationError:
+            valid, _ = _validated(job)
+            if valid is None:
                 return  # a spec the job handler refuses; it owns that status
             new = status.compute_status(
                 status.Observation(
-                    spec=spec,
+                    spec=valid.spec,
                     generation=current.get("observedGeneration") or meta.get("generation"),
                     current=current,
                     rayjob=rayjob,

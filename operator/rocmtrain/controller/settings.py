@@ -23,14 +23,10 @@ from dataclasses import dataclass, field
 
 import kopf
 
-from rocmtrain.api.types import DNS_LABEL
-from rocmtrain.kube import FIELD_MANAGER
+from rocmtrain.api.contract import OPERATOR_NAME
+from rocmtrain.api.patterns import DNS_LABEL
 from rocmtrain.progress.server import ProgressServerConfig
 from rocmtrain.render import RenderOptions
-
-# Server-side filter: the operator watches (and caches) only the RayJobs it made.
-MANAGED_BY = "app.kubernetes.io/managed-by"
-MANAGED_SELECTOR = f"{MANAGED_BY}={FIELD_MANAGER}"
 
 
 class ConfigError(ValueError):
@@ -100,7 +96,7 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
     # kopf logs each handled event at INFO ("Handler 'job_event' succeeded"), a line per job change;
     # the operator logs what it does (RayJob created or updated, job refused) itself.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    settings.posting.reporting_component = "rocm-train-operator"
+    settings.posting.reporting_component = OPERATOR_NAME
     # Renew watches every 5 minutes. (RayJobs are not watched by kopf: see `rayjob_watch`.)
     settings.watching.reconnect_backoff = 1.0
     settings.watching.server_timeout = 300

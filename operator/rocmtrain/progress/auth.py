@@ -25,12 +25,16 @@ from typing import Any, Generic, TypeVar
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from rocmtrain.api.contract import (
+    JOB_NAME_LABEL,
+    PROGRESS_AUDIENCE,
+    RAY_CLUSTER_LABEL,
+    RAYJOB_GROUP,
+    RAYJOB_PLURAL,
+    RAYJOB_VERSION,
+)
 from rocmtrain.progress.errors import Forbidden, Unauthenticated, checked
-from rocmtrain.render.options import PROGRESS_AUDIENCE
-from rocmtrain.render.rayjob import JOB_NAME_LABEL
 
-AUDIENCE = PROGRESS_AUDIENCE
-RAY_CLUSTER_LABEL = "ray.io/cluster"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 SA_PREFIX = "system:serviceaccount:"
@@ -117,7 +121,7 @@ class TokenReviewAuthenticator:
     def __init__(
         self,
         api: client.ApiClient,
-        audience: str = AUDIENCE,
+        audience: str = PROGRESS_AUDIENCE,
         *,
         ttl: float = CACHE_TTL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
@@ -132,7 +136,7 @@ class TokenReviewAuthenticator:
         key = hashlib.sha256(token.encode()).digest()
         if (cached := self._cache.get(key)) is not None:
             return cached
-        body = {
+        body: Any = {  # the client takes plain dicts as well as its model classes
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenReview",
             "spec": {"token": token, "audiences": [self._audience]},
@@ -184,7 +188,9 @@ class PodAuthoriser:
         try:
             obj = await checked(
                 "RayJob lookup",
-                self._custom.get_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", rayjob),
+                self._custom.get_namespaced_custom_object(
+                    RAYJOB_GROUP, RAYJOB_VERSION, namespace, RAYJOB_PLURAL, rayjob
+                ),
             )
         except ApiException:
             return None

@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from rocmtrain.api.contract import PROGRESS_BURST, PROGRESS_RATE_PER_SECOND
 from rocmtrain.api.models import ProgressReport
 
 MAX_BODY_BYTES = 16 * 1024
 # ProgressReport has 3 + 5 + 18 fields; anything beyond this many keys is not one.
 MAX_KEYS = 64
-DEFAULT_RATE_PER_SECOND = 2.0
-DEFAULT_BURST = 10
 # Idle buckets are forgotten once this many jobs are tracked.
 MAX_TRACKED_KEYS = 4096
 
@@ -92,8 +91,8 @@ class RateLimiter:
 
     def __init__(
         self,
-        rate: float = DEFAULT_RATE_PER_SECOND,
-        burst: int = DEFAULT_BURST,
+        rate: float = PROGRESS_RATE_PER_SECOND,
+        burst: int = PROGRESS_BURST,
         *,
         clock: Callable[[], float] = time.monotonic,
         max_keys: int = MAX_TRACKED_KEYS,

@@ -39,19 +39,13 @@ from typing import Any, Protocol
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from rocmtrain.api.models import PLURAL, ProgressReport
-from rocmtrain.api.types import DNS_LABEL
+from rocmtrain.api.contract import PROGRESS_AUDIENCE, PROGRESS_BURST, PROGRESS_PATH, PROGRESS_RATE_PER_SECOND
+from rocmtrain.api.models import ProgressReport
+from rocmtrain.api.patterns import DNS_LABEL
 from rocmtrain.progress import tls
-from rocmtrain.progress.auth import AUDIENCE, Identity, PodAuthoriser, TokenReviewAuthenticator
+from rocmtrain.progress.auth import Identity, PodAuthoriser, TokenReviewAuthenticator
 from rocmtrain.progress.errors import Conflict, Forbidden, Gone, Unauthenticated, Unavailable
-from rocmtrain.progress.limits import (
-    DEFAULT_BURST,
-    DEFAULT_RATE_PER_SECOND,
-    MAX_BODY_BYTES,
-    RateLimiter,
-    ReportError,
-    parse_report,
-)
+from rocmtrain.progress.limits import MAX_BODY_BYTES, RateLimiter, ReportError, parse_report
 from rocmtrain.progress.status_patch import progress_patch
 from rocmtrain.progress.store import KubeJobStore
 from rocmtrain.render import RenderOptions
@@ -60,7 +54,6 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "rocmtrain-progress"
 CONTAINER_PORT = 8443
-PATH = f"/v1/namespaces/{{namespace}}/{PLURAL}/{{name}}/progress"
 MAX_TOKEN_BYTES = 16 * 1024
 PATCH_ATTEMPTS = 3
 _LABEL = re.compile(DNS_LABEL)
@@ -200,7 +193,7 @@ def make_app(
 
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app.router.add_get("/healthz", healthz)
-    app.router.add_post(PATH, progress)
+    app.router.add_post(PROGRESS_PATH, progress)
     return app
 
 
@@ -224,9 +217,9 @@ class ProgressServerConfig:
     # How training pods reach the endpoint; the Service by default.
     advertise_host: str | None = None
     advertise_port: int = 443
-    audience: str = AUDIENCE
-    rate_per_second: float = DEFAULT_RATE_PER_SECOND
-    burst: int = DEFAULT_BURST
+    audience: str = PROGRESS_AUDIENCE
+    rate_per_second: float = PROGRESS_RATE_PER_SECOND
+    burst: int = PROGRESS_BURST
     manage_tls: bool = True
     refresh_seconds: float = 3600.0
 
@@ -257,7 +250,9 @@ class ProgressServerConfig:
     def hosts(self) -> list[str]:
         """Names the serving certificate must cover."""
         names = tls.service_hosts(self.service, self.namespace)
-        return names if self.advertise_host in (None, *names) else [*names, self.advertise_host]
+        if self.advertise_host is None or self.advertise_host in names:
+            return names
+        return [*names, self.advertise_host]
 
     def render_options(self, base: RenderOptions) -> RenderOptions:
         """`base` with what lets a job's driver reach this endpoint: its URL, CA ConfigMap and token audience."""

@@ -18,13 +18,14 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rocmtrain.api.models import HISTORY_LENGTH, HistoryPoint, Metrics, Progress, ProgressReport
-from rocmtrain.status import rfc3339
+from rocmtrain.api.models import EVAL_METRICS, HISTORY_LENGTH, HistoryPoint, Metrics, Progress, ProgressReport
+from rocmtrain.api.timestamps import rfc3339
 
 _PROGRESS_FIELDS = tuple(field.alias or name for name, field in Progress.model_fields.items())
-# Metrics that change only when the driver has evaluated again.
+# Metrics that change only when the driver has evaluated again: the results, and the time
+# spent evaluating (which grows with every evaluation, even one with the same results).
 _EVALUATION_FIELDS = tuple(
-    field.alias or name for name, field in Metrics.model_fields.items() if name.startswith("eval_")
+    field.alias or name for name, field in Metrics.model_fields.items() if name in (*EVAL_METRICS, "eval_seconds")
 )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from rocmtrain.api.models import GROUP, PLURAL, VERSION
+from rocmtrain.api.contract import GROUP, PLURAL, VERSION
 from rocmtrain.kube import retrying
 from rocmtrain.progress.errors import Conflict, Gone, checked
 

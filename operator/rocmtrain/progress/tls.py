@@ -28,6 +28,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -36,10 +37,11 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from rocmtrain.api.contract import MANAGED_LABELS
+
 SECRET_NAME = "rocmtrain-progress-tls"  # noqa: S105 - a name, not a password
 CA_CONFIGMAP = "rocmtrain-progress-ca"
 CA_KEY = "ca.crt"
-MANAGED_BY = {"app.kubernetes.io/managed-by": "rocm-train-operator", "app.kubernetes.io/name": "rocmtrain"}
 
 CA_LIFETIME = dt.timedelta(days=3650)
 CA_RENEW_BEFORE = dt.timedelta(days=365)
@@ -228,11 +230,11 @@ async def load_serving_secret(
         planned = plan_secret(data, hosts, now or dt.datetime.now(dt.UTC))
         if planned is None:
             return _material(data or {})
-        body = {
+        body: Any = {  # the client takes plain dicts as well as its model classes
             "apiVersion": "v1",
             "kind": "Secret",
             "type": "kubernetes.io/tls",
-            "metadata": {"name": SECRET_NAME, "namespace": namespace, "labels": MANAGED_BY},
+            "metadata": {"name": SECRET_NAME, "namespace": namespace, "labels": dict(MANAGED_LABELS)},
             "data": {k: base64.b64encode(v).decode() for k, v in planned.items()},
         }
         try:
@@ -252,10 +254,10 @@ async def load_serving_secret(
 async def publish_ca(api: client.ApiClient, namespace: str, ca_crt: bytes) -> None:
     """Create or update the ConfigMap `rocmtrain-progress-ca` (key `ca.crt`) in a job namespace."""
     core = client.CoreV1Api(api)
-    body = {
+    body: Any = {  # the client takes plain dicts as well as its model classes
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": CA_CONFIGMAP, "namespace": namespace, "labels": MANAGED_BY},
+        "metadata": {"name": CA_CONFIGMAP, "namespace": namespace, "labels": dict(MANAGED_LABELS)},
         "data": {CA_KEY: ca_crt.decode()},
     }
     for _ in range(_WRITE_ATTEMPTS):

@@ -1,27 +1,14 @@
 """Render a RocmTrainingJob into a KubeRay RayJob (pure functions, no I/O).
 
 The builders are split by what they build, in the style of KubeRay's `common/`
-package: `rayjob` (the object), `pod` (pod templates, scheduling), `container`,
-`env`, `volumes`, and `names` (names KubeRay derives, checked by validation).
+package: `rayjob` (the object, and the fields that follow the job after
+creation), `pod` (pod templates, scheduling), `container`, `env`, `volumes`, and
+`options` (what the operator supplies). The names KubeRay derives from a job are
+in `rocmtrain.api.names`, where validation checks them; every name the renderer
+shares with the operator or the training image is in `rocmtrain.api.contract`.
 """
 
-from rocmtrain.render.names import rayjob_name, worker_group_name
 from rocmtrain.render.options import RenderOptions
-from rocmtrain.render.rayjob import (
-    ENTRYPOINT,
-    KUBERAY_VERSION,
-    RAY_VERSION,
-    render_rayjob,
-    render_rayjob_yaml,
-)
+from rocmtrain.render.rayjob import ENTRYPOINT, render_rayjob, render_rayjob_yaml
 
-__all__ = [
-    "ENTRYPOINT",
-    "KUBERAY_VERSION",
-    "RAY_VERSION",
-    "RenderOptions",
-    "rayjob_name",
-    "render_rayjob",
-    "render_rayjob_yaml",
-    "worker_group_name",
-]
+__all__ = ["ENTRYPOINT", "RenderOptions", "render_rayjob", "render_rayjob_yaml"]

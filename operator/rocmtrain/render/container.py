@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from rocmtrain.api.contract import GPU_RESOURCE
 from rocmtrain.api.models import RocmTrainingJob
 
-GPU_RESOURCE = "amd.com/gpu"
 HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
 # KubeRay's utils.SubmitterContainerName; it fills in this container's command.

@@ -3,7 +3,8 @@
 Order: runtime defaults (a user variable of the same name replaces its default),
 then the user's `spec.env`, then the variables the operator owns (`ROCMTRAIN_*`,
 head only). Owned variables come last, so they win even over a name that
-validation should have refused.
+validation should have refused. Their names are in `rocmtrain.api.contract`,
+where the training image reads them from.
 """
 
 from __future__ import annotations
@@ -11,40 +12,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rocmtrain.api.models import API_VERSION, KIND, MUTABLE_FIELDS, RocmTrainingJob
-from rocmtrain.render.options import RenderOptions
-from rocmtrain.render.quantity import whole_cpus
-from rocmtrain.render.volumes import PROGRESS_CA_PATH, PROGRESS_TOKEN_PATH
-
-JOB_ENV = "ROCMTRAIN_JOB"
-PROGRESS_URL_ENV = "ROCMTRAIN_PROGRESS_URL"
-PROGRESS_CA_ENV = "ROCMTRAIN_PROGRESS_CA"
-PROGRESS_TOKEN_ENV = "ROCMTRAIN_PROGRESS_TOKEN"  # noqa: S105 (a variable name, not a secret)
-# Prefix of every variable the operator owns; users may not set these.
-OWNED_PREFIX = "ROCMTRAIN_"
-# Variables users may not set either: KubeRay sets or checks them (utils/constant.go),
-# and Ray assigns the devices of each worker process itself.
-RESERVED_ENV = frozenset(
-    {
-        "FQ_RAY_IP",
-        "KUBERAY_GEN_RAY_START_CMD",
-        "RAY_ADDRESS",
-        "RAY_AUTH_MODE",
-        "RAY_AUTH_TOKEN",
-        "RAY_CLOUD_INSTANCE_ID",
-        "RAY_CLUSTER_NAME",
-        "RAY_IP",
-        "RAY_NODE_TYPE_NAME",
-        "RAY_PORT",
-        "RAY_REDIS_ADDRESS",
-        "RAY_enable_autoscaler_v2",
-        "REDIS_PASSWORD",
-        "REDIS_USERNAME",
-        "CUDA_VISIBLE_DEVICES",
-        "HIP_VISIBLE_DEVICES",
-        "ROCR_VISIBLE_DEVICES",
-    }
+from rocmtrain.api.contract import (
+    API_VERSION,
+    JOB_ENV,
+    KIND,
+    PROGRESS_CA_ENV,
+    PROGRESS_TOKEN_ENV,
+    PROGRESS_URL_ENV,
+    progress_path,
 )
+from rocmtrain.api.models import MUTABLE_FIELDS, RocmTrainingJob
+from rocmtrain.api.quantity import whole_cpus
+from rocmtrain.render.options import RenderOptions
+from rocmtrain.render.volumes import PROGRESS_CA_PATH, PROGRESS_TOKEN_PATH
 
 # Runtime defaults for pods with AMD GPUs (RCCL reads the NCCL_* names):
 # - NCCL_DEBUG=WARN: RCCL reports unusual conditions (a fallback transport, a
@@ -74,8 +54,7 @@ def job_config_json(job: RocmTrainingJob) -> str:
 
 def progress_url(job: RocmTrainingJob, base_url: str) -> str:
     """The job's progress endpoint under the operator's base URL."""
-    ns, name = job.metadata.namespace, job.metadata.name
-    return f"{base_url}/v1/namespaces/{ns}/rocmtrainingjobs/{name}/progress"
+    return base_url + progress_path(job.metadata.namespace, job.metadata.name)
 
 
 def _var(name: str, value: str) -> dict[str, Any]:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from rocmtrain.api.models import GROUP
-from rocmtrain.api.types import CONFIG_KEY, DNS_SUBDOMAIN
+from rocmtrain.api.contract import PROGRESS_AUDIENCE
+from rocmtrain.api.patterns import CONFIG_KEY, DNS_SUBDOMAIN
 
-PROGRESS_AUDIENCE = f"{GROUP}/progress"
 _HTTPS_URL = r"^https://[A-Za-z0-9.-]+(:[0-9]{1,5})?$"
 
 

@@ -4,24 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from rocmtrain.api.contract import RUN_AS_GROUP, RUN_AS_USER
 from rocmtrain.api.models import GpuSelector, RocmTrainingJob
+from rocmtrain.api.quantity import parse_quantity
 from rocmtrain.render import container, env, volumes
 from rocmtrain.render.options import RenderOptions
-from rocmtrain.render.quantity import parse_quantity
-
-# The non-root user and group of the training image; fsGroup makes volumes writable to it.
-RUN_AS_USER = 10001
-RUN_AS_GROUP = 10001
-# Node labels of the AMD GPU node labeller, by GpuSelector field.
-GPU_NODE_LABELS = {
-    "product_name": "amd.com/gpu.product-name",
-    "family": "amd.com/gpu.family",
-    "vram": "amd.com/gpu.vram",
-}
 
 
 def pod_security_context(supplemental_groups: tuple[int, ...] = ()) -> dict[str, Any]:
-    """Non-root user, RuntimeDefault seccomp, volumes owned by the user's group."""
+    """The training image's non-root user, RuntimeDefault seccomp, volumes owned by the user's group (fsGroup)."""
     context: dict[str, Any] = {
         "runAsNonRoot": True,
         "runAsUser": RUN_AS_USER,
@@ -40,9 +31,7 @@ def gpu_affinity(selector: GpuSelector | None) -> dict[str, Any] | None:
     if selector is None:
         return None
     expressions = [
-        {"key": label, "operator": "In", "values": [value]}
-        for field, label in GPU_NODE_LABELS.items()
-        if (value := getattr(selector, field)) is not None
+        {"key": label, "operator": "In", "values": [value]} for label, value in selector.node_labels().items()
     ]
     if not expressions:
         return None

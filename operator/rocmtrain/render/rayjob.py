@@ -25,28 +25,32 @@ from typing import Any
 
 import yaml
 
-from rocmtrain.api.models import GROUP, RocmTrainingJob
-from rocmtrain.render import names, pod
+from rocmtrain.api import names
+from rocmtrain.api.contract import (
+    DRIVER_MODULE,
+    JOB_NAME_LABEL,
+    MANAGED_LABELS,
+    RAY_VERSION,
+    RAYJOB_API_VERSION,
+    RAYJOB_KIND,
+)
+from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.render import pod
 from rocmtrain.render.options import RenderOptions
 
-KUBERAY_VERSION = "v1.5.1"
-RAY_VERSION = "2.60.0"
-RAYJOB_API_VERSION = "ray.io/v1"
 # The driver's command line: a constant; the job reaches it through ROCMTRAIN_JOB only.
-ENTRYPOINT = "python -m rocmtrain_train"
+ENTRYPOINT = f"python -m {DRIVER_MODULE}"
 SUBMISSION_MODE = "K8sJobMode"
-JOB_NAME_LABEL = f"{GROUP}/job-name"
+# KubeRay's value of each RayJob spec field that follows the job after creation (see
+# `mutable_rayjob_fields`) where the field is unset: unset and default are the same state.
+MUTABLE_RAYJOB_DEFAULTS = {"suspend": False, "shutdownAfterJobFinishes": False, "ttlSecondsAfterFinished": 0}
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 
 
 def job_labels(job: RocmTrainingJob) -> dict[str, str]:
     """Labels linking an object back to its job (on the RayJob and every pod template)."""
-    return {
-        JOB_NAME_LABEL: job.metadata.name,
-        "app.kubernetes.io/managed-by": "rocm-train-operator",
-        "app.kubernetes.io/name": "rocmtrain",
-    }
+    return {JOB_NAME_LABEL: job.metadata.name, **MANAGED_LABELS}
 
 
 def rayjob_labels(job: RocmTrainingJob) -> dict[str, str]:
@@ -58,6 +62,16 @@ def rayjob_labels(job: RocmTrainingJob) -> dict[str, str]:
     if scheduling.kueue_priority_class:
         labels[KUEUE_PRIORITY_LABEL] = scheduling.kueue_priority_class
     return labels
+
+
+def mutable_rayjob_fields(job: RocmTrainingJob) -> dict[str, Any]:
+    """The RayJob spec fields that follow the job's `MUTABLE_FIELDS` after creation (unset ones left out).
+
+    The RayJob names them as the job does: `suspend` (true as well while Kueue holds a
+    queued job) and the fields of `spec.lifecycle`.
+    """
+    spec = job.spec
+    return {"suspend": spec.suspend or spec.scheduling.queue_name is not None, **spec.lifecycle.dump()}
 
 
 def ray_cluster_spec(job: RocmTrainingJob, options: RenderOptions) -> dict[str, Any]:
@@ -84,25 +98,22 @@ def ray_cluster_spec(job: RocmTrainingJob, options: RenderOptions) -> dict[str, 
 
 
 def render_rayjob(job: RocmTrainingJob, *, options: RenderOptions | None = None) -> dict[str, Any]:
-    """The RayJob for `job` (which `rocmtrain.validate.validate_job` accepted)."""
+    """The RayJob for `job` (which `rocmtrain.api.validate.validate_job` accepted)."""
     options = options or RenderOptions()
     spec = job.spec
     rayjob_spec: dict[str, Any] = {
         "entrypoint": ENTRYPOINT,
         "submissionMode": SUBMISSION_MODE,
         "submitterPodTemplate": pod.submitter_template(job, job_labels(job)),
-        "shutdownAfterJobFinishes": spec.lifecycle.shutdown_after_job_finishes,
         "backoffLimit": spec.fault_tolerance.job_retries,
-        "suspend": spec.suspend or spec.scheduling.queue_name is not None,
         "rayClusterSpec": ray_cluster_spec(job, options),
+        **mutable_rayjob_fields(job),
     }
-    if spec.lifecycle.ttl_seconds_after_finished is not None:
-        rayjob_spec["ttlSecondsAfterFinished"] = spec.lifecycle.ttl_seconds_after_finished
     if spec.fault_tolerance.active_deadline_seconds is not None:
         rayjob_spec["activeDeadlineSeconds"] = spec.fault_tolerance.active_deadline_seconds
     return {
         "apiVersion": RAYJOB_API_VERSION,
-        "kind": "RayJob",
+        "kind": RAYJOB_KIND,
         "metadata": {
             "name": names.rayjob_name(job),
             "namespace": job.metadata.namespace,

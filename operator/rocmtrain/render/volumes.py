@@ -1,22 +1,21 @@
-"""Pod volumes and container mounts: /dev/shm, the user's volumes, the progress credentials."""
+"""Pod volumes and container mounts: /dev/shm, the user's volumes, the progress credentials.
+
+The operator's own volume names and mount paths are in `rocmtrain.api.contract`, where
+validation finds them too (spec.volumes and spec.volumeMounts may not use them).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from rocmtrain.api.contract import PROGRESS_DIR, PROGRESS_VOLUME, SHM_PATH, SHM_VOLUME
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.render.options import RenderOptions
 
-SHM_VOLUME = "dshm"
-SHM_PATH = "/dev/shm"  # noqa: S108 (a mount point in the pod, not a file opened here)
-PROGRESS_VOLUME = "rocmtrain-progress"
-PROGRESS_DIR = "/var/run/secrets/rocmtrain.dev/progress"
 PROGRESS_TOKEN_PATH = f"{PROGRESS_DIR}/token"
 PROGRESS_CA_PATH = f"{PROGRESS_DIR}/ca.crt"
 # Lifetime of the projected token; the kubelet refreshes it at 80% of it.
 TOKEN_EXPIRATION_SECONDS = 3600
-RESERVED_VOLUMES = (SHM_VOLUME, PROGRESS_VOLUME)
-RESERVED_MOUNT_PATHS = (SHM_PATH, PROGRESS_DIR)
 
 
 def shm_volume(size: str) -> dict[str, Any]:

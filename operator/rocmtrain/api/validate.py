@@ -1,6 +1,8 @@
 """Validate a RocmTrainingJob: every problem at once, each with its field path.
 
-`validate_job` is shared by the CLI, the operator and the training image. It runs
+`validate_job` is the one validation of every entry point: `rocmtrain validate`
+and `rocmtrain render`, `rocmtrain run` (context "local"), the operator, and the
+training image's driver (context "cluster"). It runs
 the pydantic models (strict types, as the API server checks them), then the
 checks the models cannot express: names KubeRay derives from the job, names and
 paths the renderer reserves, resource sizes, and where data, models and
@@ -19,15 +21,42 @@ from typing import Any, Literal
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from rocmtrain.api import crd
+from rocmtrain.api import crd, names
+from rocmtrain.api.contract import (
+    OWNED_ENV_PREFIX,
+    RELATIVE_PREFIX,
+    RESERVED_MOUNT_PATHS,
+    RESERVED_VOLUMES,
+    is_hub,
+)
 from rocmtrain.api.models import RocmTrainingJob
-from rocmtrain.api.types import DNS_1035_LABEL
-from rocmtrain.patterns import describe_pattern
-from rocmtrain.render import env, names, volumes
-from rocmtrain.render.quantity import parse_quantity
+from rocmtrain.api.patterns import DNS_1035_LABEL, describe_pattern
+from rocmtrain.api.quantity import parse_quantity
 
 Context = Literal["cluster", "local"]
-OBJECT_STORE_SCHEMES = ("s3://", "gs://", "gcs://", "abfs://", "az://")
+# Variables users may not set besides the operator's own (`OWNED_ENV_PREFIX`): KubeRay sets or
+# checks them (utils/constant.go), and Ray assigns the devices of each worker process itself.
+RESERVED_ENV = frozenset(
+    {
+        "FQ_RAY_IP",
+        "KUBERAY_GEN_RAY_START_CMD",
+        "RAY_ADDRESS",
+        "RAY_AUTH_MODE",
+        "RAY_AUTH_TOKEN",
+        "RAY_CLOUD_INSTANCE_ID",
+        "RAY_CLUSTER_NAME",
+        "RAY_IP",
+        "RAY_NODE_TYPE_NAME",
+        "RAY_PORT",
+        "RAY_REDIS_ADDRESS",
+        "RAY_enable_autoscaler_v2",
+        "REDIS_PASSWORD",
+        "REDIS_USERNAME",
+        "CUDA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+    }
+)
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -157,12 +186,6 @@ def check_derived_names(name: str, group: str) -> Iterator[FieldError]:
             )
 
 
-def _is_hub(location: str) -> bool:
-    return location.startswith("hf://") or not (
-        location.startswith(("/", "./")) or location.startswith(OBJECT_STORE_SCHEMES)
-    )
-
-
 def _locations(job: RocmTrainingJob) -> Iterator[tuple[str, str]]:
     spec = job.spec
     yield "spec.model.source", spec.model.source
@@ -175,19 +198,19 @@ def _locations(job: RocmTrainingJob) -> Iterator[tuple[str, str]]:
 
 def _check_locations(job: RocmTrainingJob, context: Context) -> Iterator[FieldError]:
     for path, location in _locations(job):
-        if context == "cluster" and location.startswith("./"):
+        if context == "cluster" and location.startswith(RELATIVE_PREFIX):
             yield FieldError(
                 path,
                 "a ./relative path is only for `rocmtrain run`; a cluster job needs an absolute path on a "
                 "mounted volume, an object-store URI or a hub id",
             )
     for field, source in (("train", job.spec.data.train), ("eval", job.spec.data.eval)):
-        if source is not None and source.split is not None and not _is_hub(source.uri):
+        if source is not None and source.split is not None and not is_hub(source.uri):
             yield FieldError(f"spec.data.{field}.split", "split applies to hub data sets only")
     storage = job.spec.checkpoint.storage_path
     if storage is None:
         return
-    if _is_hub(storage):
+    if is_hub(storage):
         yield FieldError(
             "spec.checkpoint.storagePath", "must be an absolute path on a shared volume or an object-store URI"
         )
@@ -208,17 +231,17 @@ def _on_writable_mount(job: RocmTrainingJob, path: str) -> bool:
 
 def _check_env(job: RocmTrainingJob) -> Iterator[FieldError]:
     for index, var in enumerate(job.spec.env):
-        if var.name.startswith(env.OWNED_PREFIX) or var.name in env.RESERVED_ENV:
+        if var.name.startswith(OWNED_ENV_PREFIX) or var.name in RESERVED_ENV:
             yield FieldError(f"spec.env[{index}].name", f"{var.name} is set by the operator, KubeRay or Ray")
 
 
 def _check_volumes(job: RocmTrainingJob) -> Iterator[FieldError]:
     for index, volume in enumerate(job.spec.volumes):
-        if volume.name in volumes.RESERVED_VOLUMES:
+        if volume.name in RESERVED_VOLUMES:
             yield FieldError(f"spec.volumes[{index}].name", f"{volume.name} is reserved for the operator's volumes")
     for index, mount in enumerate(job.spec.volume_mounts):
         path = mount.mount_path.rstrip("/") or "/"
-        if any(path == reserved or path.startswith(reserved + "/") for reserved in volumes.RESERVED_MOUNT_PATHS):
+        if any(path == reserved or path.startswith(reserved + "/") for reserved in RESERVED_MOUNT_PATHS):
             yield FieldError(f"spec.volumeMounts[{index}].mountPath", f"{path} is reserved for the operator's mounts")
 
 

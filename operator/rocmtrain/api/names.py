@@ -4,7 +4,7 @@ KubeRay v1.5.1 names the RayCluster `<rayjob>-<5 random>` (GenerateRayClusterNam
 its head Services `<rayjob>-head-svc` and `<cluster>-head-svc` (GenerateHeadServiceName),
 the head pod `<cluster>-head-<5>` and worker pods `<cluster>-<group>-worker-<5>`
 (PodName, which silently cuts prefixes longer than 50 characters), and the
-submitter Kubernetes Job `<rayjob>`. `rocmtrain.validate` checks every one of
+submitter Kubernetes Job `<rayjob>`. `rocmtrain.api.validate` checks every one of
 them, so no name is cut or rejected after the job was accepted.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rocmtrain.api.models import RocmTrainingJob
-from rocmtrain.api.types import DNS_1035_LABEL, DNS_LABEL
+from rocmtrain.api.patterns import DNS_1035_LABEL, DNS_LABEL
 
 # KubeRay's random suffix (rand.String(5)), spelled with a valid character.
 _RANDOM = "x" * 5

@@ -1,4 +1,4 @@
-"""Kubernetes resource quantities (the subset `rocmtrain.api.types.QUANTITY` admits) as exact numbers."""
+"""Kubernetes resource quantities (the subset `rocmtrain.api.patterns.QUANTITY` admits) as exact numbers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 import re
 from decimal import Decimal
 
-from rocmtrain.api.types import QUANTITY
+from rocmtrain.api.patterns import QUANTITY
 
 _SUFFIXES = {
     "": Decimal(1),
@@ -36,6 +36,10 @@ def parse_quantity(text: str) -> Decimal:
     return Decimal(number) * _SUFFIXES[suffix]
 
 
-def whole_cpus(text: str) -> int:
-    """CPUs a quantity provides to thread pools: its floor, at least 1 (as Ray sets OMP_NUM_THREADS)."""
-    return max(1, math.floor(parse_quantity(text)))
+def whole_cpus(cpus: str | float) -> int:
+    """CPUs (a quantity, or a number of them) as threads for thread pools: the floor, at least 1.
+
+    Ray sets OMP_NUM_THREADS the same way; the renderer and the training workers both follow it.
+    """
+    value = parse_quantity(cpus) if isinstance(cpus, str) else cpus
+    return max(1, math.floor(value))

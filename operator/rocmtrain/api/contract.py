@@ -1,0 +1,136 @@
+"""Every name and number that two sides of the project must agree on, written once.
+
+The operator (`rocmtrain.controller`, `rocmtrain.kube`, `rocmtrain.progress`), the
+renderer (`rocmtrain.render`) and the training image (`rocmtrain_train`) import
+these instead of spelling them again; a value that two modules would otherwise
+both write belongs here. Sections:
+
+- the RocmTrainingJob API's identity;
+- the marks the operator puts on what it makes (labels, field manager);
+- KubeRay's RayJob API;
+- AMD GPUs on Kubernetes;
+- the training image: its driver module, user, Ray version;
+- where models, data and checkpoints may live;
+- the environment and the volumes of the Ray containers;
+- the progress channel from the training driver to the operator.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Final
+
+# ---- the RocmTrainingJob API ------------------------------------------------------------
+
+GROUP: Final = "rocmtrain.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "RocmTrainingJob"
+PLURAL: Final = "rocmtrainingjobs"
+
+# ---- what the operator makes --------------------------------------------------------------
+
+# The operator's name: field manager of its writes, source of its events, and the
+# managed-by label value its RayJob watch selects on.
+OPERATOR_NAME: Final = "rocm-train-operator"
+MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+APP_NAME_LABEL: Final = "app.kubernetes.io/name"
+APP_NAME: Final = "rocmtrain"
+# Labels on every object the operator creates (RayJobs, their pods, the progress Secret and ConfigMaps).
+MANAGED_LABELS: Final = MappingProxyType({MANAGED_BY_LABEL: OPERATOR_NAME, APP_NAME_LABEL: APP_NAME})
+# The label selector that finds them again.
+MANAGED_SELECTOR: Final = f"{MANAGED_BY_LABEL}={OPERATOR_NAME}"
+# The job a RayJob and its pods belong to.
+JOB_NAME_LABEL: Final = f"{GROUP}/job-name"
+
+# ---- KubeRay ------------------------------------------------------------------------------
+
+KUBERAY_VERSION: Final = "v1.5.1"
+RAYJOB_GROUP: Final = "ray.io"
+RAYJOB_VERSION: Final = "v1"
+RAYJOB_API_VERSION: Final = f"{RAYJOB_GROUP}/{RAYJOB_VERSION}"
+RAYJOB_KIND: Final = "RayJob"
+RAYJOB_PLURAL: Final = "rayjobs"
+# KubeRay labels every pod of a Ray cluster with the cluster's name.
+RAY_CLUSTER_LABEL: Final = "ray.io/cluster"
+
+# ---- AMD GPUs -----------------------------------------------------------------------------
+
+# The AMD GPU device plugin's extended resource.
+GPU_RESOURCE: Final = "amd.com/gpu"
+# Node labels of the AMD GPU node labeller, by `GpuSelector` field.
+GPU_NODE_LABELS: Final = MappingProxyType(
+    {
+        "product_name": "amd.com/gpu.product-name",
+        "family": "amd.com/gpu.family",
+        "vram": "amd.com/gpu.vram",
+    }
+)
+
+# ---- the training image -------------------------------------------------------------------
+
+# The driver the RayJob runs (`python -m rocmtrain_train`); no user string is ever part of it.
+DRIVER_MODULE: Final = "rocmtrain_train"
+# The Ray version of the image (pinned in pyproject's `train` extra) and the RayJob's rayVersion.
+RAY_VERSION: Final = "2.60.0"
+# The image's non-root user and group; the pods run as them.
+RUN_AS_USER: Final = 10001
+RUN_AS_GROUP: Final = 10001
+
+# ---- locations ----------------------------------------------------------------------------
+
+# Object stores the training image reads and writes (pyarrow filesystems); validation admits these only.
+OBJECT_STORE_SCHEMES: Final = ("s3://", "gs://", "gcs://", "abfs://")
+HUB_SCHEME: Final = "hf://"
+# A location relative to the job file: `rocmtrain run` only.
+RELATIVE_PREFIX: Final = "./"
+
+
+def is_local(location: str) -> bool:
+    """A path: absolute (on a volume) or `./` relative to the job file."""
+    return location.startswith(("/", RELATIVE_PREFIX))
+
+
+def is_object_store(location: str) -> bool:
+    """An object-store URI of a scheme the training image reads."""
+    return location.startswith(OBJECT_STORE_SCHEMES)
+
+
+def is_hub(location: str) -> bool:
+    """A Hugging Face hub reference: `hf://...`, or a bare `org/name` (neither a path nor an object store)."""
+    return location.startswith(HUB_SCHEME) or not (is_local(location) or is_object_store(location))
+
+
+# ---- the Ray containers -------------------------------------------------------------------
+
+# Every variable the operator sets starts with this; users may not set such names.
+OWNED_ENV_PREFIX: Final = "ROCMTRAIN_"
+# The job (compact JSON of the RocmTrainingJob) for the driver, on the head only.
+JOB_ENV: Final = "ROCMTRAIN_JOB"
+# Where the driver reports progress: the endpoint's URL, its CA bundle file, the token file.
+PROGRESS_URL_ENV: Final = "ROCMTRAIN_PROGRESS_URL"
+PROGRESS_CA_ENV: Final = "ROCMTRAIN_PROGRESS_CA"
+PROGRESS_TOKEN_ENV: Final = "ROCMTRAIN_PROGRESS_TOKEN"  # noqa: S105 (a variable name, not a secret)
+
+# Volumes and mount paths of the operator's own; spec.volumes and spec.volumeMounts may not use them.
+SHM_VOLUME: Final = "dshm"
+SHM_PATH: Final = "/dev/shm"  # noqa: S108 (a mount point in the pod, not a file opened here)
+PROGRESS_VOLUME: Final = "rocmtrain-progress"
+PROGRESS_DIR: Final = f"/var/run/secrets/{GROUP}/progress"
+RESERVED_VOLUMES: Final = (SHM_VOLUME, PROGRESS_VOLUME)
+RESERVED_MOUNT_PATHS: Final = (SHM_PATH, PROGRESS_DIR)
+
+# ---- the progress channel -----------------------------------------------------------------
+
+# Audience of the projected service-account token the driver presents.
+PROGRESS_AUDIENCE: Final = f"{GROUP}/progress"
+# Where the endpoint takes a job's reports (a template for the server's router).
+PROGRESS_PATH: Final = f"/v1/namespaces/{{namespace}}/{PLURAL}/{{name}}/progress"
+# Reports the endpoint accepts per job: this many a second on average, in bursts of PROGRESS_BURST.
+PROGRESS_RATE_PER_SECOND: Final = 2.0
+PROGRESS_BURST: Final = 10
+
+
+def progress_path(namespace: str, name: str) -> str:
+    """The endpoint path of one job's reports."""
+    return PROGRESS_PATH.format(namespace=namespace, name=name)

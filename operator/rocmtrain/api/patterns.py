@@ -1,0 +1,77 @@
+"""The API's string patterns, and their plain-language descriptions for error messages and the field reference.
+
+Each pattern is written in the common subset of Python `re` and Go RE2, because
+the same pattern is checked by pydantic here and by the API server through the
+generated CRD. `rocmtrain.api.types` turns them into constrained string types.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rocmtrain.api.contract import HUB_SCHEME, OBJECT_STORE_SCHEMES, RELATIVE_PREFIX
+
+# RFC 1123 label (container, volume, port names) and subdomain (object names).
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# RFC 1035 label (service names; KubeRay requires it of RayJob and RayCluster names).
+DNS_1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# Kubernetes resource quantity, e.g. 500m, 16Gi, 1.5.
+QUANTITY = r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+# Label/annotation key with optional DNS prefix, and label value.
+LABEL_KEY = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+# Environment variable name as Kubernetes accepts it (C identifier subset).
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# Container image reference: registry/repo[:tag][@digest], no whitespace.
+IMAGE = r"^[a-z0-9]+([._/:@-][A-Za-z0-9_.-]+)*$"
+# Location of a model or data set: an absolute path, an object-store URI,
+# a hub reference, or a `./` path relative to the job file (local runs only;
+# `rocmtrain.api.validate` rejects it for cluster jobs). No whitespace, quotes,
+# shell metacharacters, or `..`.
+_PREFIXES = ("/", RELATIVE_PREFIX, *OBJECT_STORE_SCHEMES, HUB_SCHEME)
+LOCATION = (
+    "^((" + "|".join(re.escape(prefix) for prefix in _PREFIXES) + ")[A-Za-z0-9._~%+=,@/-]+"
+    r"|[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?)$"
+)
+# A `..` path segment anywhere (rejected: no escaping a mount).
+TRAVERSAL = r"(^|/)[.][.](/|$)"
+# Absolute path inside a container.
+ABS_PATH = r"^/[A-Za-z0-9._~%+=,@/-]*$"
+# A field name in a data record.
+FIELD_NAME = r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
+# A key inside a Secret or ConfigMap.
+CONFIG_KEY = r"^[-._A-Za-z0-9]+$"
+# A relative path below a volume root.
+REL_PATH = r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$"
+# Free text that is only ever data (an env value): no NUL.
+TEXT = r"^[^\x00]*$"
+
+PATTERN_DESCRIPTIONS = {
+    DNS_LABEL: "a DNS-1123 label: lowercase letters, digits and '-', starting and ending with a letter or digit",
+    DNS_1035_LABEL: "a DNS-1035 label: lowercase letters, digits and '-', starting with a letter",
+    DNS_SUBDOMAIN: "a DNS-1123 subdomain: lowercase DNS labels joined by '.'",
+    QUANTITY: "a resource quantity such as 500m, 2, 1.5 or 16Gi",
+    LABEL_KEY: "a label key: an optional DNS prefix and '/', then letters, digits, '-', '_' or '.'",
+    LABEL_VALUE: "a label value: up to 63 letters, digits, '-', '_' or '.', starting and ending alphanumeric",
+    ENV_NAME: "an environment variable name: letters, digits and '_', not starting with a digit",
+    IMAGE: "a container image reference such as registry.example.com/team/image:tag",
+    LOCATION: (
+        f"an absolute path, an object-store URI ({', '.join(OBJECT_STORE_SCHEMES)}), a hub id "
+        f"(org/name or {HUB_SCHEME}...), or (rocmtrain run only) a {RELATIVE_PREFIX}relative path; "
+        "no whitespace, quotes or shell metacharacters"
+    ),
+    ABS_PATH: "an absolute path of letters, digits and ._~%+=,@/- only",
+    FIELD_NAME: "a record field name: letters, digits, '_', '.' or '-', starting with a letter or '_'",
+    CONFIG_KEY: "a Secret or ConfigMap key: letters, digits, '-', '_' or '.'",
+    REL_PATH: "a relative path of letters, digits, '.', '_' and '-' segments",
+    TEXT: "text without NUL characters",
+}
+
+
+def describe_pattern(pattern: str) -> str:
+    """The description of a pattern, or the pattern itself when it has none."""
+    return PATTERN_DESCRIPTIONS.get(pattern, f"matching {pattern}")

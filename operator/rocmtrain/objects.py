@@ -1,0 +1,117 @@
+"""Pure helpers on the objects the operator handles, shared by the reconciler and the RayJob watch.
+
+- `job_view` and `rayjob_view`: the parts of a job and of a RayJob kept in memory
+  (the kopf job index, the watch's cache) and read by the status mapping;
+- `job_document`: a job view as `rocmtrain.api.validate.validate_job` takes it;
+- `requested_gpus`: the AMD GPUs a job view asks for (the metrics' gauge);
+- `owner_reference` and `controller_ref`: the reference that makes a job the controller
+  of its RayJob (garbage collection deletes the RayJob with the job), and reading it back;
+- `mutable_patch`: the RayJob merge patch that carries the job's mutable fields over.
+
+No I/O and no kopf: plain mappings in, plain mappings out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from rocmtrain.api.contract import KIND
+from rocmtrain.api.models import ResourcesSpec
+from rocmtrain.render.rayjob import MUTABLE_RAYJOB_DEFAULTS
+
+
+def job_view(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a job object the operator keeps in memory (its index)."""
+    meta = body.get("metadata") or {}
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {
+            key: meta[key]
+            for key in ("name", "namespace", "uid", "generation", "labels", "deletionTimestamp")
+            if key in meta
+        },
+        "spec": body.get("spec") or {},
+        "status": body.get("status") or {},
+    }
+
+
+def job_document(job: Mapping[str, Any]) -> dict[str, Any]:
+    """The job as validation reads it: apiVersion, kind, metadata and spec (no status)."""
+    return {
+        "apiVersion": job["apiVersion"],
+        "kind": job["kind"],
+        "metadata": dict(job["metadata"]),
+        "spec": job["spec"],
+    }
+
+
+def requested_gpus(job: Mapping[str, Any]) -> int:
+    """The AMD GPUs a job asks for (`ResourcesSpec.total_gpus`); 0 for resources that are not valid."""
+    try:
+        return ResourcesSpec.model_validate(job["spec"].get("resources") or {}).total_gpus
+    except ValidationError:
+        return 0
+
+
+def rayjob_view(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a RayJob the status mapping reads (its rayClusterSpec is left out)."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    return {
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "creationTimestamp": meta.get("creationTimestamp"),
+            "ownerReferences": list(meta.get("ownerReferences") or []),
+            "managedFields": [
+                {"subresource": "status", "time": entry.get("time")}
+                for entry in meta.get("managedFields") or []
+                if entry.get("subresource") == "status"
+            ],
+        },
+        "spec": {key: spec[key] for key in MUTABLE_RAYJOB_DEFAULTS if key in spec},
+        "status": body.get("status") or {},
+    }
+
+
+def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
+    """The owner reference that makes `job` the controller of an object (as kopf.build_owner_reference)."""
+    meta = job.get("metadata") or {}
+    ref = {
+        "controller": True,
+        "blockOwnerDeletion": True,
+        "apiVersion": job.get("apiVersion"),
+        "kind": job.get("kind"),
+        "name": meta.get("name"),
+        "uid": meta.get("uid"),
+    }
+    return {key: value for key, value in ref.items() if value is not None}
+
+
+def controller_ref(rayjob: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The owner reference of the RocmTrainingJob controlling `rayjob` ({} when there is none)."""
+    for ref in (rayjob.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == KIND:
+            return ref
+    return {}
+
+
+def mutable_patch(rendered: Mapping[str, Any], live: Mapping[str, Any], *, queued: bool) -> dict[str, Any]:
+    """The RayJob spec merge patch that carries the job's mutable fields over; {} when in step.
+
+    `rendered` and `live` are RayJob specs; a field either leaves unset counts as KubeRay's
+    default. `suspend` is Kueue's once the job is queued, so it is left alone then.
+    """
+    patch = {}
+    for key, default in MUTABLE_RAYJOB_DEFAULTS.items():
+        if queued and key == "suspend":
+            continue
+        want = rendered.get(key, default)
+        if live.get(key, default) != want:
+            patch[key] = want
+    return patch
