@@ -11,11 +11,13 @@ import pytest
 
 from fakes import Clock
 from rocmtrain.api.models import ProgressReport
+from rocmtrain_train.rank_report import RankReport
 from rocmtrain_train.reporting import Aggregator, Reporter, summary
 from rocmtrain_train.sinks import ConsoleSink, JsonlSink
 
 
-def rank(r: int, **extra) -> dict:
+def rank(r: int, evaluation: dict | None = None, **extra) -> RankReport:
+    """Rank `r` of two, ten steps into a 40-step run, with `extra` fields changed."""
     base = {
         "rank": r,
         "world_size": 2,
@@ -28,14 +30,24 @@ def rank(r: int, **extra) -> dict:
         "train_seconds": 10.0 + r,
         "eval_seconds": 0.0,
         "data_wait_seconds": 0.5,
-        "loss": 0.5 + r,
+        "train_loss": 0.5 + r,
         "interval_samples": 32,
         "samples_per_second": 16.0,
         "tokens_per_second": 640.0,
         "data_wait_fraction": 0.1 * (r + 1),
-        "cpu_percent": 95.0,
+        "cpu_utilization_percent": 95.0,
+        "evaluation": evaluation or {},
     }
-    return base | extra
+    return RankReport(**(base | extra))
+
+
+def test_rank_reports_travel_as_plain_metrics_and_back():
+    report = rank(0, {"eval_loss": 0.3, "eval_accuracy": 0.9}, final=True, model_path="/runs/x/model")
+    metrics = report.to_metrics()
+    assert json.loads(json.dumps(metrics)) == metrics  # Ray Train keeps reported metrics as JSON
+    assert RankReport.from_metrics({**metrics, "added_by_ray": 1}) == report
+    with pytest.raises(ValueError, match="not evaluation metrics: eval_accuracy_top5"):
+        rank(0, {"eval_accuracy_top5": 0.9})
 
 
 def test_ranks_are_combined():
@@ -57,8 +69,9 @@ def test_ranks_are_combined():
 
 def test_metrics_keep_their_latest_value_and_the_final_report_has_whole_run_throughput():
     aggregator = Aggregator(Clock(100.0))
-    aggregator.add([rank(0, eval_accuracy=0.9, eval_loss=0.3), rank(1, eval_accuracy=0.9, eval_loss=0.3)])
-    aggregator.add([rank(0, loss=math.nan), rank(1, loss=math.nan)])
+    evaluated = {"eval_accuracy": 0.9, "eval_loss": 0.3}
+    aggregator.add([rank(0, evaluated), rank(1, evaluated)])
+    aggregator.add([rank(0, train_loss=math.nan), rank(1, train_loss=math.nan)])
     final = aggregator.add([rank(0, step=40, final=True, interval_samples=0), rank(1, step=40, interval_samples=0)])
     assert final.final and final.metrics.eval_accuracy == 0.9
     assert final.metrics.train_loss == pytest.approx(1.0)  # NaN losses are dropped, the last finite one stays
@@ -67,7 +80,8 @@ def test_metrics_keep_their_latest_value_and_the_final_report_has_whole_run_thro
 
 
 def test_summary_of_the_final_ranks():
-    ranks = [rank(r, step=40, epoch=1.0, eval_accuracy=0.95, eval_loss=0.2, model_path="/runs/x/model") for r in (0, 1)]
+    evaluated = {"eval_accuracy": 0.95, "eval_loss": 0.2}
+    ranks = [rank(r, evaluated, step=40, epoch=1.0, model_path="/runs/x/model") for r in (0, 1)]
     out = summary(ranks, wall_seconds=60.0)
     assert out["eval_accuracy"] == 0.95 and out["world_size"] == 2 and out["steps"] == 40
     assert out["samples_per_second"] == pytest.approx(320 / 11.0)
@@ -89,7 +103,7 @@ def test_reporter_logs_key_events_and_survives_a_failing_sink(tmp_path, caplog):
     console = io.StringIO()
     reporter = Reporter([Failing(), jsonl, ConsoleSink(console, progress_bar=False)], log)
     with caplog.at_level(logging.INFO, logger="test.reporter"):
-        reporter.on_report([rank(0, eval_accuracy=0.8, epoch_end=True), rank(1)], "/runs/x/checkpoint_1")
+        reporter.on_report([rank(0, {"eval_accuracy": 0.8}, epoch_end=True), rank(1)], "/runs/x/checkpoint_1")
         reporter.on_failure({1: "ActorDiedError: worker died"})
         reporter.on_report([rank(0, resumed_from_step=10), rank(1)], None)
         reporter.on_report([rank(0, step=40, final=True, model_path="/runs/x/model"), rank(1, step=40)], None)

@@ -53,9 +53,7 @@ def test_two_workers_fine_tune_minilm(two_workers):
     assert reports[-1].final and reports[-1].progress.step == reports[-1].progress.total_steps
 
     # Evaluation is sharded over both workers and all-reduced: both ranks hold the same numbers.
-    rank0, rank1 = (
-        {k: v for k, v in r.items() if k.startswith("eval_") and k != "eval_seconds"} for r in outcome.final_ranks
-    )
+    rank0, rank1 = (r.evaluation for r in outcome.final_ranks)
     assert rank0 == rank1 and {"eval_loss", "eval_accuracy", "eval_f1"} <= rank0.keys()
 
 
@@ -122,7 +120,7 @@ def assert_trained_exactly_once(outcome: RunOutcome) -> None:
     summary = outcome.summary
     assert summary["resumed_from_step"] is not None and summary["resumed_from_step"] >= 5
     assert summary["steps"] == 640 // GLOBAL_BATCH
-    assert sum(r["samples"] for r in outcome.final_ranks) == 640
+    assert sum(r.samples for r in outcome.final_ranks) == 640
 
 
 def test_a_killed_worker_is_replaced_and_training_resumes_from_the_checkpoint(ray_local, tmp_path):

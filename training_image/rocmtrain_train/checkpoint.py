@@ -6,12 +6,15 @@ import dataclasses
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
 import torch
 
 from rocmtrain_train.storage import filesystem
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 STATE_FILE = "train_state.pt"
 
@@ -92,7 +95,7 @@ def restore(
     return TrainState(**saved["state"])
 
 
-def export_model(model: torch.nn.Module, tokenizer: Any, destination: str) -> None:
+def export_model(model: PreTrainedModel, tokenizer: Any, destination: str) -> None:
     """Save the model and tokenizer where `from_pretrained` loads them: a local folder or an object store."""
     fs, path = filesystem(destination, None)
     if isinstance(fs, pafs.LocalFileSystem):

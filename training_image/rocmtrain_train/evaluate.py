@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from rocmtrain.api.models import ModelSpec
+from rocmtrain_train.rank_report import Evaluation
 
 
 def sum_width(model: ModelSpec) -> int:
@@ -34,8 +35,8 @@ def batch_sums(logits: torch.Tensor, labels: torch.Tensor, model: ModelSpec) -> 
     return torch.cat([head, tp.double(), fp.double(), fn.double()])
 
 
-def metrics_from_sums(sums: list[float], model: ModelSpec) -> dict[str, float]:
-    """Evaluation metrics from (all-reduced) sums.
+def metrics_from_sums(sums: list[float], model: ModelSpec) -> Evaluation:
+    """Evaluation metrics from (all-reduced) sums, keyed by `EVAL_METRICS` name.
 
     Classification: loss (mean cross-entropy), accuracy and macro-F1 over the classes that occur in
     the labels or the predictions. Regression: loss = MSE, and MAE.
@@ -58,7 +59,7 @@ def evaluate(
     spec: ModelSpec,
     device: torch.device,
     autocast: Callable[[], AbstractContextManager],
-) -> dict[str, float]:
+) -> Evaluation:
     """Evaluate this worker's shard and all-reduce the sums; every rank returns the same metrics."""
     was_training = model.training
     model.eval()

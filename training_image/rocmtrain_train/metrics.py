@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -68,6 +69,15 @@ def _rocm_smi_utilization(bus_id: str) -> float | None:
     return rocm_smi_utilization(done.stdout, bus_id) if done.returncode == 0 else None
 
 
+@dataclass(frozen=True)
+class ResourceSample:
+    """A worker's resource use since the previous sample; GPU fields are None where not measurable."""
+
+    cpu_utilization_percent: float  # of one core
+    gpu_memory_peak_bytes: int | None = None
+    gpu_utilization_percent: float | None = None
+
+
 class ResourceSampler:
     """Samples the resources of one worker process between successive calls of `sample`."""
 
@@ -79,17 +89,15 @@ class ResourceSampler:
         self._wall = time.perf_counter()
         self._cpu = time.process_time()
 
-    def sample(self) -> dict[str, float | int]:
-        """CPU percent (of one core) since the last sample, GPU memory peak and utilisation where measurable."""
+    def sample(self) -> ResourceSample:
+        """CPU use since the last sample, GPU memory peak and utilisation where measurable."""
         wall, cpu = time.perf_counter(), time.process_time()
-        out: dict[str, float | int] = {"cpu_percent": 100.0 * (cpu - self._cpu) / max(wall - self._wall, 1e-9)}
+        cpu_percent = 100.0 * (cpu - self._cpu) / max(wall - self._wall, 1e-9)
         self._wall, self._cpu = wall, cpu
-        if self._on_gpu:
-            out["gpu_memory_peak_bytes"] = int(torch.cuda.max_memory_allocated(self._device))
+        memory = int(torch.cuda.max_memory_allocated(self._device)) if self._on_gpu else None
+        utilization = None
         if self._bus_id is not None:
             utilization = _amdsmi_utilization(self._bus_id)
             if utilization is None:
                 utilization = _rocm_smi_utilization(self._bus_id)
-            if utilization is not None:
-                out["gpu_utilization_percent"] = utilization
-        return out
+        return ResourceSample(cpu_percent, memory, utilization)

@@ -1,12 +1,14 @@
 """How worker metrics reach the driver.
 
-Workers call `ray.train.report(metrics)`. Ray Train V2 hands every report, as one metrics dict per
-rank, to `UserCallback.after_report` on its controller actor (which runs next to the driver, not in
-the driver process). `ReportRelay` is that callback: it pushes each report, and each worker failure,
-into `Inbox`, a small actor owned by the driver, and waits for the push to land so that nothing is
-still in flight when `trainer.fit()` returns. A `Pump` thread on the driver drains the inbox twice a
-second and hands the items to the `Reporter`, which aggregates and feeds the sinks in the driver
-process (where the console and the operator's progress endpoint are).
+Workers call `ray.train.report(report.to_metrics())` with their `RankReport`. Ray Train V2
+hands every report, as one metrics dict per rank, to `UserCallback.after_report` on its
+controller actor (which runs next to the driver, not in the driver process). `ReportRelay`
+is that callback: it pushes each report, and each worker failure, into `Inbox`, a small
+actor owned by the driver, and waits for the push to land so that nothing is still in
+flight when `trainer.fit()` returns. A `Pump` thread on the driver drains the inbox twice
+a second, turns each rank's dict back into a `RankReport` and hands them to the
+`Reporter`, which aggregates and feeds the sinks in the driver process (where the console
+and the operator's progress endpoint are).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import ray
 from ray.train import Checkpoint, UserCallback
 
+from rocmtrain_train.rank_report import RankReport
 from rocmtrain_train.reporting import Reporter
 
 # Longest error text passed on per failed worker (the full error is in the worker's log).
@@ -68,9 +71,10 @@ class Pump(threading.Thread):
         self._stopped = threading.Event()
 
     def drain(self) -> None:
-        for kind, payload, extra in ray.get(self._inbox.drain.remote()):
+        items: list[tuple[str, Any, Any]] = ray.get(self._inbox.drain.remote())
+        for kind, payload, extra in items:
             if kind == "report":
-                self._reporter.on_report(payload, extra)
+                self._reporter.on_report([RankReport.from_metrics(m) for m in payload], extra)
             else:
                 self._reporter.on_failure(payload)
 

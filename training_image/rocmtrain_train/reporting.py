@@ -1,6 +1,6 @@
-"""Driver-side reporting: per-rank metrics become one ProgressReport, which goes to every sink.
+"""Driver-side reporting: the ranks' `RankReport`s become one ProgressReport, which goes to every sink.
 
-Each `ray.train.report` call gives the driver a list of metric dicts, one per rank (see `relay`).
+Each `ray.train.report` call gives the driver one RankReport per rank (see `relay`).
 Sums over ranks: throughput and CPU use. Maxima: the seconds spent (ranks run in lockstep).
 Evaluation metrics are identical on every rank (all-reduced) and taken from rank 0.
 """
@@ -10,38 +10,37 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from rocmtrain.api.models import Metrics, Progress, ProgressReport
+from rocmtrain.api.models import EVAL_METRICS, Metrics, Progress, ProgressReport
+from rocmtrain_train.rank_report import Evaluation, RankReport
 from rocmtrain_train.sinks import Sink
 
-EVAL_KEYS = ("eval_loss", "eval_accuracy", "eval_f1", "eval_mse", "eval_mae")
 
-RankMetrics = dict[str, Any]
-
-
-def _finite(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+def _finite(value: float | None) -> float | None:
+    return float(value) if value is not None and math.isfinite(value) else None
 
 
-def _values(ranks: list[RankMetrics], key: str) -> list[float]:
-    return [v for r in ranks if (v := _finite(r.get(key))) is not None]
+def _values(values: Iterable[float | None]) -> list[float]:
+    """The finite ones of `values`."""
+    return [v for value in values if (v := _finite(value)) is not None]
 
 
-def evaluation(ranks: list[RankMetrics]) -> dict[str, float]:
-    """The evaluation metrics in a report, if it carries any."""
-    return {k: v for k in EVAL_KEYS if (v := _finite(ranks[0].get(k))) is not None}
+def evaluation(ranks: list[RankReport]) -> Evaluation:
+    """The evaluation metrics in a report, if it carries any (in `EVAL_METRICS` order)."""
+    found = ranks[0].evaluation
+    return {k: v for k in EVAL_METRICS if (v := _finite(found.get(k))) is not None}
 
 
-def whole_run(ranks: list[RankMetrics]) -> dict[str, float]:
+def whole_run(ranks: list[RankReport]) -> dict[str, float]:
     """Throughput of the whole run so far, from the running totals of every rank."""
-    train_seconds = max(_values(ranks, "train_seconds"), default=0.0)
-    rank_seconds = sum(_values(ranks, "train_seconds"))
+    seconds = _values(r.train_seconds for r in ranks)
+    train_seconds, rank_seconds = max(seconds, default=0.0), sum(seconds)
     return {
-        "samples_per_second": sum(_values(ranks, "samples")) / train_seconds if train_seconds else 0.0,
-        "tokens_per_second": sum(_values(ranks, "tokens")) / train_seconds if train_seconds else 0.0,
-        "data_wait_fraction": sum(_values(ranks, "data_wait_seconds")) / rank_seconds if rank_seconds else 0.0,
+        "samples_per_second": sum(r.samples for r in ranks) / train_seconds if train_seconds else 0.0,
+        "tokens_per_second": sum(r.tokens for r in ranks) / train_seconds if train_seconds else 0.0,
+        "data_wait_fraction": sum(_values(r.data_wait_seconds for r in ranks)) / rank_seconds if rank_seconds else 0.0,
     }
 
 
@@ -70,25 +69,26 @@ class Aggregator:
         return (total - step) * (now - started) / (step - start_step) if step > start_step else None
 
     @staticmethod
-    def _interval(ranks: list[RankMetrics]) -> dict[str, Any]:
-        samples = sum(int(r.get("interval_samples") or 0) for r in ranks)
-        losses = [(loss, int(r["interval_samples"])) for r in ranks if (loss := _finite(r.get("loss"))) is not None]
+    def _interval(ranks: list[RankReport]) -> dict[str, Any]:
+        """The job's metrics from the ranks' last interval, keyed by `Metrics` field (None: not known)."""
+        samples = sum(r.interval_samples for r in ranks)
+        losses = [(loss, r.interval_samples) for r in ranks if (loss := _finite(r.train_loss)) is not None]
         weight = sum(n for _, n in losses)
-        memory = _values(ranks, "gpu_memory_peak_bytes")
-        utilization = _values(ranks, "gpu_utilization_percent")
-        waits = _values(ranks, "data_wait_fraction")
-        cpu = _values(ranks, "cpu_percent")
+        memory = _values(r.gpu_memory_peak_bytes for r in ranks)
+        utilization = _values(r.gpu_utilization_percent for r in ranks)
+        waits = _values(r.data_wait_fraction for r in ranks)
+        cpu = _values(r.cpu_utilization_percent for r in ranks)
         trained = {
             "train_loss": sum(loss * n for loss, n in losses) / weight if weight else None,
-            "samples_per_second": sum(_values(ranks, "samples_per_second")),
-            "tokens_per_second": sum(_values(ranks, "tokens_per_second")),
+            "samples_per_second": sum(_values(r.samples_per_second for r in ranks)),
+            "tokens_per_second": sum(_values(r.tokens_per_second for r in ranks)),
             "data_wait_fraction": sum(waits) / len(waits) if waits else None,
         }
         return {
             **(trained if samples else {}),
-            "learning_rate": _finite(ranks[0].get("learning_rate")),
-            "train_seconds": max(_values(ranks, "train_seconds"), default=None),
-            "eval_seconds": max(_values(ranks, "eval_seconds"), default=None),
+            "learning_rate": _finite(ranks[0].learning_rate),
+            "train_seconds": max(_values(r.train_seconds for r in ranks), default=None),
+            "eval_seconds": max(_values(r.eval_seconds for r in ranks), default=None),
             "cpu_utilization_percent": sum(cpu) if cpu else None,
             "gpu_memory_peak_bytes": int(max(memory)) if memory else None,
             "gpu_memory_peak_bytes_min": int(min(memory)) if memory else None,
@@ -98,14 +98,15 @@ class Aggregator:
             **evaluation(ranks),
         }
 
-    def add(self, ranks: list[RankMetrics]) -> ProgressReport:
+    def add(self, ranks: list[RankReport]) -> ProgressReport:
+        """The ProgressReport of one report of every rank."""
         first = ranks[0]
-        step, total, final = int(first["step"]), int(first["total_steps"]), bool(first.get("final"))
+        step, total, final = first.step, first.total_steps, first.final
         self._latest.update({k: v for k, v in self._interval(ranks).items() if v is not None})
         if final:
             self._latest.update(whole_run(ranks))
         progress = Progress(
-            epoch=_finite(first.get("epoch")),
+            epoch=_finite(first.epoch),
             step=step,
             total_steps=total,
             percent=100.0 * step / total if total else None,
@@ -114,20 +115,20 @@ class Aggregator:
         return ProgressReport(progress=progress, metrics=Metrics(**self._latest), final=final)
 
 
-def summary(ranks: list[RankMetrics], wall_seconds: float) -> dict[str, Any]:
+def summary(ranks: list[RankReport], wall_seconds: float) -> dict[str, Any]:
     """The final metrics of a run (`rocmtrain run --summary`): whole-run throughput over all workers."""
     first = ranks[0]
     return {
         **evaluation(ranks),
-        "train_seconds": max(_values(ranks, "train_seconds"), default=0.0),
-        "eval_seconds": max(_values(ranks, "eval_seconds"), default=0.0),
+        "train_seconds": max(_values(r.train_seconds for r in ranks), default=0.0),
+        "eval_seconds": max(_values(r.eval_seconds for r in ranks), default=0.0),
         **whole_run(ranks),
-        "world_size": int(first["world_size"]),
-        "steps": int(first["step"]),
-        "epochs": _finite(first.get("epoch")),
-        "resumed_from_step": first.get("resumed_from_step"),
+        "world_size": first.world_size,
+        "steps": first.step,
+        "epochs": _finite(first.epoch),
+        "resumed_from_step": first.resumed_from_step,
         "wall_seconds": wall_seconds,
-        "model_path": first.get("model_path"),
+        "model_path": first.model_path,
     }
 
 
@@ -143,21 +144,22 @@ class Reporter:
         self._log = log
         self._aggregator = Aggregator()
         self._attempt_started = False
-        self.final_ranks: list[RankMetrics] | None = None
+        self.final_ranks: list[RankReport] | None = None
         self.failures = 0
 
-    def on_report(self, ranks: list[RankMetrics], checkpoint_path: str | None) -> None:
+    def on_report(self, ranks: list[RankReport], checkpoint_path: str | None) -> None:
+        """Log what the report tells, aggregate it and hand it to every sink."""
         first = ranks[0]
-        step = first["step"]
-        if first.get("final"):
+        step = first.step
+        if first.final:
             self.final_ranks = ranks
         if not self._attempt_started:
             self._attempt_started = True
-            if first.get("resumed_from_step") is not None:
-                self._log.info("resumed from the checkpoint at step %s", first["resumed_from_step"])
-        if first.get("epoch_end"):
-            self._log.info("epoch %.0f finished at step %s", first["epoch"], step)
-        if (found := evaluation(ranks)) and not first.get("final"):
+            if first.resumed_from_step is not None:
+                self._log.info("resumed from the checkpoint at step %s", first.resumed_from_step)
+        if first.epoch_end:
+            self._log.info("epoch %.0f finished at step %s", first.epoch, step)
+        if (found := evaluation(ranks)) and not first.final:
             self._log.info("evaluation at step %s: %s", step, _fmt(found))
         if checkpoint_path:
             self._log.info("checkpoint at step %s: %s", step, checkpoint_path)
@@ -172,7 +174,7 @@ class Reporter:
             except Exception as exc:  # a failing sink must not stop training
                 self._log.warning("progress sink %s failed: %s", type(sink).__name__, exc)
         if report.final:
-            self._log.info("completed at step %s: %s; model at %s", step, _fmt(found), first.get("model_path"))
+            self._log.info("completed at step %s: %s; model at %s", step, _fmt(found), first.model_path)
 
     def on_failure(self, errors: dict[int, str]) -> None:
         self.failures += 1

@@ -20,8 +20,9 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from rocmtrain_train.config import RunSettings
 from rocmtrain_train.logs import main_logger
 from rocmtrain_train.loop import train_worker
+from rocmtrain_train.rank_report import RankReport
 from rocmtrain_train.relay import Inbox, Pump, ReportRelay
-from rocmtrain_train.reporting import RankMetrics, Reporter, summary
+from rocmtrain_train.reporting import Reporter, summary
 from rocmtrain_train.sinks import Sink
 
 
@@ -30,7 +31,7 @@ class RunOutcome:
     """What a finished run leaves: its summary and the final metrics of every rank."""
 
     summary: dict[str, Any]
-    final_ranks: list[RankMetrics]
+    final_ranks: list[RankReport]
     worker_failures: int
 
 
@@ -51,14 +52,14 @@ def build_trainer(settings: RunSettings, relay: ReportRelay) -> TorchTrainer:
             storage_path=settings.storage,
             checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint.keep_last),
             failure_config=FailureConfig(max_failures=spec.fault_tolerance.max_worker_failures),
-            callbacks=[relay],
+            callbacks=[relay],  # type: ignore[list-item]  # Ray Train V2 takes UserCallbacks here
         ),
     )
 
 
 def _fit(settings: RunSettings, reporter: Reporter) -> None:
     """Run the trainer while a pump feeds the reporter; every report is handled when this returns."""
-    inbox = Inbox.remote()
+    inbox = Inbox.remote()  # type: ignore[attr-defined]  # @ray.remote adds it
     pump = Pump(inbox, reporter)
     pump.start()
     try:

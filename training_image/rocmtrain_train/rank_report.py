@@ -1,0 +1,66 @@
+"""What one training worker hands the driver at every `ray.train.report`: a typed `RankReport`.
+
+Workers report it as a flat dict (`to_metrics`), because Ray Train keeps reported
+metrics as JSON; the driver turns each rank's dict back into a RankReport
+(`from_metrics`) before `reporting` aggregates them. Fields that mean per rank what a
+status `Metrics` field means for the job carry that field's name, so nothing is renamed
+on the way; evaluation results are keyed by `EVAL_METRICS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rocmtrain.api.models import EVAL_METRICS
+
+# Evaluation results by `EVAL_METRICS` name (eval_loss, eval_accuracy, ...).
+Evaluation = dict[str, float]
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """One rank's state at a report: where training stands, running totals, the last interval, resources."""
+
+    rank: int
+    world_size: int
+    step: int  # optimiser steps done in the whole run
+    total_steps: int
+    epoch: float  # fractional
+    learning_rate: float
+    # Running totals of the whole run (they survive restarts from a checkpoint).
+    samples: int
+    tokens: int
+    train_seconds: float
+    eval_seconds: float
+    data_wait_seconds: float
+    # Since the previous report.
+    interval_samples: int
+    train_loss: float | None  # mean loss over the interval's samples; None without any
+    samples_per_second: float
+    tokens_per_second: float
+    data_wait_fraction: float
+    cpu_utilization_percent: float  # of one core
+    gpu_memory_peak_bytes: int | None = None  # measured on GPUs only
+    gpu_utilization_percent: float | None = None  # where amdsmi or rocm-smi can tell
+    evaluation: Evaluation = field(default_factory=dict)  # new results, or (final report) the last ones
+    resumed_from_step: int | None = None  # the checkpoint step this attempt started from
+    epoch_end: bool = False
+    final: bool = False
+    model_path: str | None = None  # where the final model went (final report)
+
+    def __post_init__(self) -> None:
+        if unknown := sorted(set(self.evaluation) - set(EVAL_METRICS)):
+            raise ValueError(f"not evaluation metrics: {', '.join(unknown)} (known: {', '.join(EVAL_METRICS)})")
+
+    def to_metrics(self) -> dict[str, Any]:
+        """The dict `ray.train.report` takes (JSON-serialisable)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_metrics(cls, metrics: Mapping[str, Any]) -> RankReport:
+        """The report of one rank from what Ray Train hands the driver (keys Ray may add are ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in metrics.items() if key in names})
