@@ -1,20 +1,46 @@
-"""The `rocmtrain` command: render, validate and run jobs, print the CRD.
+"""The `rocmtrain` command: render and validate jobs, print the CRD, and the commands other packages add.
 
-Heavy imports (torch, ray) happen only inside `rocmtrain run`.
+`render`, `validate` and `crd` are built in and need only the contract (`rocmtrain.api`)
+and the renderer. Further commands come from the `rocmtrain.commands` entry-point group:
+each entry point names a function that takes the rest of the command line and returns
+the exit status (its docstring's first line is the help). The training package adds
+`run` there, so `rocmtrain run` exists where the training package is installed and says
+so clearly where it is not (the operator image); this module never imports it.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from importlib.metadata import EntryPoint, entry_points
 
 from rocmtrain.api.manifests import read_jobs
 
 EXIT_INVALID = 1
 EXIT_USAGE = 2
+COMMANDS_GROUP = "rocmtrain.commands"
+
+Command = Callable[[list[str]], int]
 
 
-def _parser() -> argparse.ArgumentParser:
+def _plugins() -> dict[str, EntryPoint]:
+    """The commands other installed packages offer, by name."""
+    return {point.name: point for point in entry_points(group=COMMANDS_GROUP)}
+
+
+def _load(point: EntryPoint) -> Command | None:
+    """The command's function; None when its package is not installed."""
+    try:
+        command: Command = point.load()
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not point.module.startswith(exc.name):
+            raise
+        return None
+    return command
+
+
+def _parser(plugins: dict[str, Command]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rocmtrain", description="Distributed Transformer fine-tuning on AMD GPUs with KubeRay."
     )
@@ -30,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
         help="where the job will run: cluster (default) or local (`rocmtrain run`, allows ./relative paths)",
     )
     commands.add_parser("crd", help="print the RocmTrainingJob CustomResourceDefinition")
-    commands.add_parser("run", help="train a job locally on Ray (`rocmtrain run --help`)", add_help=False)
+    for name, command in sorted(plugins.items()):
+        commands.add_parser(name, help=(command.__doc__ or "").strip().splitlines()[0], add_help=False)
     return parser
 
 
@@ -69,17 +96,27 @@ def cmd_crd(_: argparse.Namespace) -> int:
     return 0
 
 
+BUILT_IN = {"render": cmd_render, "validate": cmd_validate, "crd": cmd_crd}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `rocmtrain` console script."""
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["run"]:
-        from rocmtrain_train.local import main as run_main
-
-        return run_main(args[1:])
-    parsed = _parser().parse_args(args)
-    handlers = {"render": cmd_render, "validate": cmd_validate, "crd": cmd_crd}
+    points = {name: point for name, point in _plugins().items() if name not in BUILT_IN}
+    if args[:1] and args[0] in points:
+        command = _load(points[args[0]])
+        if command is None:
+            print(
+                f"rocmtrain {args[0]}: the package that provides it ({points[args[0]].module.split('.')[0]}) "
+                f"is not installed here; this rocmtrain offers {', '.join(BUILT_IN)}",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        return command(args[1:])
+    loaded = {name: command for name, point in points.items() if (command := _load(point)) is not None}
+    parsed = _parser(loaded).parse_args(args)
     try:
-        return handlers[parsed.command](parsed)
+        return BUILT_IN[parsed.command](parsed)
     except OSError as exc:
         print(f"rocmtrain: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -21,7 +21,7 @@ import yaml
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from rocmtrain.api.models import ProgressReport
-from rocmtrain_train import local
+from rocmtrain_train import cli
 from rocmtrain_train.config import RunSettings
 from rocmtrain_train.local import run_local
 from rocmtrain_train.trainer import RunOutcome
@@ -86,7 +86,7 @@ def test_one_and_two_workers_reach_comparable_accuracy(two_workers, tmp_path):
     )
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(raw))
 
-    code = local.main(
+    code = cli.main(
         [str(tmp_path / "job.yaml"), "--storage", str(tmp_path / "runs"), "--summary", str(tmp_path / "s.json")]
     )
     assert code == 0

@@ -1,11 +1,11 @@
-"""The `rocmtrain` command line: render, validate, crd, and the hand-off to `rocmtrain run`."""
+"""The `rocmtrain` command line: render, validate, crd, and `rocmtrain run` (the training package's command)."""
 
 from __future__ import annotations
 
 import io
 import subprocess
 import sys
-import types
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,9 @@ import yaml
 import kuberay
 from rocmtrain import cli
 from rocmtrain.api import crd
-from unit.samples import EXAMPLES, full_job, minimal_job
+from rocmtrain.api.contract import DRIVER_MODULE
+from unit.edits import Edit, both, drop, put
+from unit.samples import EXAMPLES, example, full_job, minimal_job
 
 CLUSTER_EXAMPLES = ["cluster-mi300x.yaml", "kueue.yaml"]
 
@@ -122,14 +124,58 @@ def test_crd_prints_the_committed_file(capsys: pytest.CaptureFixture[str]) -> No
     assert out == (EXAMPLES.parent / "crds" / crd.CRD_FILE).read_text()
 
 
-def test_run_hands_the_rest_of_the_command_line_to_the_training_runner(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Stands in for training_image/rocmtrain_train/local.py, which the training tests cover.
-    seen: list[list[str]] = []
-    runner = types.ModuleType("rocmtrain_train.local")
-    runner.main = lambda argv: seen.append(argv) or 7  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "rocmtrain_train.local", runner)
-    assert cli.main(["run", "job.yaml", "--summary", "out.json"]) == 7
-    assert seen == [["job.yaml", "--summary", "out.json"]]
+# Jobs `rocmtrain run` used to start although validation refuses them: (id, edit of the quickstart job).
+REFUSED_LOCALLY: list[tuple[str, Edit]] = [
+    ("workers-as-string", put("spec.resources.workers", "2")),
+    ("reserved-env", put("spec.env", [{"name": "ROCMTRAIN_JOB", "value": "{}"}])),
+    ("ray-env", put("spec.env", [{"name": "RAY_ADDRESS", "value": "auto"}])),
+    ("shm-over-memory", put("spec.resources.sharedMemory", "4Gi")),
+    ("zero-cpus", put("spec.resources.cpusPerWorker", "0")),
+    ("name-leading-digit", put("metadata.name", "1quickstart")),
+    ("storage-on-the-hub", put("spec.checkpoint.storagePath", "org/checkpoints")),
+    ("split-of-a-file", put("spec.data.train.split", "train")),
+    ("az-scheme", put("spec.data.train.uri", "az://container/train.jsonl")),
+    ("reserved-volume", put("spec.volumes", [{"name": "dshm", "emptyDir": {}}])),
+    ("no-spec", drop("spec")),
+    ("unknown-field", put("spec.trainng", {"epochs": 2})),
+    ("two-errors", both(put("spec.resources.workers", 0), put("spec.training.precision", "fp64"))),
+]
+
+
+@pytest.mark.parametrize(("case", "edit"), REFUSED_LOCALLY, ids=[case for case, _ in REFUSED_LOCALLY])
+def test_run_refuses_what_validate_refuses_with_the_same_messages(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, case: str, edit: Edit
+) -> None:
+    """`rocmtrain run` (the training package's command) reads the file as `validate --context local` does."""
+    job = example("quickstart.yaml")
+    edit(job)
+    path = write(tmp_path, job)
+    code, out, refused = run(capsys, "validate", "--context", "local", path)
+    assert (code, out) == (1, "") and refused
+    code, out, err = run(capsys, "run", path)  # fails before any heavy import: nothing trains
+    assert (code, out, err) == (2, "", refused)
+
+
+def test_run_trains_one_job_per_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = write(tmp_path, example("quickstart.yaml"), example("quickstart.yaml"))
+    assert run(capsys, "run", path) == (2, "", f"{path}: holds 2 jobs; rocmtrain run trains one\n")
+
+
+def test_run_is_the_training_package_s_command() -> None:
+    (point,) = [p for p in entry_points(group=cli.COMMANDS_GROUP) if p.name == "run"]
+    assert point.module.split(".")[0] == DRIVER_MODULE
+
+
+def test_without_the_training_package_run_says_so_and_is_not_offered() -> None:
+    """The operator image: the entry point is registered, the training package is not installed."""
+    code = (
+        "import sys; sys.modules['rocmtrain_train'] = None; from rocmtrain import cli; "
+        "code = cli.main(['run', 'job.yaml']); print('exit', code); cli.main(['--help'])"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0 and "exit 2" in result.stdout
+    assert "rocmtrain run: the package that provides it (rocmtrain_train) is not installed here" in result.stderr
+    assert "render" in result.stdout and "\n    run " not in result.stdout
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -37,3 +37,13 @@ def test_rayjob_ray_version_is_the_pinned_ray() -> None:
 
 def test_default_training_image_is_this_release() -> None:
     assert DEFAULT_IMAGE.endswith(":" + PYPROJECT["project"]["version"])
+
+
+def test_the_operator_image_installs_the_operator_without_the_training_package() -> None:
+    """`rocmtrain run` is the training package's entry point; the operator image copies only operator/."""
+    dockerfile = (ROOT / "operator/Dockerfile").read_text()
+    copied = {line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ") and "--from" not in line}
+    assert copied == {"pyproject.toml", "operator"}
+    assert 'pip install --prefix=/install ".[operator]"' in dockerfile
+    assert PYPROJECT["project"]["entry-points"]["rocmtrain.commands"] == {"run": "rocmtrain_train.cli:main"}
+    assert PYPROJECT["tool"]["setuptools"]["packages"]["find"]["where"] == ["operator", "training_image"]

@@ -1,0 +1,94 @@
+"""`rocmtrain run JOB.yaml`: train a job on this machine with an embedded Ray.
+
+This is the training package's subcommand of the `rocmtrain` command: `rocmtrain`
+finds it through the `rocmtrain.commands` entry point (pyproject.toml), so it is
+offered only where this package is installed (not in the operator image). The job
+file is read with `rocmtrain.api.manifests.read_jobs` in the local context, so
+`rocmtrain run` refuses exactly what `rocmtrain validate --context local` refuses,
+with the same messages. Torch and Ray are imported only once the job is valid.
+Exit status: 0 trained, 1 training failed, 2 the job cannot run as configured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+
+from rocmtrain.api.manifests import read_jobs
+from rocmtrain.api.models import RocmTrainingJob
+
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+# Seconds between metric reports in local runs (shorter than on a cluster: someone is watching).
+LOCAL_REPORT_INTERVAL_SECONDS = 2.0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rocmtrain run", description="Train a job locally on Ray.")
+    parser.add_argument("job", type=Path, help="RocmTrainingJob YAML file")
+    parser.add_argument("--cpu", action="store_true", help="train on the CPU even if the job asks for GPUs")
+    parser.add_argument("--storage", help="checkpoint and model storage folder (default: the job's, else ./runs)")
+    parser.add_argument("--summary", type=Path, help="write the final metrics to this JSON file")
+    return parser
+
+
+def _read_job(path: Path) -> RocmTrainingJob | None:
+    """The one valid job of the file, else None after printing why (as `rocmtrain validate` does)."""
+    try:
+        jobs, errors = read_jobs(str(path), "local")
+    except OSError as exc:
+        print(f"error: cannot read {path}: {exc}", file=sys.stderr)
+        return None
+    if not errors and len(jobs) != 1:
+        errors = [f"{path}: holds {len(jobs)} jobs; rocmtrain run trains one"]
+    for line in errors:
+        print(line, file=sys.stderr)
+    return None if errors else jobs[0]
+
+
+def main(argv: list[str]) -> int:
+    """train a job locally on Ray (`rocmtrain run --help`)"""
+    args = _parser().parse_args(argv)
+    job = _read_job(args.job)
+    if job is None:
+        return EXIT_CONFIG
+    try:
+        from rocmtrain_train import local
+        from rocmtrain_train.config import ConfigError, local_settings
+    except ModuleNotFoundError as exc:
+        print(
+            f"error: rocmtrain run needs the `train` extra (missing {exc.name}): "
+            "pip install 'rocm-train-operator[train]'",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
+    try:
+        settings = local_settings(
+            job,
+            job_dir=str(args.job.resolve().parent),
+            run_id=uuid.uuid4().hex,
+            storage=args.storage,
+            force_cpu=args.cpu,
+            cpu_count=os.cpu_count() or 1,
+            report_interval_s=LOCAL_REPORT_INTERVAL_SECONDS,
+        )
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        outcome = local.run_local(settings)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except Exception as exc:
+        print(f"training failed: {exc}\nlogs: {settings.log_dir}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"model saved to {outcome.summary['model_path']}\nlogs: {settings.log_dir}")
+    if args.summary:
+        args.summary.parent.mkdir(parents=True, exist_ok=True)
+        args.summary.write_text(json.dumps(outcome.summary, indent=2) + "\n", encoding="utf-8")
+    return 0
