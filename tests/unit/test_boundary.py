@@ -1,0 +1,138 @@
+"""The import boundaries of the house, read from the source with `ast` (nothing is imported to check).
+
+- `rocmtrain.api` is the contract: the standard library, pydantic and PyYAML only,
+  nothing else of `rocmtrain`, never kopf, kubernetes, torch or ray;
+- the training package (`rocmtrain_train`) imports only `rocmtrain.api` of `rocmtrain`,
+  and `rocmtrain` never imports the training package;
+- the pure core (`rocmtrain.render`, `status`, `preflight`, `objects`) does no I/O:
+  no kopf, no Kubernetes client, no HTTP; kopf stays in `rocmtrain.controller`.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+from rocmtrain.api.contract import API_VERSION, DRIVER_MODULE, KIND
+from rocmtrain.api.models import RocmTrainingJob
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = {"rocmtrain": ROOT / "operator" / "rocmtrain", "rocmtrain_train": ROOT / "training_image" / "rocmtrain_train"}
+HEAVY = {"kopf", "kubernetes", "kubernetes_asyncio", "torch", "ray", "transformers", "aiohttp"}
+CONTRACT_THIRD_PARTY = {"pydantic", "pydantic_core", "yaml"}
+PURE = ("rocmtrain.render", "rocmtrain.status", "rocmtrain.preflight", "rocmtrain.objects")
+IMPORTERS = {"import_module", "__import__"}
+
+
+def imported(source: str, module: str) -> Iterator[tuple[int, str]]:
+    """(line, module) for every import in `source`, the source of `module`; nested and dynamic ones too.
+
+    `from a import b` counts as importing `a.b` (b may be a submodule); relative imports are resolved.
+    """
+    package = module.rsplit(".", 1)[0] if not module.endswith("__init__") else module.removesuffix(".__init__")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]) if node.level else ""
+            stem = ".".join(part for part in (base, node.module or "") if part)
+            yield from ((node.lineno, f"{stem}.{alias.name}") for alias in node.names)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in IMPORTERS:
+            first = node.args[0] if node.args else None
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                yield node.lineno, first.value
+
+
+def modules() -> Iterator[tuple[str, Path]]:
+    """(dotted name, file) of every module of both packages."""
+    for package, folder in SOURCES.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            yield ".".join((package, *parts)), path
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def broken_rules(module: str, source: str) -> list[str]:
+    """Every import of `module` (given its source) that crosses a boundary, as `module:line imports name`."""
+    found = []
+    for line, name in imported(source, module):
+        top = name.split(".")[0]
+        rules = [
+            within(module, "rocmtrain_train") and top == "rocmtrain" and not within(name, "rocmtrain.api"),
+            within(module, "rocmtrain") and top == "rocmtrain_train",
+            within(module, "rocmtrain.api")
+            and not (within(name, "rocmtrain.api") or top in sys.stdlib_module_names or top in CONTRACT_THIRD_PARTY),
+            any(within(module, pure) for pure in PURE)
+            and (top in HEAVY or (top == "rocmtrain" and not any(within(name, p) for p in (*PURE, "rocmtrain.api")))),
+            top == "kopf" and not within(module, "rocmtrain.controller"),
+        ]
+        if any(rules):
+            found.append(f"{module}:{line} imports {name}")
+    return found
+
+
+def test_every_import_of_both_packages_stays_inside_its_boundary() -> None:
+    broken = [problem for module, path in modules() for problem in broken_rules(module, path.read_text())]
+    assert broken == []
+
+
+def test_the_contract_imports_none_of_the_heavy_libraries() -> None:
+    contract = [(m, p) for m, p in modules() if within(m, "rocmtrain.api")]
+    assert len(contract) >= 10
+    names = {name.split(".")[0] for module, path in contract for _, name in imported(path.read_text(), module)}
+    assert not names & HEAVY
+    assert names - set(sys.stdlib_module_names) == {"rocmtrain", *CONTRACT_THIRD_PARTY}
+
+
+@pytest.mark.parametrize(
+    ("module", "source"),
+    [
+        ("rocmtrain_train.loop", "from rocmtrain.render import render_rayjob"),
+        ("rocmtrain_train.loop", "def f():\n    import rocmtrain.controller.handlers"),
+        ("rocmtrain_train.loop", "from rocmtrain import status"),
+        ("rocmtrain_train.loop", "import importlib\nimportlib.import_module('rocmtrain.kube')"),
+        ("rocmtrain.cli", "from rocmtrain_train.local import run_local"),
+        ("rocmtrain.status", "import rocmtrain_train"),
+        ("rocmtrain.api.models", "from rocmtrain.render import names"),
+        ("rocmtrain.api.models", "from .. import status"),
+        ("rocmtrain.api.validate", "import torch"),
+        ("rocmtrain.api.crd", "from kubernetes_asyncio import client"),
+        ("rocmtrain.render.pod", "import aiohttp"),
+        ("rocmtrain.objects", "from rocmtrain.kube import Kube"),
+        ("rocmtrain.progress.server", "import kopf"),
+    ],
+)
+def test_a_forbidden_import_is_found(module: str, source: str) -> None:
+    assert len(broken_rules(module, source)) == 1
+
+
+@pytest.mark.parametrize(
+    ("module", "source"),
+    [
+        ("rocmtrain_train.loop", "from rocmtrain.api.models import Metrics\nimport torch, ray"),
+        ("rocmtrain.api.models", "from rocmtrain.api import contract\nimport pydantic, re"),
+        ("rocmtrain.api.validate", "from . import names\nfrom .crd import openapi_schema"),
+        (
+            "rocmtrain.render.pod",
+            "from rocmtrain.render import volumes\nfrom rocmtrain.api.quantity import parse_quantity",
+        ),
+        ("rocmtrain.controller.handlers", "import kopf\nfrom rocmtrain import objects"),
+    ],
+)
+def test_an_allowed_import_passes(module: str, source: str) -> None:
+    assert broken_rules(module, source) == []
+
+
+def test_the_contract_s_names_are_the_ones_in_use() -> None:
+    assert (SOURCES[DRIVER_MODULE] / "__main__.py").is_file()  # the RayJob's entrypoint runs it
+    fields = RocmTrainingJob.model_fields  # Literal types must spell the value out: checked here
+    assert get_args(fields["api_version"].annotation) == (API_VERSION,)
+    assert get_args(fields["kind"].annotation) == (KIND,)
