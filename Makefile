@@ -35,9 +35,11 @@ test: install cluster-binaries lint
 test-unit: install
 	$(BIN)/pytest -q -ra -m "not cluster and not ray"
 
+# ruff, then mypy (strict on rocmtrain.api, rocmtrain.render and rocmtrain.status; see pyproject.toml).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 format: install
 	$(BIN)/ruff check --fix .
@@ -85,4 +87,4 @@ bench-operator: install cluster-binaries
 	$(PY) bench/operator_bench.py --out runs/bench-operator.json
 
 clean:
-	rm -rf $(VENV) .cluster runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) .cluster runs .pytest_cache .ruff_cache .mypy_cache
