@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint, distributions
 
 from rocmtrain.api.manifests import read_jobs
 
@@ -25,8 +25,17 @@ Command = Callable[[list[str]], int]
 
 
 def _plugins() -> dict[str, EntryPoint]:
-    """The commands other installed packages offer, by name."""
-    return {point.name: point for point in entry_points(group=COMMANDS_GROUP)}
+    """The commands other installed packages offer, by name.
+
+    Every distribution's are read, not only the first of each name (as `entry_points()`
+    does): a stale `*.egg-info` that an in-tree build left in the working directory must
+    not hide the installed package's commands.
+    """
+    found: dict[str, EntryPoint] = {}
+    for distribution in distributions():
+        for point in distribution.entry_points.select(group=COMMANDS_GROUP):
+            found.setdefault(point.name, point)
+    return found
 
 
 def _load(point: EntryPoint) -> Command | None:

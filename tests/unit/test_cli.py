@@ -166,16 +166,32 @@ def test_run_is_the_training_package_s_command() -> None:
     assert point.module.split(".")[0] == DRIVER_MODULE
 
 
-def test_without_the_training_package_run_says_so_and_is_not_offered() -> None:
+def python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`python -c code` in `cwd` (which is then first on sys.path)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=cwd)
+
+
+def test_without_the_training_package_run_says_so_and_is_not_offered(tmp_path: Path) -> None:
     """The operator image: the entry point is registered, the training package is not installed."""
-    code = (
+    result = python(
         "import sys; sys.modules['rocmtrain_train'] = None; from rocmtrain import cli; "
-        "code = cli.main(['run', 'job.yaml']); print('exit', code); cli.main(['--help'])"
+        "code = cli.main(['run', 'job.yaml']); print('exit', code); cli.main(['--help'])",
+        tmp_path,
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0 and "exit 2" in result.stdout
     assert "rocmtrain run: the package that provides it (rocmtrain_train) is not installed here" in result.stderr
     assert "render" in result.stdout and "\n    run " not in result.stdout
+
+
+def test_a_stale_egg_info_in_the_working_directory_hides_no_command(tmp_path: Path) -> None:
+    """What an in-tree build leaves behind (metadata of this project from before `run` existed) comes first on
+    sys.path for `python -c` and `python -m pytest`; the installed package's commands are still found."""
+    stale = tmp_path / "rocm_train_operator.egg-info"
+    stale.mkdir()
+    (stale / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: rocm-train-operator\nVersion: 0.1.0\n")
+    (stale / "entry_points.txt").write_text("[console_scripts]\nrocmtrain = rocmtrain.cli:main\n")
+    result = python("from rocmtrain import cli; cli.main(['--help'])", tmp_path)
+    assert result.returncode == 0 and "\n    run " in result.stdout
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
