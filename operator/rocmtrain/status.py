@@ -7,6 +7,13 @@ the progress fields the training driver reports) plus the events that explain
 each transition. Conditions follow Kubernetes API conventions: a condition's
 `lastTransitionTime` moves only when its status changes.
 
+The conditions also speak kstatus (the status library of Flux and kpt): `Ready` is True
+when the job is where its spec asks it to be (Running, Succeeded, or Suspended by
+`spec.suspend`), so kstatus reads it as Current; `Stalled` is True when a running job
+shows no progress or the job failed, which kstatus reads as Failed; `observedGeneration`
+tells a spec change not yet acted on. GPU-seconds and cost are counted by
+`rocmtrain.accounting`.
+
 KubeRay (v1.5.1) writes `status.jobDeploymentStatus` (``""`` = New,
 Initializing, Running, Complete, Failed, ValidationFailed, Suspending,
 Suspended, Retrying, Waiting, Scheduling, Scheduled) and `status.jobStatus`
@@ -23,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rocmtrain import accounting
 from rocmtrain.api.contract import RAYJOB_API_VERSION
 from rocmtrain.api.models import Condition, Phase, RocmTrainingJobSpec, RocmTrainingJobStatus
 from rocmtrain.api.timestamps import parse_time, rfc3339
@@ -42,8 +50,16 @@ OWNED_FIELDS = (
     "startTime",
     "completionTime",
     "restarts",
+    "gpuSeconds",
+    "gpusHeld",
+    "accountedUntil",
+    "cost",
 )
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+# Phases in which the job is where its spec asks it to be: Ready is True.
+READY_PHASES = frozenset({"Running", "Succeeded", "Suspended"})
+# Phases in which the Ray cluster's ready workers hold their GPUs (see `rocmtrain.accounting`).
+HOLDING_PHASES = frozenset({"Initializing", "Running"})
 
 # Condition types, in the order they are listed.
 READY = "Ready"
@@ -109,6 +125,7 @@ class Observation:
     now: dt.datetime
     stall_after: float  # seconds without progress before a running job counts as stalled
     hold: Hold | None = None  # why the RayJob is held back; None when nothing holds it
+    price: accounting.Price | None = None  # the price of the job's GPU-hours, when the operator has one
 
 
 @dataclass(frozen=True)
@@ -242,6 +259,11 @@ def _stall(obs: Observation, phase: str) -> tuple[str, str] | None:
     return None
 
 
+def _failure(state: _State) -> tuple[str, str] | None:
+    """(reason, message) of a failed job: kstatus reads `Stalled=True` as Failed."""
+    return (state.reason, state.message) if state.phase == "Failed" else None
+
+
 def _alarm(
     current: Sequence[Mapping[str, Any]], kind: str, active: tuple[str, str] | None, resolved: str
 ) -> tuple[str, str, str] | None:
@@ -278,11 +300,16 @@ def _desired_conditions(obs: Observation, state: _State) -> dict[str, tuple[str,
         return (hold.reason, hold.message) if hold is not None and hold.kind is kind else None
 
     candidates = {
-        READY: ("True" if phase == "Running" else "False", state.reason, state.message),
+        READY: ("True" if phase in READY_PHASES else "False", state.reason, state.message),
         ADMITTED: _admitted(obs, phase),
         UNSCHEDULABLE: _alarm(current, UNSCHEDULABLE, held_by(HoldKind.UNSCHEDULABLE), "Schedulable"),
         KUBERAY_MISSING: _alarm(current, KUBERAY_MISSING, held_by(HoldKind.KUBERAY_MISSING), "KubeRayInstalled"),
-        STALLED: _alarm(current, STALLED, _stall(obs, phase), "Progressing" if phase == "Running" else "NotRunning"),
+        STALLED: _alarm(
+            current,
+            STALLED,
+            _stall(obs, phase) or _failure(state),
+            "Progressing" if phase == "Running" else "NotRunning",
+        ),
         SUCCEEDED: ("True", state.reason, state.message) if phase == "Succeeded" else None,
         FAILED: ("True", state.reason, state.message) if phase == "Failed" else None,
     }
@@ -347,6 +374,10 @@ def compute_status(obs: Observation) -> dict[str, Any]:
     completion = current.get("completionTime")
     if state.phase in TERMINAL_PHASES and not completion:
         completion = rfc3339(parse_time(rayjob_status.get("endTime")) or obs.now)
+    held = ready * obs.spec.resources.gpus_per_worker if state.phase in HOLDING_PHASES and obs.rayjob is not None else 0
+    # An ended job is counted up to its end, however late the operator sees it.
+    until = min(obs.now, parse_time(completion) or obs.now) if state.phase in TERMINAL_PHASES else obs.now
+    usage = accounting.account(current, held, until, obs.price)
     status = RocmTrainingJobStatus(
         phase=state.phase,
         conditions=merge_conditions(
@@ -366,6 +397,10 @@ def compute_status(obs: Observation) -> dict[str, Any]:
         start_time=start_time,
         completion_time=completion if state.phase in TERMINAL_PHASES else None,
         restarts=max(_restarts(obs.rayjob, state.phase), _count(current.get("restarts"))),
+        gpu_seconds=usage["gpuSeconds"],
+        gpus_held=usage["gpusHeld"],
+        accounted_until=usage["accountedUntil"],
+        cost=usage["cost"],
     )
     if state.phase in TERMINAL_PHASES and obs.rayjob is None:
         # The RayJob is gone after the end (deleted by KubeRay or by hand): keep what was seen.
@@ -385,16 +420,19 @@ def invalid_status(
 ) -> dict[str, Any]:
     """The status of a job whose spec the operator refuses: Failed with every field error."""
     message = "invalid spec: " + "; ".join(errors)
+    refused = ("InvalidSpec", message)
     return RocmTrainingJobStatus(
         phase="Failed",
         conditions=merge_conditions(
             current.get("conditions") or [],
-            {READY: ("False", "InvalidSpec", message), FAILED: ("True", "InvalidSpec", message)},
+            {READY: ("False", *refused), STALLED: ("True", *refused), FAILED: ("True", *refused)},
             now=now,
             generation=generation,
         ),
         observed_generation=generation,
         completion_time=current.get("completionTime") or rfc3339(now),
+        gpu_seconds=current.get("gpuSeconds"),
+        cost=current.get("cost"),
     ).dump()
 
 
@@ -426,6 +464,8 @@ def transition_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Ev
         message = f"{old.get('phase') or 'New'} → {phase}" + (f": {detail}" if detail else "")
         events.append(Event("Warning" if phase in _WARNING_PHASES else "Normal", phase, message))
     for kind, event_type in _NOTABLE:
+        if kind == STALLED and phase == "Failed":
+            continue  # a failure is Stalled too (for kstatus); the phase event tells it
         if _turned_true(old_conditions, new_conditions, kind):
             cond = _find(new_conditions, kind) or {}
             events.append(Event(event_type, cond.get("reason") or kind, cond.get("message") or kind))

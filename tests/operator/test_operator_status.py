@@ -120,17 +120,18 @@ def test_success_sequence_phases_conditions_and_fields():
     assert running["dashboardUrl"] == "job-head-svc.ns.svc:8265"
     assert running["startTime"] == "2026-01-02T03:04:05Z" and "completionTime" not in running
     assert conditions(done)["Succeeded"] == ("True", "Succeeded")
-    assert conditions(done)["Ready"] == ("False", "Succeeded")
+    assert conditions(done)["Ready"] == ("True", "Succeeded")  # where its spec asks it to be (kstatus: Current)
     assert done["completionTime"] == "2026-01-02T04:00:00Z" and done["restarts"] == 0
     assert statuses[2]["workersReady"] == 0 and statuses[3]["workersReady"] == 1
 
 
-def test_ready_keeps_transition_time_while_running():
+def test_ready_keeps_transition_time_while_running_and_after_success():
     statuses = run(SUCCESS)
     ready = [next(c for c in s["conditions"] if c["type"] == "Ready") for s in statuses]
     assert ready[6]["lastTransitionTime"] == "2026-01-02T03:04:11Z"  # turned True at step 6
     assert ready[7]["lastTransitionTime"] == ready[6]["lastTransitionTime"]
-    assert ready[8]["lastTransitionTime"] == "2026-01-02T03:04:13Z"
+    assert ready[8]["lastTransitionTime"] == ready[6]["lastTransitionTime"]  # still True when it succeeds
+    assert ready[8]["reason"] == "Succeeded"
     assert all(c["observedGeneration"] == 1 for s in statuses for c in s["conditions"])
 
 
@@ -180,8 +181,10 @@ def test_failures_carry_kuberay_reason_and_message(final, reason, message):
     assert conditions(last)["Failed"] == ("True", reason)
     assert next(c for c in last["conditions"] if c["type"] == "Failed")["message"] == message
     assert "completionTime" in last and last["restarts"] == 0
+    assert conditions(last)["Stalled"] == ("True", reason)  # kstatus reads Stalled=True as Failed
+    assert conditions(last)["Ready"] == ("False", reason)
     events = transition_events(statuses[-2], last)
-    assert events[0].type == "Warning" and events[0].reason == "Failed"
+    assert [(e.type, e.reason) for e in events] == [("Warning", "Failed")]  # one event, not one per condition
 
 
 def test_retrying_counts_restarts_and_returns_to_initializing():
@@ -288,6 +291,8 @@ def test_user_suspend_and_resume_without_queue():
     ]
     assert "Admitted" not in conditions(statuses[0])
     assert "dashboardUrl" not in statuses[3] and "jobId" not in statuses[3]
+    # Suspended is what the spec asks for: Ready (kstatus: Current); resuming is not Ready until it runs.
+    assert [conditions(s)["Ready"][0] for s in statuses] == ["True", "True", "True", "True", "False", "False", "False"]
 
 
 def test_terminal_phase_is_sticky_even_when_the_rayjob_goes():
@@ -365,6 +370,7 @@ def test_invalid_spec_lists_every_field_path():
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
     assert "spec.model.source" in ready["message"] and "spec.resources.workers" in ready["message"]
+    assert conditions(status)["Stalled"] == ("True", "InvalidSpec")  # kstatus: Failed
 
 
 def test_merge_conditions_keeps_foreign_conditions_and_transition_times():

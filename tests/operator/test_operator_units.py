@@ -27,6 +27,9 @@ def test_config_defaults_and_overrides():
     )
     assert custom.namespaces == ("team-a", "team-b")
     assert custom.stall_check_seconds == 2 and custom.liveness_endpoint is None
+    assert default.pricing is None and default.metrics_max_jobs == 500
+    priced = OperatorConfig.from_env({"ROCMTRAIN_GPU_PRICES": "default=2.5", "ROCMTRAIN_COST_CURRENCY": "EUR"})
+    assert priced.pricing is not None and (priced.pricing.default, priced.pricing.currency) == (2.5, "EUR")
 
 
 @pytest.mark.parametrize(
@@ -36,6 +39,9 @@ def test_config_defaults_and_overrides():
         {"ROCMTRAIN_METRICS_PORT": "70000"},
         {"ROCMTRAIN_STALL_SECONDS": "0"},
         {"ROCMTRAIN_RETRY_SECONDS": "soon"},
+        {"ROCMTRAIN_METRICS_MAX_JOBS": "-1"},
+        {"ROCMTRAIN_GPU_PRICES": "AMD_Instinct_MI300X_OAM=cheap"},
+        {"ROCMTRAIN_GPU_PRICES": "default=2", "ROCMTRAIN_COST_CURRENCY": "euro"},
     ],
 )
 def test_config_refuses_bad_values(env):
@@ -104,8 +110,18 @@ def test_rayjob_view_keeps_status_and_status_write_times_only():
     assert controller_ref({"metadata": {"ownerReferences": [{"kind": "Other", "controller": True}]}}) == {}
 
 
+def _view(name: str, phase: str | None, gpus: int) -> dict:
+    return {
+        "metadata": {"namespace": "ns", "name": name},
+        "spec": {"resources": {"workers": 1, "gpusPerWorker": gpus}},
+        "status": {"phase": phase} if phase else {},
+        "gpus": gpus,
+    }
+
+
 def test_jobs_collector_counts_phases_and_gpus_of_unfinished_jobs():
-    metrics.JOBS.source = lambda: [("Running", 16), ("Running", 8), ("Succeeded", 8), (None, 4)]
+    views = [_view("a", "Running", 16), _view("b", "Running", 8), _view("c", "Succeeded", 8), _view("d", None, 4)]
+    metrics.JOBS.source = lambda: views
     try:
         text = generate_latest(metrics.REGISTRY).decode()
     finally:
@@ -115,6 +131,9 @@ def test_jobs_collector_counts_phases_and_gpus_of_unfinished_jobs():
     assert 'rocmtrain_jobs{phase="Unknown"} 1.0' in text
     assert 'rocmtrain_gpus_requested{phase="Running"} 24.0' in text
     assert 'rocmtrain_gpus_requested{phase="Succeeded"}' not in text
+    assert 'rocmtrain_job_phase{job_name="c",namespace="ns",phase="Succeeded"} 1.0' in text
+    assert 'rocmtrain_job_gpus{job_name="a",namespace="ns"} 16.0' in text
+    assert "rocmtrain_job_series_dropped 0.0" in text
 
 
 def test_observe_counts_unexpected_errors_only():

@@ -60,6 +60,19 @@ PRINTER_COLUMNS = [
         "jsonPath": ".status.progress.etaSeconds",
         "description": "Estimated seconds until training ends.",
     },
+    {
+        "name": "GPU-Seconds",
+        "type": "number",
+        "jsonPath": ".status.gpuSeconds",
+        "description": "AMD GPU-seconds held so far.",
+        "priority": 1,
+    },
+    {
+        "name": "Cost",
+        "type": "number",
+        "jsonPath": ".status.cost.amount",
+        "description": "What the GPU-seconds cost, in status.cost.currency (ROCMTRAIN_COST_CURRENCY).",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

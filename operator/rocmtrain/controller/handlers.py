@@ -46,9 +46,8 @@ async def startup(
     configure_kopf(settings)
     memo.kube = await Kube.connect()
     memo.metrics = await metrics.serve(config.metrics_port) if config.metrics_port else None
-    metrics.JOBS.source = lambda: (
-        (job["status"].get("phase"), job["gpus"]) for store in list(jobs.values()) for job in store
-    )
+    metrics.JOBS.source = lambda: (job for store in list(jobs.values()) for job in store)
+    metrics.JOBS.max_jobs = config.metrics_max_jobs
 
     async def handle(kind: str, rayjob: dict[str, Any]) -> None:
         await rayjob_changed(kind, rayjob, memo, jobs, nodes)
@@ -103,7 +102,7 @@ def nodes(body: kopf.Body, **_: Any) -> dict[str, preflight.NodeInfo] | None:
 
 @kopf.index(*JOB)  # type: ignore[arg-type]  # a namespaced resource: kopf passes `namespace` as a str
 def jobs(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    """Jobs by (namespace, name), with their GPU request for the metrics."""
+    """Jobs by (namespace, name), with their GPU request for the metrics (which read this index)."""
     view = job_view(body)
     view["gpus"] = requested_gpus(view)
     return {(namespace, name): view}

@@ -27,10 +27,12 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rocmtrain import preflight, status
-from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain import metrics, preflight, status
+from rocmtrain.accounting import Price
+from rocmtrain.api.models import RocmTrainingJob, RocmTrainingJobSpec
 from rocmtrain.api.validate import FieldError, validate_job
 from rocmtrain.controller.settings import OperatorConfig
+from rocmtrain.job_gauges import queue_wait
 from rocmtrain.kube import JOBS, RAYJOBS, ApiMissing, Kube
 from rocmtrain.objects import controller_ref, job_document, mutable_patch, owner_reference, rayjob_view
 from rocmtrain.render import render_rayjob
@@ -120,6 +122,10 @@ class Reconciler:
             task.cancel()
         await asyncio.gather(*self._retries, return_exceptions=True)
 
+    def _price(self, spec: RocmTrainingJobSpec) -> Price | None:
+        pricing = self._config.pricing
+        return pricing.price_for(spec) if pricing is not None else None
+
     def _state(self, uid: str) -> JobState:
         return self._states.setdefault(uid, JobState())
 
@@ -177,6 +183,7 @@ class Reconciler:
                     now=_now(),
                     stall_after=self._config.stall_seconds,
                     hold=hold,
+                    price=self._price(valid.spec),
                 )
             )
             await self._write(job, state, current, new)
@@ -240,6 +247,7 @@ class Reconciler:
                     rayjob=rayjob,
                     now=_now(),
                     stall_after=self._config.stall_seconds,
+                    price=self._price(valid.spec),
                 )
             )
             await self._write(job, state, current, new)
@@ -255,6 +263,8 @@ class Reconciler:
         if await self._kube.patch_status(JOBS, meta["namespace"], meta["name"], patch, uid=meta["uid"]) is None:
             return
         state.written = {key: new.get(key) for key in status.OWNED_FIELDS}
+        if (waited := queue_wait(current, new, _now())) is not None:
+            metrics.QUEUE_WAIT_SECONDS.observe(waited)
         for event in status.transition_events(current, new):
             logger.info("%s/%s %s: %s", meta["namespace"], meta["name"], event.reason, event.message)
             await self._kube.post_event(job, type=event.type, reason=event.reason, message=event.message)

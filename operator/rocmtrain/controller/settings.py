@@ -7,6 +7,9 @@
 | ROCMTRAIN_HEALTH_PORT      | 8081    | liveness probe port (`/healthz`); 0 turns it off             |
 | ROCMTRAIN_STALL_SECONDS    | 900     | a Running job without progress for this long is Stalled      |
 | ROCMTRAIN_RETRY_SECONDS    | 30      | re-check interval of a held job (KubeRay, nodes) or failure  |
+| ROCMTRAIN_METRICS_MAX_JOBS | 500     | jobs with per-job metric series; 0 turns them off            |
+| ROCMTRAIN_GPU_PRICES       | (none)  | price per GPU-hour by product name: `NAME=PRICE,default=...` |
+| ROCMTRAIN_COST_CURRENCY    | USD     | ISO 4217 currency of those prices (`status.cost`)            |
 
 The progress endpoint is on when `ROCMTRAIN_OPERATOR_NAMESPACE` is set (the
 Deployment sets it from the downward API); its other `ROCMTRAIN_PROGRESS_*`
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 
 import kopf
 
+from rocmtrain.accounting import Pricing, parse_pricing
 from rocmtrain.api.contract import OPERATOR_NAME
 from rocmtrain.api.patterns import DNS_LABEL
 from rocmtrain.progress.server import ProgressServerConfig
@@ -50,6 +54,17 @@ def _namespaces(env: Mapping[str, str]) -> tuple[str, ...]:
     return names
 
 
+def _pricing(env: Mapping[str, str]) -> Pricing | None:
+    prices = env.get("ROCMTRAIN_GPU_PRICES", "").strip()
+    currency = env.get("ROCMTRAIN_COST_CURRENCY", "")
+    try:
+        pricing = parse_pricing(prices, currency)
+    except ValueError as exc:
+        name = "ROCMTRAIN_GPU_PRICES" if "currency" not in str(exc) else "ROCMTRAIN_COST_CURRENCY"
+        raise ConfigError(f"{name}: {exc}") from None
+    return pricing if prices else None
+
+
 @dataclass(frozen=True)
 class OperatorConfig:
     """Everything the operator reads from its environment."""
@@ -59,6 +74,8 @@ class OperatorConfig:
     health_port: int = 8081
     stall_seconds: int = 900
     retry_seconds: int = 30
+    metrics_max_jobs: int = 500
+    pricing: Pricing | None = None  # None: no prices, no status.cost
     render_options: RenderOptions = field(default_factory=RenderOptions)
     progress: ProgressServerConfig | None = None  # None: the progress endpoint is off
 
@@ -72,6 +89,8 @@ class OperatorConfig:
             health_port=_int(env, "ROCMTRAIN_HEALTH_PORT", 8081, 0, 65535),
             stall_seconds=_int(env, "ROCMTRAIN_STALL_SECONDS", 900, 1, 30 * 86400),
             retry_seconds=_int(env, "ROCMTRAIN_RETRY_SECONDS", 30, 1, 3600),
+            metrics_max_jobs=_int(env, "ROCMTRAIN_METRICS_MAX_JOBS", 500, 0, 100_000),
+            pricing=_pricing(env),
             render_options=progress.render_options(RenderOptions()) if progress else RenderOptions(),
             progress=progress,
         )

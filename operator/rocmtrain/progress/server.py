@@ -39,6 +39,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from kubernetes_asyncio import client
 
+from rocmtrain import metrics
 from rocmtrain.api.contract import PROGRESS_AUDIENCE, PROGRESS_BURST, PROGRESS_PATH, PROGRESS_RATE_PER_SECOND
 from rocmtrain.api.models import ProgressReport
 from rocmtrain.api.patterns import DNS_LABEL
@@ -81,6 +82,7 @@ def _utcnow() -> dt.datetime:
 def _refuse(status: int, namespace: str, name: str, reason: str, **headers: str) -> web.HTTPException:
     """An HTTP error answer with a short reason; logged without token or body."""
     log.info("progress for %s/%s refused: %d %s", namespace, name, status, reason)
+    metrics.PROGRESS_REFUSALS.labels(str(int(status))).inc()
     error = web.HTTPException(
         text=json.dumps({"error": reason}), content_type="application/json", headers=headers or None
     )
@@ -189,6 +191,7 @@ def make_app(
             raise _refuse(
                 HTTPStatus.SERVICE_UNAVAILABLE, namespace, name, "job kept changing", **_RETRY_LATER
             ) from None
+        metrics.PROGRESS_REPORTS.inc()
         return web.Response(status=204)
 
     app = web.Application(client_max_size=MAX_BODY_BYTES)
