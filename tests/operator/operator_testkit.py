@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from kopf.testing import KopfRunner
 
-from cluster.kubecluster import BIN_DIR, KubeCluster, free_port
+from cluster.kubecluster import KubeCluster, free_port
+from gotools import go_tool
 from rocmtrain.api.manifests import load_documents
 
 REPO = Path(__file__).resolve().parents[2]
@@ -164,11 +165,5 @@ class Operator:
 
 def kustomize_build(folder: Path) -> list[dict[str, Any]]:
     """`kustomize build folder`, as objects (YAML 1.2 numbers, `5e-05`, as kubectl reads them)."""
-    binary = BIN_DIR / "kustomize"
-    if not binary.is_file():
-        message = f"no kustomize in {BIN_DIR}; run `make cluster-binaries`"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    out = subprocess.run([str(binary), "build", str(folder)], capture_output=True, text=True, check=True)
+    out = subprocess.run([str(go_tool("kustomize")), "build", str(folder)], capture_output=True, text=True, check=True)
     return load_documents(out.stdout)

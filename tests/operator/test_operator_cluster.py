@@ -115,7 +115,7 @@ SEQUENCES = {
                 "Succeeded",
             ),
         ],
-        {"Ready": ("False", "Succeeded"), "Succeeded": ("True", "Succeeded")},
+        {"Ready": ("True", "Succeeded"), "Succeeded": ("True", "Succeeded")},
         ["Pending", "Initializing", "Running", "Succeeded"],
     ),
     "app-failed": (

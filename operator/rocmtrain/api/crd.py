@@ -170,7 +170,9 @@ def openapi_schema() -> dict[str, Any]:
             "kind": {"type": "string", "description": "Kind: " + KIND + "."},
             "metadata": {"type": "object"},
             "spec": spec_schema,
-            "status": _structural(status, status.get("$defs", {})),
+            # A job the operator has not seen yet reads as generation 0 observed, so GitOps health
+            # checks (kstatus, Argo CD) wait for the operator instead of calling it current.
+            "status": {**_structural(status, status.get("$defs", {})), "default": {"observedGeneration": 0}},
         },
         "x-kubernetes-validations": [
             {
