@@ -16,7 +16,7 @@ $(BIN)/activate:
 
 # Installs the project with every extra into .venv; re-runs only when pyproject changes.
 $(VENV)/.installed: pyproject.toml | $(BIN)/activate
-	$(PY) -m pip install --quiet -e '.[operator,train,dev]'
+	$(PY) -m pip install --quiet -e '.[operator,train,plot,dev]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -81,11 +81,12 @@ class Kube:
         self._core = client.CoreV1Api(api)
 
     @classmethod
-    async def connect(cls, pool_size: int = 32) -> Kube:
-        """A client from $KUBECONFIG (or ~/.kube/config), else from the in-cluster service account."""
+    async def connect(cls, pool_size: int = 32, kubeconfig: str | None = None) -> Kube:
+        """A client from `kubeconfig`, $KUBECONFIG or ~/.kube/config, else from the in-cluster service account."""
         configuration = client.Configuration()
-        kubeconfig = os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
-        if os.environ.get("KUBECONFIG") or Path(kubeconfig).is_file():
+        named = kubeconfig or os.environ.get("KUBECONFIG")
+        kubeconfig = named or str(Path("~/.kube/config").expanduser())
+        if named or Path(kubeconfig).is_file():
             await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
         else:
             config.load_incluster_config(client_configuration=configuration)

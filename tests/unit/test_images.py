@@ -45,5 +45,8 @@ def test_the_operator_image_installs_the_operator_without_the_training_package()
     copied = {line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ") and "--from" not in line}
     assert copied == {"pyproject.toml", "operator"}
     assert 'pip install --prefix=/install ".[operator]"' in dockerfile
-    assert PYPROJECT["project"]["entry-points"]["rocmtrain.commands"] == {"run": "rocmtrain_train.cli:main"}
+    commands = PYPROJECT["project"]["entry-points"]["rocmtrain.commands"]
+    training = {name for name, target in commands.items() if target.startswith("rocmtrain_train.")}
+    assert training == {"run", "scale"}  # not in this image
+    assert {name for name in commands if name not in training} == {"pool", "status", "plot"}  # in it
     assert PYPROJECT["tool"]["setuptools"]["packages"]["find"]["where"] == ["operator", "training_image"]
