@@ -4,7 +4,7 @@ Every gauge is labelled `namespace` and `job_name` and read from the job's
 status at scrape time, so a deleted job's series go with it. Cardinality is bounded:
 series are exported for at most `limit` jobs (`ROCMTRAIN_METRICS_MAX_JOBS`), jobs that
 have not ended first, then the most recently ended; `dropped` counts the others. That
-is at most `len(JOB_GAUGES) + 1` series per job (the gauges, and the phase).
+is at most `len(JOB_GAUGES) + 2` series per job (the gauges, the phase and the cost).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ operator in tests/operator/test_operator_monitoring.py.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -25,6 +26,11 @@ from monitoring.promql import (
     rule_expressions,
     rule_groups,
 )
+from rocmtrain.api.contract import JOB_NAME_LABEL
+from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.metrics import JOB_LABEL
+from rocmtrain.render import render_rayjob
+from unit.samples import full_job
 
 HERE = Path(__file__).resolve().parent
 
@@ -112,3 +118,17 @@ def test_metric_names_are_read_from_expressions(expr: str, names: set[str]):
 def test_the_rule_file_is_a_prometheus_rule():
     document = yaml.safe_load(RULES.read_text())
     assert document["apiVersion"] == "monitoring.coreos.com/v1" and document["kind"] == "PrometheusRule"
+
+
+def test_amd_gpu_metrics_join_jobs_by_the_label_the_readme_configures():
+    """The README's ExtraPodLabels copies the pods' job label; the exporter lowercases its key to the metrics' label."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (snippet,) = re.findall(r'\{ "GPUConfig": .*\}', readme)
+    ((key, label),) = json.loads(snippet)["GPUConfig"]["ExtraPodLabels"].items()
+    assert label == JOB_NAME_LABEL and key.lower() == JOB_LABEL
+    job = RocmTrainingJob.model_validate(full_job())
+    cluster = render_rayjob(job)["spec"]["rayClusterSpec"]
+    templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+    assert all(t["metadata"]["labels"][JOB_NAME_LABEL] == job.metadata.name for t in templates)
+    gpu_queries = [expr for _, expr in dashboard_expressions() if metric_names(expr) & {"gpu_gfx_activity"}]
+    assert gpu_queries and all(f"by (namespace, {JOB_LABEL})" in expr for expr in gpu_queries)
