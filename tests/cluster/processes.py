@@ -19,6 +19,8 @@ from cluster.paths import BIN_DIR
 # Proxy settings would send the components' HTTP calls (KubeRay's to the Ray
 # dashboard) to a proxy off this machine: never passed on.
 _DROPPED_ENV = {"http_proxy", "https_proxy", "all_proxy", "no_proxy", "kubeconfig"}
+# Started in this order, stopped in the reverse one, after everything else.
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager")
 
 
 class ClusterError(RuntimeError):
@@ -229,9 +231,6 @@ def stop_pids(pids: Mapping[str, int]) -> None:
     for name in reversed(CONTROL_PLANE):
         if name in pids:
             kill_groups([pids[name]])
-
-
-CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager")
 
 
 def is_ours(binary: str, pid: int) -> bool:
