@@ -18,8 +18,8 @@ from cluster import kuberay, kueue, kwok
 from cluster.nodes import GPU_RESOURCE, MI300X_LABELS, PRODUCT_LABEL, WORLD_NODES
 from cluster.sandbox import RESOLVER
 from cluster.world import Scope, World
+from rocmtrain.api.validate import validate_job
 from rocmtrain.render import render_rayjob
-from rocmtrain.validate import validate_job
 
 pytestmark = pytest.mark.cluster
 
