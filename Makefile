@@ -67,11 +67,13 @@ validate: install
 cluster-binaries:
 	tests/cluster/build.sh
 
+# The whole test world, detached (kube-scheduler, kwok GPU nodes, KubeRay, Kueue); prints its kubeconfig.
 cluster-up: install cluster-binaries
-	$(PY) tests/cluster/kubecluster.py up
+	PYTHONPATH=tests $(PY) -m cluster.kubecluster up
 
+# Stops every process cluster-up started and removes its state.
 cluster-down:
-	$(PY) tests/cluster/kubecluster.py down
+	PYTHONPATH=tests $(PY) -m cluster.kubecluster down
 
 # The operator against the current KUBECONFIG (all namespaces unless ROCMTRAIN_NAMESPACES is set).
 run-operator: install

@@ -1,4 +1,4 @@
-"""Shared pytest configuration: ``tests/`` on sys.path and the ``kube`` cluster fixture."""
+"""Shared pytest configuration: ``tests/`` on sys.path, the lean ``kube`` cluster and the full ``world``."""
 
 from __future__ import annotations
 
@@ -14,21 +14,52 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 if TYPE_CHECKING:
     from cluster.kubecluster import KubeCluster
+    from cluster.world import Scope, World
+
+
+def _missing(msg: str) -> None:
+    """Skip, or fail under CI, where every part must be there."""
+    if os.environ.get("CI"):
+        pytest.fail(msg)
+    pytest.skip(msg)
 
 
 @pytest.fixture(scope="session")
 def kube() -> Iterator[KubeCluster]:
-    """A real control plane (etcd, kube-apiserver, kube-controller-manager) for the session.
+    """The lean control plane (etcd, kube-apiserver, kube-controller-manager) for the session.
 
-    Uses the cluster at $ROCMTRAIN_TEST_KUBECONFIG when set. Without the
-    binaries (`make cluster-binaries`) the tests are skipped, or fail under CI.
+    No scheduler, kubelet or KubeRay controller: tests write RayJob status
+    themselves. Uses the cluster at $ROCMTRAIN_TEST_KUBECONFIG when set.
     """
     from cluster import kubecluster
 
     if not os.environ.get(kubecluster.EXTERNAL_KUBECONFIG_ENV) and not kubecluster.binaries_present():
-        msg = f"no control-plane binaries in {kubecluster.BIN_DIR}; run `make cluster-binaries`"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+        _missing(f"no control-plane binaries in {kubecluster.BIN_DIR}; run `make cluster-binaries`")
     with kubecluster.running_cluster() as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def world() -> Iterator[World]:
+    """The full world for the session, apart from ``kube``: the control plane plus kube-scheduler,
+    kwok GPU nodes, the KubeRay operator and Kueue (tests/cluster/world.py)."""
+    from cluster import kubecluster, world
+
+    if os.environ.get(kubecluster.EXTERNAL_KUBECONFIG_ENV):
+        pytest.skip("the world runs its own processes; not against $ROCMTRAIN_TEST_KUBECONFIG")
+    if not world.binaries_present():
+        _missing(f"no world binaries in {kubecluster.BIN_DIR}; run `make cluster-binaries`")
+    with kubecluster.running_world() as started:
+        yield started
+
+
+@pytest.fixture
+def scope(world: World) -> Iterator[Scope]:
+    """Namespaces and objects for one test in the world, removed after it (freeing the GPUs)."""
+    from cluster.world import Scope
+
+    made = Scope(world)
+    try:
+        yield made
+    finally:
+        made.close()

@@ -1,21 +1,17 @@
-"""Go for the tests: the tools tests/cluster/build.sh builds (kustomize, promtool, kstatus), and Go modules' files.
+"""The Go-built tools of tests/cluster/build.sh (kustomize, promtool, kstatus): where they are, or why not.
 
 A missing tool skips the test that needs it, and fails it under CI (`CI` set), where
-`make test` builds every tool first. Modules come through the Go module proxy into the
-module cache, once.
+`make test` builds every tool first.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from cluster.kubecluster import BIN_DIR
+from cluster.paths import BIN_DIR
 
 
 def go_tool(name: str) -> Path:
@@ -27,19 +23,3 @@ def go_tool(name: str) -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return binary
-
-
-def module_dir(module: str, version: str) -> Path:
-    """The folder of Go module `module@version` in the module cache (downloaded on first use)."""
-    with tempfile.TemporaryDirectory() as outside_any_module:
-        result = subprocess.run(
-            ["go", "mod", "download", "-json", f"{module}@{version}"],
-            cwd=outside_any_module,
-            env={**os.environ, "GOFLAGS": "-mod=mod", "GO111MODULE": "on"},
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-    if result.returncode != 0:
-        raise RuntimeError(f"cannot fetch {module}@{version}: {result.stdout}{result.stderr}")
-    return Path(json.loads(result.stdout)["Dir"])

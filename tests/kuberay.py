@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
+import os
+import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
 
-from gotools import module_dir
 from rocmtrain.api.contract import KUBERAY_VERSION
 
 MODULE = "github.com/ray-project/kuberay/ray-operator"
@@ -41,7 +44,18 @@ def crd_path() -> Path:
     built = ROOT / ".cluster" / "bin" / "crds" / CRD_FILE
     if built.is_file():
         return built
-    return module_dir(MODULE, KUBERAY_VERSION) / "config" / "crd" / "bases" / CRD_FILE
+    with tempfile.TemporaryDirectory() as outside_any_module:
+        result = subprocess.run(
+            ["go", "mod", "download", "-json", f"{MODULE}@{KUBERAY_VERSION}"],
+            cwd=outside_any_module,
+            env={**os.environ, "GOFLAGS": "-mod=mod", "GO111MODULE": "on"},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    if result.returncode != 0:
+        raise RuntimeError(f"cannot fetch {MODULE}@{KUBERAY_VERSION}: {result.stdout}{result.stderr}")
+    return Path(json.loads(result.stdout)["Dir"]) / "config" / "crd" / "bases" / CRD_FILE
 
 
 def _strict(node: Any) -> Any:

@@ -1,15 +1,14 @@
-"""`rocmtrain pool`, `status` and `plot` against the real control plane.
+"""`rocmtrain pool`, `status` and `plot` against real clusters.
 
-Real: kube-apiserver with our CRD and Kueue's CRDs (v0.17.0), Nodes, Pods bound to nodes, events.
-Faked: the AMD GPUs (nodes advertise `amd.com/gpu` and AMD's node-labeller labels; no kubelet
-runs, so bound pods stay Pending, which the scheduler counts as holding their GPUs), and
-Kueue's controller (the test writes ClusterQueue and Workload status as Kueue does).
+`pool` runs in the world (tests/cluster/world.py): kube-scheduler binds the Ray pods KubeRay makes,
+Kueue admits RayJobs against a ClusterQueue's quota, kwok runs the nodes (2 x MI300X, 1 x MI250, 1 CPU)
+and the pods; faked there: the GPUs and the containers. `status` and `plot` run on the lean control
+plane, where the test writes the job's status and events as the operator would.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,72 +16,27 @@ import pytest
 from operator_testkit import job_manifest
 from PIL import Image
 
-from cluster.kubecluster import AMD_MI300X_LABELS, KubeCluster
+from cluster import kuberay, kueue
+from cluster.api import KubeCluster
+from cluster.nodes import GPU_RESOURCE, MI250_LABELS, MI300X_LABELS, PRODUCT_LABEL
+from cluster.world import Scope, World
 from rocmtrain import cluster_cli
-from views import kueue
+from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.render import render_rayjob
 
 pytestmark = pytest.mark.cluster
 
-MI250_LABELS = {
-    "amd.com/gpu.product-name": "AMD_Instinct_MI250X_MI250",
-    "amd.com/gpu.family": "AI",
-    "amd.com/gpu.vram": "64G",
-}
 JOBS = "/apis/rocmtrain.dev/v1alpha1/namespaces/{ns}/rocmtrainingjobs"
+MI300X, MI250 = MI300X_LABELS[PRODUCT_LABEL], MI250_LABELS[PRODUCT_LABEL]
 
 
-def add_node(kube: KubeCluster, name: str, labels: dict[str, str], gpus: int) -> None:
-    """A Ready node with `gpus` allocatable AMD GPUs (none: a CPU node)."""
-    kube.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
-    resources = {"cpu": "64", "memory": "512Gi", "pods": "110", **({"amd.com/gpu": str(gpus)} if gpus else {})}
-    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady"}
-    kube.request(
-        "PATCH",
-        f"/api/v1/nodes/{name}/status",
-        body={"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}},
-        content_type="application/strategic-merge-patch+json",
-    )
-
-
-def gpu_pod(namespace: str, name: str, gpus: int, node: str | None, job: str | None = None) -> dict[str, Any]:
-    labels = {"rocmtrain.dev/job-name": job, "ray.io/node-type": "worker"} if job else {}
-    spec: dict[str, Any] = {
-        "containers": [
-            {
-                "name": "w",
-                "image": "ghcr.io/rocm-train-operator/training:0.1.0",
-                "resources": {"limits": {"amd.com/gpu": str(gpus)}},
-            }
-        ]
-    }
-    if node:
-        spec["nodeName"] = node
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": spec,
-    }
-
-
-def job(namespace: str, name: str, workers: int, gpus: int) -> dict[str, Any]:
-    return job_manifest(name, namespace, resources={"workers": workers, "gpusPerWorker": gpus})
+def job(namespace: str, name: str, workers: int, gpus: int, **spec: Any) -> dict[str, Any]:
+    return job_manifest(name, namespace, resources={"workers": workers, "gpusPerWorker": gpus}, **spec)
 
 
 def set_status(kube: KubeCluster, namespace: str, name: str, status: dict[str, Any]) -> None:
     path = JOBS.format(ns=namespace) + f"/{name}/status"
     kube.request("PATCH", path, body={"status": status}, content_type="application/merge-patch+json")
-
-
-@pytest.fixture
-def pool_nodes(kube: KubeCluster) -> Iterator[None]:
-    add_node(kube, "pool-mi250-0", {"kubernetes.io/hostname": "pool-mi250-0", **MI250_LABELS}, 4)
-    add_node(kube, "pool-cpu-0", {"kubernetes.io/hostname": "pool-cpu-0"}, 0)
-    try:
-        yield
-    finally:
-        for name in ("pool-mi250-0", "pool-cpu-0"):
-            kube.delete({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
 
 
 def run(capsys: pytest.CaptureFixture[str], command: Any, *argv: str) -> tuple[int, str, str]:
@@ -91,95 +45,91 @@ def run(capsys: pytest.CaptureFixture[str], command: Any, *argv: str) -> tuple[i
     return code, out, err
 
 
-def kueue_installed(kube: KubeCluster) -> bool:
-    groups = kube.request("GET", "/apis")["groups"]
-    return any(g["name"] == "kueue.x-k8s.io" for g in groups)
+def gpu_pod(
+    namespace: str, name: str, gpus: int, job_name: str, *, product: str | None = None, node: str | None = None
+) -> dict[str, Any]:
+    """A pod of `job_name` asking for `gpus`: for the scheduler (`product`), or bound to `node` (no scheduler)."""
+    resources = {"cpu": "1", "memory": "1Gi", GPU_RESOURCE: str(gpus)}
+    container = {"name": "main", "image": "rocm/pytorch:latest", "resources": {"limits": resources}}
+    spec: dict[str, Any] = {"containers": [container]}
+    if product:
+        spec["nodeSelector"] = {PRODUCT_LABEL: product}
+    if node:
+        spec["nodeName"] = node
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"rocmtrain.dev/job-name": job_name}},
+        "spec": spec,
+    }
 
 
-def test_pool_per_gpu_model_with_holders_and_kueue_queues(
-    kube: KubeCluster, pool_nodes: None, capsys: pytest.CaptureFixture[str]
-):
-    config = str(kube.kubeconfig)
-    ns = kube.new_namespace("pool")
-    kube.create(job(ns, "bert", 1, 8))
-    set_status(kube, ns, "bert", {"phase": "Running"})
-    kube.create(job(ns, "small", 1, 2))
-    kube.create(gpu_pod(ns, "bert-workers-abc", 8, "fake-mi300x-0", job="bert"))
-    kube.create(gpu_pod(ns, "small-workers-def", 2, "pool-mi250-0", job="small"))
-    kube.create(gpu_pod(ns, "notebook", 2, "fake-mi300x-1"))
-    kube.create(gpu_pod(ns, "waiting-workers-ghi", 8, None, job="waiting"))
-
-    if not kueue_installed(kube):
-        code, out, _ = run(capsys, cluster_cli.pool, "--kubeconfig", config)
-        assert code == 0 and "Kueue is not installed." in out
-        kube.install_crds(kueue.crd_paths())
-
-    cq = kube.create(kueue.cluster_queue(f"{ns}-mi300x", "ml", "mi300x", quota=16, borrowing=8))
-    kube.request(
-        "PATCH",
-        f"/apis/kueue.x-k8s.io/v1beta2/clusterqueues/{cq['metadata']['name']}/status",
-        body={
-            "status": {
-                "flavorsUsage": [
-                    {"name": "mi300x", "resources": [{"name": "amd.com/gpu", "total": "12", "borrowed": "0"}]}
-                ],
-                "pendingWorkloads": 1,
-                "admittedWorkloads": 1,
-            }
-        },
-        content_type="application/merge-patch+json",
+def test_pool_per_gpu_model_with_holders_and_real_kueue(world: World, scope: Scope, capsys: pytest.CaptureFixture[str]):
+    cluster = world.cluster
+    ns = scope.namespace("pool")
+    suffix = ns.rsplit("-", 1)[-1]
+    flavor, queue = f"mi300x-{suffix}", f"pool-{suffix}"
+    scope.apply(
+        kueue.resource_flavor(flavor, {PRODUCT_LABEL: MI300X}),
+        kueue.cluster_queue(queue, {flavor: {"cpu": 1000, "memory": "8Ti", GPU_RESOURCE: 16}}, cohort="ml"),
+        kueue.local_queue(ns, "gpus", queue),
     )
-    kube.create(
-        {
-            "apiVersion": kueue.API,
-            "kind": "LocalQueue",
-            "metadata": {"name": "team-a", "namespace": ns},
-            "spec": {"clusterQueue": cq["metadata"]["name"]},
-        }
-    )
-    kube.create(kueue.workload(ns, "rayjob-waiting", "team-a", 8))
+    rayjobs = {}
+    for name in ("first", "second"):  # 16 GPUs each, 16 of quota: Kueue admits one
+        manifest = job(ns, name, 2, 8, scheduling={"queueName": "gpus"})
+        cluster.create(manifest)
+        rayjobs[name] = cluster.create(render_rayjob(RocmTrainingJob.model_validate(manifest)))
+    cluster.create(gpu_pod(ns, "small-worker", 2, "small", product=MI250))
 
-    code, out, err = run(capsys, cluster_cli.pool, "-o", "json", "--kubeconfig", config)
+    def admitted() -> str | None:
+        running = [n for n in rayjobs if not (kuberay.rayjob(cluster, ns, n) or {})["spec"].get("suspend")]
+        if len(running) != 1:
+            return None
+        pods = cluster.request("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
+        bound = [
+            p for p in pods if p["spec"].get("nodeName") and p["metadata"]["labels"].get("ray.io/node-type") == "worker"
+        ]
+        return running[0] if len(bound) == 2 else None
+
+    first = cluster.wait_for(admitted, 90, "Kueue to admit one RayJob and its two workers to be bound")
+    waiting = next(n for n in rayjobs if n != first)
+    set_status(cluster, ns, first, {"phase": "Running"})
+    cluster.wait_for(
+        lambda: (kueue.workloads(cluster, ns, rayjobs[waiting]["metadata"]["uid"]) or [None])[0] is not None,
+        60,
+        "the waiting RayJob's Workload",
+    )
+
+    code, out, err = run(capsys, cluster_cli.pool, "-o", "json", "--kubeconfig", str(cluster.kubeconfig))
     assert (code, err) == (0, "")
     view = json.loads(out)
     models = {m["model"]: m for m in view["models"]}
-    mi250 = models["AMD_Instinct_MI250X_MI250"]
-    assert (mi250["nodes"], mi250["allocatable"], mi250["requested"], mi250["free"]) == (1, 4, 2, 2)
-    assert mi250["holders"] == [{"namespace": ns, "name": "small", "kind": "RocmTrainingJob", "gpus": 2, "phase": None}]
-    mi300x = models[AMD_MI300X_LABELS["amd.com/gpu.product-name"]]
-    assert mi300x["allocatable"] >= 16 and mi300x["free"] == mi300x["allocatable"] - mi300x["requested"]
-    ours = [h for h in mi300x["holders"] if h["namespace"] == ns]
-    assert ours == [
-        {"namespace": ns, "name": "bert", "kind": "RocmTrainingJob", "gpus": 8, "phase": "Running"},
-        {"namespace": ns, "name": "notebook", "kind": "Pod", "gpus": 2, "phase": None},
+    assert set(models) == {MI300X, MI250}  # the CPU node is no GPU model
+    mi300x, mi250 = models[MI300X], models[MI250]
+    assert (mi300x["nodes"], mi300x["allocatable"], mi250["nodes"], mi250["allocatable"]) == (2, 16, 1, 4)
+    assert mi300x["free"] == mi300x["allocatable"] - mi300x["requested"]
+    assert [h for h in mi300x["holders"] if h["namespace"] == ns] == [
+        {"namespace": ns, "name": first, "kind": "RocmTrainingJob", "gpus": 16, "phase": "Running"}
     ]
-    assert {"namespace": ns, "name": "waiting", "kind": "RocmTrainingJob", "gpus": 8, "phase": None} in view["unbound"]
-    assert not any(m["model"] == "(no product-name label)" for m in view["models"])  # the CPU node is not a GPU model
-    (queue,) = [q for q in view["kueue"] if q["name"] == f"{ns}-mi300x"]
-    assert queue["cohort"] == "ml" and queue["local_queues"] == [f"{ns}/team-a"]
-    assert queue["quotas"] == [
-        {
-            "flavor": "mi300x",
-            "resource": "amd.com/gpu",
-            "nominal": "16",
-            "borrowing_limit": "8",
-            "lending_limit": None,
-            "usage": "12",
-            "borrowed": "0",
-        }
+    assert [h for h in mi250["holders"] if h["namespace"] == ns] == [
+        {"namespace": ns, "name": "small", "kind": "RocmTrainingJob", "gpus": 2, "phase": None}
     ]
-    assert (queue["pending_workloads"], queue["admitted_workloads"]) == (1, 1)
-    assert queue["pending"] == [f"{ns}/rayjob-waiting"]
+    (cq,) = [q for q in view["kueue"] if q["name"] == queue]
+    assert cq["cohort"] == "ml" and cq["local_queues"] == [f"{ns}/gpus"]
+    gpus = next(r for r in cq["quotas"] if r["resource"] == GPU_RESOURCE)
+    assert (gpus["flavor"], gpus["nominal"], gpus["usage"], gpus["borrowed"]) == (flavor, "16", "16", "0")
+    assert (cq["pending_workloads"], cq["admitted_workloads"]) == (1, 1)
+    (pending,) = cq["pending"]
+    assert pending.startswith(f"{ns}/rayjob-{waiting}-")
 
-    code, table, _ = run(capsys, cluster_cli.pool, "--kubeconfig", config)
-    assert code == 0
-    assert "AMD_Instinct_MI250X_MI250" in table and "CLUSTERQUEUE" in table and f"{ns}/rayjob-waiting" in table
+    code, table, _ = run(capsys, cluster_cli.pool, "--kubeconfig", str(cluster.kubeconfig))
+    assert code == 0 and MI300X in table and "CLUSTERQUEUE" in table and pending in table
 
 
 def test_status_shows_one_job_on_one_screen(kube: KubeCluster, capsys: pytest.CaptureFixture[str]):
     ns = kube.new_namespace("status")
     created = kube.create(job(ns, "bert", 2, 8))
-    kube.create(gpu_pod(ns, "bert-workers-abc", 8, "fake-mi300x-0", job="bert"))
+    kube.create(gpu_pod(ns, "bert-workers-abc", 8, "bert", node="fake-mi300x-0"))
     set_status(
         kube,
         ns,

@@ -1,0 +1,19 @@
+"""Where the test cluster's inputs and state live."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CLUSTER_DIR = REPO_ROOT / ".cluster"
+# Written by tests/cluster/build.sh.
+BIN_DIR = Path(os.environ.get("CLUSTER_BIN_DIR", CLUSTER_DIR / "bin"))
+KUBERAY_CRDS_DIR = BIN_DIR / "crds"
+MANIFESTS_DIR = BIN_DIR / "manifests"
+# The repo's own CRDs (make crds).
+CRDS_DIR = REPO_ROOT / "crds"
+# `kubecluster.py up`: the detached cluster's state.
+PIDS_FILE = CLUSTER_DIR / "pids"
+STATE_DIR = CLUSTER_DIR / "state"
+KUBECONFIG_FILE = CLUSTER_DIR / "kubeconfig"

@@ -1,0 +1,193 @@
+"""The full test world: the control plane plus kube-scheduler, kwok nodes, KubeRay and Kueue.
+
+Real: etcd, kube-apiserver, kube-controller-manager (with the node lifecycle
+controller: kwok renews node leases), kube-scheduler, the KubeRay operator,
+Kueue with its webhooks. Faked: the GPUs and machines (kwok nodes), and what
+containers do (kwok stages: Running by default; tests choose otherwise).
+
+Services get no endpoints: pod IPs are loopback addresses (nothing may reach
+a fake pod off this machine), which EndpointSlices refuse, so the endpoint
+controllers are off; nothing routes to pods here anyway (no kube-proxy, no DNS).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from cluster import control_plane, kuberay, kwok, nodes, scheduler
+from cluster.api import KubeCluster
+from cluster.kueue import NAMESPACE as KUEUE_NAMESPACE
+from cluster.kueue import SERVICE_ACCOUNT as KUEUE_ACCOUNT
+from cluster.kueue import Kueue
+from cluster.processes import ClusterError, Process
+from cluster.sandbox import LoopbackNames
+
+WORLD_BINARIES = ("kube-scheduler", "kwok", "kuberay-operator", "kueue")
+WORLD_CONTROLLERS = (
+    "*",
+    "-endpointslice-controller",
+    "-endpoints-controller",
+    "-endpointslice-mirroring-controller",
+)
+TOKEN_SECONDS = 30 * 24 * 3600  # the components' ServiceAccount tokens outlive any `make cluster-up` session
+
+
+class World:
+    """A running world: ``cluster`` (the API, as in the lean fixture) and its component processes."""
+
+    def __init__(self, cluster: KubeCluster, names: LoopbackNames) -> None:
+        self.cluster = cluster
+        self.names = names
+        self.processes = cluster.processes  # the control plane's, then the components' (in start order)
+        self.nodes: list[str] = []
+        self.timings: dict[str, float] = {}
+
+    @property
+    def kuberay(self) -> Process:
+        return self.processes["kuberay-operator"]
+
+    @property
+    def kueue(self) -> Process:
+        return self.processes["kueue"]
+
+    @property
+    def kwok(self) -> Process:
+        return self.processes["kwok"]
+
+    def schedulable_nodes(self) -> list[str]:
+        items = self.cluster.request("GET", "/api/v1/nodes")["items"]
+        return sorted(n["metadata"]["name"] for n in items if nodes.schedulable(n))
+
+    def stop(self) -> None:
+        """Stop every process (components first) and remove the workdir (see KubeCluster.stop)."""
+        self.cluster.stop()
+
+
+class Scope:
+    """What one test makes in the world, removed after it so that the next test finds free GPUs.
+
+    Namespaces (their pods gone, their kwok scripts deleted) and the objects
+    passed to :meth:`apply` (cluster-scoped ones, such as Kueue's queues).
+    """
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.cluster = world.cluster
+        self._namespaces: list[str] = []
+        self._objects: list[dict[str, Any]] = []
+
+    def namespace(self, prefix: str = "world") -> str:
+        name = self.cluster.new_namespace(prefix)
+        self._namespaces.append(name)
+        return name
+
+    def apply(self, *objects: dict[str, Any]) -> list[dict[str, Any]]:
+        """Server-side apply ``objects``; they are deleted after the test (last first)."""
+        self._objects.extend(objects)
+        return [applied for obj in objects for applied in self.cluster.apply(obj)]
+
+    def close(self, timeout: float = 60) -> None:
+        for obj in reversed(self._objects):
+            self.cluster.delete(obj)
+        for name in self._namespaces:
+            kwok.delete_scripts(self.cluster, name)
+            self.cluster.delete({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        for name in self._namespaces:
+            self.cluster.wait_for(
+                lambda ns=name: not self.cluster.request("GET", f"/api/v1/namespaces/{ns}/pods")["items"],
+                timeout,
+                f"the pods of namespace {name} to be gone",
+            )
+
+
+def binaries_present() -> bool:
+    return control_plane.binaries_present(WORLD_BINARIES)
+
+
+def start(workdir: Path | None = None, *, kubeconfig_path: Path | None = None, detach: bool = False) -> World:
+    """Start the whole world and wait until every component is ready (see the module docstring).
+
+    Call it from a long-lived thread unless ``detach`` (see processes.Process).
+    """
+    if not binaries_present():
+        raise ClusterError("world binaries missing; run `make cluster-binaries`")
+    began = time.monotonic()
+    cluster = control_plane.start(
+        workdir, kubeconfig_path=kubeconfig_path, detach=detach, controllers=WORLD_CONTROLLERS
+    )
+    assert cluster.workdir is not None
+    workdir = cluster.workdir
+    world = World(cluster, LoopbackNames(workdir / "names"))
+    world.timings["control plane"] = time.monotonic() - began
+    try:
+        _start_components(world, workdir, detach)
+    except BaseException:
+        world.stop()
+        if not detach:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    world.timings["total"] = time.monotonic() - began
+    return world
+
+
+def _start_components(world: World, workdir: Path, detach: bool) -> None:
+    cluster, wrap = world.cluster, world.names.wrap
+    began = time.monotonic()
+
+    def add(proc: Process) -> Process:
+        world.processes[proc.name] = proc
+        return proc.start()
+
+    add(scheduler.process(cluster, workdir, detach=detach))
+    kueue = Kueue(workdir)
+    # The CRDs first (KubeRay's, Kueue's, kwok's Stage, ours), in parallel.
+    control_plane.install_crds(cluster, *kueue.crds, kwok.crd())
+    world.timings["CRDs"] = time.monotonic() - began
+
+    # API work in parallel; processes start from this thread (PR_SET_PDEATHSIG fires when the
+    # thread that started a process ends, so a pool thread must not start one).
+    def kuberay_rbac() -> Path:
+        namespace, account = kuberay.install(cluster)
+        return _token_kubeconfig(cluster, workdir, namespace, account)
+
+    def kueue_objects() -> Path:
+        kueue.install(cluster)
+        return _token_kubeconfig(cluster, workdir, KUEUE_NAMESPACE, KUEUE_ACCOUNT)
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        stages = pool.submit(kwok.install_stages, cluster)
+        kuberay_kubeconfig = pool.submit(kuberay_rbac)
+        kueue_kubeconfig = pool.submit(kueue_objects)
+        stages.result()
+        add(kwok.process(cluster, workdir, detach=detach))
+        world.nodes = nodes.register_kwok(cluster)
+        add(kuberay.process(cluster, workdir, kuberay_kubeconfig.result(), wrap, detach=detach))
+        add(kueue.process(kueue_kubeconfig.result(), wrap, detach=detach))
+    world.processes["kuberay-operator"].wait_ready(60)
+    world.processes["kueue"].wait_ready(90)
+    world.processes["kube-scheduler"].wait_ready(60)
+    control_plane.wait_controller_manager(cluster)
+    # kwok marks the nodes Ready; the node lifecycle controller then lifts the not-ready taint.
+    cluster.wait_for(
+        lambda: world.schedulable_nodes() == sorted(world.nodes), 60, "the kwok nodes to be Ready and untainted"
+    )
+    world.timings["components"] = time.monotonic() - began
+
+
+def _token_kubeconfig(cluster: KubeCluster, workdir: Path, namespace: str, account: str) -> Path:
+    path = workdir / f"{account}.kubeconfig"
+    return cluster.service_account_kubeconfig(namespace, account, path, seconds=TOKEN_SECONDS)
+
+
+def describe(world: World) -> dict[str, Any]:
+    """What runs where, for people (`up` prints it)."""
+    return {
+        "server": world.cluster.server,
+        "nodes": world.nodes,
+        "processes": {name: proc.pid for name, proc in world.processes.items()},
+        "timings": {k: round(v, 1) for k, v in world.timings.items()},
+    }
