@@ -226,17 +226,19 @@ def plot(argv: list[str]) -> int:
         print(f"wrote {args.output}")
         return 0
 
-    def read_local(source: str, path: Path) -> Curves:
-        return from_reports(source, path.read_text(encoding="utf-8").splitlines())
+    def read_local(path: Path) -> Curves:
+        """A run's curves, named as its job (`runs/NAME/logs/metrics.jsonl`)."""
+        name = path.parent.parent.name if path.parent.name == "logs" else path.stem
+        return from_reports(name, path.read_text(encoding="utf-8").splitlines())
 
     if not remote:
-        return finish([read_local(source, path) for source, path in local.items() if path is not None])
+        return finish([read_local(path) for path in local.values() if path is not None])
 
     async def collect(cluster: Cluster) -> int:
         curves = []
         for source, path in local.items():
             if path is not None:
-                curves.append(read_local(source, path))
+                curves.append(read_local(path))
                 continue
             namespace, name = _job_ref(source, args.namespace)
             job = await cluster.job(namespace, name)

@@ -17,7 +17,7 @@ def draw_curves(curves: Sequence[Curves], path: Path, title: str = "Training cur
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    figure, (loss, accuracy) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=DPI)
+    figure, (loss, accuracy) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=DPI, sharex=True)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, job in enumerate(curves):
         colour = colours[i % len(colours)]
@@ -28,7 +28,7 @@ def draw_curves(curves: Sequence[Curves], path: Path, title: str = "Training cur
         if job.eval_accuracy:
             accuracy.plot(*zip(*job.eval_accuracy, strict=True), "o-", color=colour, label=job.label)
     loss.set(title="Loss", xlabel="optimiser step", ylabel="loss")
-    accuracy.set(title="Evaluation accuracy", xlabel="optimiser step", ylabel="accuracy", ylim=(0, 1.02))
+    accuracy.set(title="Evaluation accuracy", xlabel="optimiser step", ylabel="accuracy", ylim=(0, 1.05))
     for axes in (loss, accuracy):
         axes.grid(alpha=0.3)
         if axes.get_legend_handles_labels()[0]:

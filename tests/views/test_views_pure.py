@@ -132,3 +132,22 @@ def test_curves_from_status_history():
     curves = from_history("ml/bert", [{"step": 1, "trainLoss": 0.9}, {"step": 2, "evalAccuracy": 0.7}])
     assert curves.train_loss == [(1, 0.9)] and curves.eval_accuracy == [(2, 0.7)] and curves.eval_loss == []
     assert from_history("x", []).empty
+
+
+def test_plot_of_local_runs_needs_no_cluster(tmp_path, capsys):
+    from PIL import Image
+
+    from rocmtrain import cluster_cli
+
+    for name, scale in (("run-a", 1.0), ("run-b", 0.5)):
+        logs = tmp_path / "runs" / name / "logs"
+        logs.mkdir(parents=True)
+        lines = [report(s, scale / (s + 1)) for s in range(1, 20)] + [report(20, 0.05, evalAccuracy=0.9)]
+        (logs / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    png = tmp_path / "curves.png"
+    code = cluster_cli.plot(
+        [str(tmp_path / "runs" / "run-a"), str(tmp_path / "runs" / "run-b" / "logs"), "-o", str(png)]
+    )
+    assert (code, capsys.readouterr().out) == (0, f"wrote {png}\n")
+    with Image.open(png) as image:
+        assert image.format == "PNG"
