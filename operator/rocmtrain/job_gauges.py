@@ -64,7 +64,7 @@ def _status(*path: str, scale: float = 1.0) -> Callable[[Job, dt.datetime], floa
     def read(job: Job, _now: dt.datetime) -> float | None:
         node: Any = job["status"]
         for key in path:
-            node = node.get(key) if isinstance(node, Mapping) else None
+            node = node.get(key) if isinstance(node, dict) else None  # API objects are plain dicts
         return _number(node, scale)
 
     return read
