@@ -65,14 +65,20 @@ class Pricing:
         return Price(per_hour, self.currency) if per_hour is not None else None
 
 
+def parse_currency(text: str) -> str:
+    """An ISO 4217 currency code (USD when empty); ValueError otherwise."""
+    currency = text.strip() or DEFAULT_CURRENCY
+    if not _CURRENCY.match(currency):
+        raise ValueError(f"currency must be an ISO 4217 code such as USD or EUR, not {currency!r}")
+    return currency
+
+
 def parse_pricing(prices: str, currency: str = "") -> Pricing:
     """`NAME=PRICE,...` (NAME a GPU product name or `default`, PRICE per GPU-hour) and an ISO 4217 code.
 
     Raises ValueError naming the first bad entry.
     """
-    currency = currency.strip() or DEFAULT_CURRENCY
-    if not _CURRENCY.match(currency):
-        raise ValueError(f"currency must be an ISO 4217 code such as USD or EUR, not {currency!r}")
+    currency = parse_currency(currency)
     table: dict[str, float] = {}
     for entry in (e.strip() for e in prices.split(",")):
         if not entry:

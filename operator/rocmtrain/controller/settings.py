@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import kopf
 
-from rocmtrain.accounting import Pricing, parse_pricing
+from rocmtrain.accounting import Pricing, parse_currency, parse_pricing
 from rocmtrain.api.contract import OPERATOR_NAME
 from rocmtrain.api.patterns import DNS_LABEL
 from rocmtrain.progress.server import ProgressServerConfig
@@ -55,14 +55,15 @@ def _namespaces(env: Mapping[str, str]) -> tuple[str, ...]:
 
 
 def _pricing(env: Mapping[str, str]) -> Pricing | None:
-    prices = env.get("ROCMTRAIN_GPU_PRICES", "").strip()
-    currency = env.get("ROCMTRAIN_COST_CURRENCY", "")
     try:
-        pricing = parse_pricing(prices, currency)
+        currency = parse_currency(env.get("ROCMTRAIN_COST_CURRENCY", ""))
     except ValueError as exc:
-        name = "ROCMTRAIN_GPU_PRICES" if "currency" not in str(exc) else "ROCMTRAIN_COST_CURRENCY"
-        raise ConfigError(f"{name}: {exc}") from None
-    return pricing if prices else None
+        raise ConfigError(f"ROCMTRAIN_COST_CURRENCY: {exc}") from None
+    prices = env.get("ROCMTRAIN_GPU_PRICES", "").strip()
+    try:
+        return parse_pricing(prices, currency) if prices else None
+    except ValueError as exc:
+        raise ConfigError(f"ROCMTRAIN_GPU_PRICES: {exc}") from None
 
 
 @dataclass(frozen=True)
