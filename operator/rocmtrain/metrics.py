@@ -3,7 +3,8 @@
 - `rocmtrain_jobs{phase}`: jobs by phase (every phase listed, zeros included);
 - `rocmtrain_gpus_requested{phase}`: AMD GPUs asked for by jobs that have not ended;
 - `rocmtrain_reconcile_errors_total{handler}`: handler runs that raised;
-- `rocmtrain_reconcile_duration_seconds{handler}`: handler run time.
+- `rocmtrain_reconcile_duration_seconds{handler}`: handler run time;
+- `rocmtrain_reconciles_in_flight`: reconciles holding one of the reconciler's slots.
 
 Job gauges are computed at scrape time from a source of (phase, gpus) pairs
 (the operator passes a view of its job index), so they cannot drift.
@@ -18,7 +19,7 @@ from contextlib import contextmanager
 from typing import get_args
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -38,6 +39,10 @@ RECONCILE_SECONDS = Histogram(
     ["handler"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
     registry=REGISTRY,
+)
+
+RECONCILES_IN_FLIGHT = Gauge(
+    "rocmtrain_reconciles_in_flight", "Reconciles holding one of the reconciler's slots.", registry=REGISTRY
 )
 
 JobSource = Callable[[], Iterable[tuple[str | None, int]]]
@@ -93,8 +98,8 @@ async def _scrape(_request: web.Request) -> web.Response:
     return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-async def serve(port: int, host: str = "0.0.0.0") -> web.AppRunner:  # noqa: S104 - scraped from other pods
-    """Serve `/metrics` on `port`; clean up with `await runner.cleanup()`."""
+async def serve(port: int, host: str) -> web.AppRunner:
+    """Serve `/metrics` on `host`:`port` (plain HTTP); clean up with `await runner.cleanup()`."""
     app = web.Application()
     app.router.add_get("/metrics", _scrape)
     runner = web.AppRunner(app, access_log=None)
