@@ -137,14 +137,20 @@ RAYJOBS = Ref(RAYJOB_GROUP, RAYJOB_VERSION, RAYJOB_PLURAL)
 
 
 async def retrying(call: Any, *args: Any, **kwargs: Any) -> Any:
-    """Await `call`, retrying briefly on throttling, server errors and broken connections."""
+    """Await `call`, retrying briefly on throttling, server errors and broken connections.
+
+    A request that timed out is not tried again here: it has waited its whole deadline,
+    and the caller's own retry comes later.
+    """
     for delay in _RETRY_DELAYS:
         try:
             return await call(*args, **kwargs)
         except ApiException as exc:
             if exc.status not in _RETRY_STATUSES:
                 raise
-        except (TimeoutError, aiohttp.ClientError):
+        except TimeoutError:
+            raise
+        except aiohttp.ClientError:
             pass
         await asyncio.sleep(delay)
     return await call(*args, **kwargs)

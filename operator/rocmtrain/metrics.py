@@ -4,7 +4,8 @@
 - `rocmtrain_gpus_requested{phase}`: AMD GPUs asked for by jobs that have not ended;
 - `rocmtrain_reconcile_errors_total{handler}`: handler runs that raised;
 - `rocmtrain_reconcile_duration_seconds{handler}`: handler run time;
-- `rocmtrain_reconciles_in_flight`: reconciles holding one of the reconciler's slots.
+- `rocmtrain_reconciles_in_flight`: reconciles holding one of the reconciler's slots;
+- `rocmtrain_jobs_remembered`: jobs the reconciler keeps state for (deleted ones are forgotten).
 
 Job gauges are computed at scrape time from a source of (phase, gpus) pairs
 (the operator passes a view of its job index), so they cannot drift.
@@ -43,6 +44,9 @@ RECONCILE_SECONDS = Histogram(
 
 RECONCILES_IN_FLIGHT = Gauge(
     "rocmtrain_reconciles_in_flight", "Reconciles holding one of the reconciler's slots.", registry=REGISTRY
+)
+JOBS_REMEMBERED = Gauge(
+    "rocmtrain_jobs_remembered", "Jobs the reconciler keeps state for (deleted ones are forgotten).", registry=REGISTRY
 )
 
 JobSource = Callable[[], Iterable[tuple[str | None, int]]]

@@ -28,7 +28,10 @@ RAYJOBS = "/apis/ray.io/v1/namespaces/{ns}/rayjobs"
 STALL_SECONDS = 3
 RETRY_SECONDS = 1
 # Kinds that are applied for real; the Deployment and Service only as a server-side dry run (no kubelet).
-APPLIED_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+APPLIED_KINDS = {
+    "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+    "CustomResourceDefinition",
+}  # fmt: skip
 
 
 def wait_until(check: Callable[[], Any], timeout: float = 2.0, what: str = "condition", interval: float = 0.02) -> Any:

@@ -97,6 +97,7 @@ class Reconciler:
         self._forgotten: OrderedDict[str, None] = OrderedDict()
         self._slots = asyncio.Semaphore(ACTIVE_RECONCILES)
         self._retries: set[asyncio.Task[None]] = set()
+        metrics.JOBS_REMEMBERED.set_function(lambda: len(self._states))
 
     def remembers(self, uid: str) -> bool:
         """Whether the reconciler keeps state for the job `uid`."""
