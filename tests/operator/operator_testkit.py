@@ -117,10 +117,11 @@ class Api:
 
 
 class Operator:
-    """The operator under KopfRunner, restartable."""
+    """The operator under KopfRunner, restartable; `env` adds or overrides its settings."""
 
-    def __init__(self, kubeconfig: Path) -> None:
+    def __init__(self, kubeconfig: Path, env: dict[str, str] | None = None) -> None:
         self.kubeconfig = kubeconfig
+        self.extra_env = dict(env or {})
         self.metrics_port = free_port()
         self.health_port = free_port()
         self._runner: KopfRunner | None = None
@@ -133,6 +134,7 @@ class Operator:
             "ROCMTRAIN_RETRY_SECONDS": str(RETRY_SECONDS),
             "ROCMTRAIN_METRICS_PORT": str(self.metrics_port),
             "ROCMTRAIN_NAMESPACES": "",
+            **self.extra_env,
         }
         self._saved = {key: os.environ.get(key) for key in env}
         os.environ.update(env)
