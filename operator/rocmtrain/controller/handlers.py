@@ -45,7 +45,7 @@ async def startup(
 ) -> None:
     """Read the configuration, configure kopf, connect, serve metrics, watch RayJobs and stalls."""
     memo.config = config = OperatorConfig.from_env()
-    configure_kopf(settings)
+    configure_kopf(settings, namespaced=bool(config.namespaces))
     memo.kube = await Kube.connect(timeout=config.api_timeout_seconds)
     memo.metrics = await metrics.serve(config.metrics_port, config.metrics_host) if config.metrics_port else None
     metrics.JOBS.source = lambda: (

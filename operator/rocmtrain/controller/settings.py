@@ -132,9 +132,15 @@ class OperatorConfig:
         return 4.0 * self.api_timeout_seconds
 
 
-def configure_kopf(settings: kopf.OperatorSettings) -> None:
-    """Tune kopf for this operator: one standalone replica; its handlers keep no state in the objects."""
+def configure_kopf(settings: kopf.OperatorSettings, *, namespaced: bool = False) -> None:
+    """Tune kopf for this operator: one standalone replica; its handlers keep no state in the objects.
+
+    `namespaced` (ROCMTRAIN_NAMESPACES is set): kopf serves exactly those namespaces and
+    the resources it finds at start-up, so the operator needs no cluster-wide right to
+    list namespaces (kopf would otherwise retry that for a minute before falling back).
+    """
     settings.peering.standalone = True
+    settings.scanning.disabled = namespaced
     # Only warnings and errors of kopf's own per-object logs become Kubernetes events;
     # the operator posts its transition events explicitly.
     settings.posting.level = logging.WARNING
