@@ -5,7 +5,8 @@
 - `rocmtrain_reconcile_errors_total{handler}`: handler runs that raised;
 - `rocmtrain_reconcile_duration_seconds{handler}`: handler run time;
 - `rocmtrain_reconciles_in_flight`: reconciles holding one of the reconciler's slots;
-- `rocmtrain_jobs_remembered`: jobs the reconciler keeps state for (deleted ones are forgotten).
+- `rocmtrain_jobs_remembered`: jobs the reconciler keeps state for (deleted ones are forgotten);
+- `rocmtrain_progress_token_reviews_total`: TokenReviews the progress endpoint sent.
 
 Job gauges are computed at scrape time from a source of (phase, gpus) pairs
 (the operator passes a view of its job index), so they cannot drift.
@@ -44,6 +45,9 @@ RECONCILE_SECONDS = Histogram(
 
 RECONCILES_IN_FLIGHT = Gauge(
     "rocmtrain_reconciles_in_flight", "Reconciles holding one of the reconciler's slots.", registry=REGISTRY
+)
+TOKEN_REVIEWS = Counter(
+    "rocmtrain_progress_token_reviews_total", "TokenReviews the progress endpoint sent.", registry=REGISTRY
 )
 JOBS_REMEMBERED = Gauge(
     "rocmtrain_jobs_remembered", "Jobs the reconciler keeps state for (deleted ones are forgotten).", registry=REGISTRY

@@ -36,6 +36,7 @@ from typing import Any, Generic, TypeVar
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from rocmtrain import metrics
 from rocmtrain.api.contract import (
     KIND,
     PROGRESS_AUDIENCE,
@@ -222,7 +223,6 @@ class TokenReviewAuthenticator:
         self._refused: TtlCache[bytes, Unauthenticated] = TtlCache(REFUSED_TTL_SECONDS, REFUSED_CACHE_ENTRIES, clock)
         self._reviews = reviews or RateLimiter(REVIEW_RATE_PER_SECOND, REVIEW_BURST, clock=clock)
         self._at_once = asyncio.Semaphore(reviews_at_once)
-        self.sent = 0  # TokenReviews sent, for the endpoint's operators and tests
 
     async def __call__(self, token: str) -> Identity:
         """The pod identity of `token`; raise Unauthenticated, Forbidden, Busy or Unavailable."""
@@ -255,7 +255,7 @@ class TokenReviewAuthenticator:
                 "kind": "TokenReview",
                 "spec": {"token": token, "audiences": [self._audience]},
             }
-            self.sent += 1
+            metrics.TOKEN_REVIEWS.inc()
             review = await checked("TokenReview", self._authn.create_token_review(body), passing=())
         finally:
             self._at_once.release()
