@@ -9,7 +9,7 @@ from cluster.kubecluster import ClusterError, KubeCluster, _die_with_parent, _ki
 
 
 def restart_apiserver(kube: KubeCluster, timeout: float = 60.0) -> float:
-    """Stop kube-apiserver (SIGTERM), start it again with the same flags; the seconds it was away.
+    """Stop kube-apiserver (SIGTERM, SIGKILL after 5 s), start it again with the same flags; the seconds it was away.
 
     Returns once it serves our CRDs and KubeRay's again. The new process replaces the old one
     in `kube.processes`, so the harness stops it at the end of the session as before.
@@ -18,7 +18,7 @@ def restart_apiserver(kube: KubeCluster, timeout: float = 60.0) -> float:
     if proc is None or kube.workdir is None:
         raise ClusterError("restarting kube-apiserver needs the local control plane")
     started = time.monotonic()
-    _kill_groups([proc.pid], children=[proc])
+    _kill_groups([proc.pid], grace=5.0, children=[proc])  # SIGTERM; SIGKILL if it drains watches longer
     with open(kube.workdir / "logs" / "kube-apiserver.log", "ab") as log:
         kube.processes["kube-apiserver"] = subprocess.Popen(
             proc.args,

@@ -163,7 +163,8 @@ class FaultProxy(LoopThread):
         )
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
+        # Cancel a handler whose client went (a forwarded watch would wait for its upstream otherwise).
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=2)
         await self._runner.setup()
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(self._crt, self._key)
@@ -173,8 +174,8 @@ class FaultProxy(LoopThread):
         assert self._released is not None and self._runner is not None and self._session is not None
         self._released.set()
         self._drop_all()
+        await self._session.close()  # ends the forwarded watches
         await self._runner.cleanup()
-        await self._session.close()
 
     def _drop_all(self) -> None:
         for transport in list(self._transports):

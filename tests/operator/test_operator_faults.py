@@ -135,17 +135,20 @@ def test_a_status_write_that_failed_for_a_rayjob_change_is_retried(kube: KubeClu
 
 
 def test_a_job_deleted_while_it_syncs_is_forgotten(kube: KubeCluster, api: Api, faulty: Faulty):
+    """The job goes while a retry (a task of the operator's, not kopf's handler) waits on the API server."""
     proxy, operator, ns = faulty.proxy, faulty.operator, faulty.ns
-    proxy.fault = lambda m, p: Fault.hang() if _is_status_patch(m, p) and "/doomed/" in p else None
+    start = proxy.loop.time()
+    # Every RayJob create answers after the deadline: each sync of the job fails, and is retried.
+    proxy.fault = lambda m, p: Fault.delay(API_TIMEOUT + 1) if _is_rayjob_create(m, p) else None
     kube.create(job_manifest("doomed", ns))
-    wait_until(lambda: proxy.requests("PATCH", "/doomed/status"), timeout=30, what="the sync on a hung status write")
-    kube.delete(api.job(ns, "doomed"))
+    wait_until(
+        lambda: len(proxy.requests("POST", "/rayjobs", since=start)) >= 2, timeout=30, what="a retry's create under way"
+    )
+    kube.delete(api.job(ns, "doomed"))  # while that create waits
     wait_until(lambda: api.job(ns, "doomed") is None, timeout=10, what="the job gone")
-    time.sleep(API_TIMEOUT * 2 + 2)  # the hung write times out, and the sync would schedule its retry
+    time.sleep(API_TIMEOUT + 2)  # the create times out, and the failed sync would schedule its retry
     proxy.fault = lambda m, p: None
     jobs = kube.request("GET", f"/apis/rocmtrain.dev/v1alpha1/namespaces/{ns}/rocmtrainingjobs")["items"]
-    wait_until(
-        lambda: operator.metric("rocmtrain_jobs_remembered") == len(jobs),
-        timeout=20,
-        what=f"state kept for the {len(jobs)} live jobs only",
-    )
+    time.sleep(2)  # that retry has fired
+    assert operator.metric("rocmtrain_jobs_remembered") == len(jobs), f"state for the {len(jobs)} live jobs only"
+    assert api.rayjob(ns, "doomed") is None

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.cluster
 
 JOBS = 200
 KILLS_WHILE_CREATING = 4
-CHURN_ROUNDS = 5  # odd: the last round leaves two workers ready
+CHURN_ROUNDS = 3  # odd: the last round leaves two workers ready
 JOBS_PATH = "/apis/rocmtrain.dev/v1alpha1/namespaces/{ns}/rocmtrainingjobs"
 
 
