@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 import pytest
 from kubernetes_asyncio import client
 from prometheus_client import generate_latest
@@ -12,6 +13,7 @@ from rocmtrain import metrics
 from rocmtrain.api.models import MUTABLE_FIELDS, RocmTrainingJob
 from rocmtrain.controller.rayjob_watch import RayJobWatch
 from rocmtrain.controller.settings import ConfigError, OperatorConfig
+from rocmtrain.kube import TimedApiClient
 from rocmtrain.objects import controller_ref, is_jobs_rayjob, job_view, mutable_patch, rayjob_view, requested_gpus
 from rocmtrain.policy import Policy
 from rocmtrain.render.rayjob import MUTABLE_RAYJOB_DEFAULTS, mutable_rayjob_fields
@@ -224,3 +226,26 @@ def test_only_the_rayjob_of_the_jobs_name_drives_its_status():
     assert not is_jobs_rayjob(job, elsewhere)
     other_uid = {**job, "metadata": {**job["metadata"], "uid": "u2"}}
     assert not is_jobs_rayjob(other_uid, own), "a new job of the same name"
+
+
+def test_every_request_of_the_operators_clients_has_a_deadline():
+    """kubernetes_asyncio sends requests without one: an API server that never answers would hold the caller."""
+
+    async def scenario() -> float:
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await asyncio.sleep(30)  # accepts the connection, reads nothing, answers nothing
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        configuration = client.Configuration(host=f"http://127.0.0.1:{port}")
+        api = TimedApiClient(configuration, aiohttp.ClientTimeout(total=0.5))
+        start = asyncio.get_running_loop().time()
+        try:
+            with pytest.raises(TimeoutError):
+                await client.CoreV1Api(api).list_namespace()
+            return asyncio.get_running_loop().time() - start
+        finally:
+            await api.close()
+            server.close()
+
+    assert asyncio.run(scenario()) < 5

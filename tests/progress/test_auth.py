@@ -206,3 +206,82 @@ def test_ttl_cache_never_keeps_an_entry_past_its_own_end():
     cache.put("token", 1, until=5.0)
     now[0] = 5.0
     assert cache.get("token") is None
+
+
+@pytest.mark.parametrize("code", [404, 409, 500])
+async def test_any_tokenreview_failure_is_unavailable_never_a_crash(code: int):
+    """404 (the API not served) or 409 from TokenReview is the API server's trouble: 503, not a 500 and a traceback."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+    from kubernetes_asyncio import client
+
+    from rocmtrain.progress.auth import TokenReviewAuthenticator
+    from rocmtrain.progress.errors import Unavailable
+
+    async def answer(_: web.Request) -> web.Response:
+        return web.json_response({"kind": "Status", "code": code}, status=code)
+
+    app = web.Application()
+    app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", answer)
+    async with TestServer(app) as server:
+        api = client.ApiClient(client.Configuration(host=str(server.make_url(""))))
+        try:
+            authenticate = TokenReviewAuthenticator(api, wall_clock=lambda: NOW)
+            with pytest.raises(Unavailable):
+                await authenticate(_jwt(CLAIMS))
+        finally:
+            await api.close()
+
+
+async def test_reviews_are_cached_refusals_apart_and_kept_within_their_budget():
+    """Accepted and refused answers are cached apart (refusals never push out an accepted token), and
+    TokenReviews beyond the budget are refused as Busy before they are sent."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+    from kubernetes_asyncio import client
+
+    from rocmtrain.progress.auth import CACHE_ENTRIES, TokenReviewAuthenticator
+    from rocmtrain.progress.errors import Busy
+    from rocmtrain.progress.limits import RateLimiter
+
+    reviewed: list[str] = []
+    good = _jwt({**CLAIMS, "sub": "good"})
+
+    async def review(request: web.Request) -> web.Response:
+        token = (await request.json())["spec"]["token"]
+        reviewed.append(token)
+        status = BOUND if token == good else {"authenticated": False}
+        return web.json_response(
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": ""}, "status": status}
+        )
+
+    app = web.Application()
+    app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", review)
+    async with TestServer(app) as server:
+        api = client.ApiClient(client.Configuration(host=str(server.make_url(""))))
+        try:
+            generous = TokenReviewAuthenticator(api, wall_clock=lambda: NOW, reviews=RateLimiter(1e6, 10**6))
+            assert await generous(good) == await generous(good) and reviewed == [good]
+            refused = [_jwt({**CLAIMS, "sub": f"forged-{i}"}) for i in range(CACHE_ENTRIES + 100)]
+            for token in refused:
+                with pytest.raises(Unauthenticated):
+                    await generous(token)
+            with pytest.raises(Unauthenticated):
+                await generous(refused[-1])  # cached refusal: no review
+            with pytest.raises(Unauthenticated):
+                await generous("junk")  # no review at all
+            assert await generous(good) and len(reviewed) == 1 + len(refused), "the accepted token is still cached"
+            reviewed.clear()
+            clock = [0.0]
+            tight = TokenReviewAuthenticator(
+                api, wall_clock=lambda: NOW, reviews=RateLimiter(1.0, 3, clock=lambda: clock[0])
+            )
+            outcomes = []
+            for i in range(10):
+                try:
+                    await tight(_jwt({**CLAIMS, "sub": f"flood-{i}"}))
+                except (Busy, Unauthenticated) as exc:
+                    outcomes.append(type(exc).__name__)
+            assert outcomes == ["Unauthenticated"] * 3 + ["Busy"] * 7 and len(reviewed) == 3
+        finally:
+            await api.close()
