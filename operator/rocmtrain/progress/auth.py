@@ -141,6 +141,16 @@ def _controller(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
     return {}
 
 
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _controlled(child: Mapping[str, Any], kind: str, parent: Mapping[str, Any]) -> bool:
+    """Whether `parent` (of `kind`) is `child`'s controller, by uid."""
+    uid = _meta(parent).get("uid")
+    return uid is not None and _controller(child, kind).get("uid") == uid
+
+
 def head_of_job(
     pod: Mapping[str, Any], raycluster: Mapping[str, Any], rayjob: Mapping[str, Any], job: Mapping[str, Any]
 ) -> str | None:
@@ -151,28 +161,17 @@ def head_of_job(
     uid); the RayJob's controller is the job (by uid); the job, once it names its Ray
     cluster in status, names this one.
     """
-    pod_meta, cluster_meta, rayjob_meta = (
-        pod.get("metadata") or {},
-        raycluster.get("metadata") or {},
-        rayjob.get("metadata") or {},
-    )
-    job_meta, job_status = job.get("metadata") or {}, job.get("status") or {}
-    cluster = cluster_meta.get("name")
-    labels = pod_meta.get("labels") or {}
+    labels, cluster, status = _meta(pod).get("labels") or {}, _meta(raycluster).get("name"), job.get("status") or {}
     if labels.get(RAY_NODE_TYPE_LABEL) != HEAD_NODE_TYPE:
         return "token's pod is not a Ray head pod"
-    if labels.get(RAY_CLUSTER_LABEL) != cluster or _controller(pod, RAYCLUSTER_KIND).get("uid") != cluster_meta.get(
-        "uid"
-    ):
+    if labels.get(RAY_CLUSTER_LABEL) != cluster or not _controlled(pod, RAYCLUSTER_KIND, raycluster):
         return "token's pod is not controlled by the job's RayCluster"
-    if job_status.get("rayClusterName") not in (None, cluster):
+    if status.get("rayClusterName") not in (None, cluster):
         return "token's pod belongs to another Ray cluster than the job's"
-    expected_rayjob = job_status.get("rayJobName") or rayjob_name_of(job_meta.get("name", ""))
-    if rayjob_meta.get("name") != expected_rayjob or _controller(raycluster, RAYJOB_KIND).get("uid") != rayjob_meta.get(
-        "uid"
-    ):
+    rayjob_name = status.get("rayJobName") or rayjob_name_of(_meta(job).get("name", ""))
+    if _meta(rayjob).get("name") != rayjob_name or not _controlled(raycluster, RAYJOB_KIND, rayjob):
         return "token's pod's RayCluster is not the job's RayJob's"
-    if _controller(rayjob, KIND).get("uid") != job_meta.get("uid"):
+    if not _controlled(rayjob, KIND, job):
         return "the RayJob is not this job's"
     return None
 

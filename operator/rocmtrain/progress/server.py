@@ -93,9 +93,14 @@ def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+# Refusals anyone can cause without a token: logged at DEBUG, so that a flood does not become a log flood.
+_UNAUTHENTICATED = frozenset({HTTPStatus.UNAUTHORIZED, HTTPStatus.TOO_MANY_REQUESTS})
+
+
 def _refuse(status: int, namespace: str, name: str, reason: str, **headers: str) -> web.HTTPException:
     """An HTTP error answer with a short reason; logged without token or body."""
-    log.info("progress for %s/%s refused: %d %s", namespace, name, status, reason)
+    level = logging.DEBUG if status in _UNAUTHENTICATED else logging.INFO
+    log.log(level, "progress for %s/%s refused: %d %s", namespace, name, status, reason)
     error = web.HTTPException(
         text=json.dumps({"error": reason}), content_type="application/json", headers=headers or None
     )
