@@ -28,8 +28,8 @@ import aiohttp
 from rocmtrain.api.contract import PROGRESS_AUDIENCE
 
 SOURCES = 16
-CONNECTIONS_PER_SOURCE = 2
-RATE = 300.0
+CONNECTIONS_PER_SOURCE = 1
+RATE = 150.0
 BODY = json.dumps({"progress": {"step": 1}}).encode()
 
 
