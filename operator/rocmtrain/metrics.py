@@ -10,6 +10,9 @@
   progress, ETA, loss, accuracy, throughput, GPU utilisation and memory, GPUs requested and held,
   GPU-seconds, `rocmtrain_job_cost{currency}`, waiting time and stalls, for at most
   `JOBS.max_jobs` jobs (`ROCMTRAIN_METRICS_MAX_JOBS`); `rocmtrain_job_series_dropped` counts the rest.
+- `rocmtrain_reconciles_in_flight`: reconciles holding one of the reconciler's slots;
+- `rocmtrain_jobs_remembered`: jobs the reconciler keeps state for (deleted ones are forgotten);
+- `rocmtrain_progress_token_reviews_total`: TokenReviews the progress endpoint sent.
 
 Job gauges are computed at scrape time from the operator's job index (the
 operator passes a view of it), so they cannot drift and vanish with their job.
@@ -25,7 +28,7 @@ from contextlib import contextmanager
 from typing import get_args
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -62,6 +65,16 @@ PROGRESS_REFUSALS = Counter(
     "Progress reports the endpoint refused, by HTTP status code.",
     ["code"],
     registry=REGISTRY,
+)
+
+RECONCILES_IN_FLIGHT = Gauge(
+    "rocmtrain_reconciles_in_flight", "Reconciles holding one of the reconciler's slots.", registry=REGISTRY
+)
+TOKEN_REVIEWS = Counter(
+    "rocmtrain_progress_token_reviews_total", "TokenReviews the progress endpoint sent.", registry=REGISTRY
+)
+JOBS_REMEMBERED = Gauge(
+    "rocmtrain_jobs_remembered", "Jobs the reconciler keeps state for (deleted ones are forgotten).", registry=REGISTRY
 )
 
 JobSource = Callable[[], Iterable[job_gauges.Job]]
@@ -150,8 +163,8 @@ async def _scrape(_request: web.Request) -> web.Response:
     return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-async def serve(port: int, host: str = "0.0.0.0") -> web.AppRunner:  # noqa: S104 - scraped from other pods
-    """Serve `/metrics` on `port`; clean up with `await runner.cleanup()`."""
+async def serve(port: int, host: str) -> web.AppRunner:
+    """Serve `/metrics` on `host`:`port` (plain HTTP); clean up with `await runner.cleanup()`."""
     app = web.Application()
     app.router.add_get("/metrics", _scrape)
     runner = web.AppRunner(app, access_log=None)

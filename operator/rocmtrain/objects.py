@@ -6,6 +6,7 @@
 - `requested_gpus`: the AMD GPUs a job view asks for (the metrics' gauge);
 - `owner_reference` and `controller_ref`: the reference that makes a job the controller
   of its RayJob (garbage collection deletes the RayJob with the job), and reading it back;
+- `is_jobs_rayjob`: whether a RayJob is the one whose state a job's status follows;
 - `mutable_patch`: the RayJob merge patch that carries the job's mutable fields over.
 
 No I/O and no kopf: plain mappings in, plain mappings out.
@@ -20,6 +21,7 @@ from pydantic import ValidationError
 
 from rocmtrain.api.contract import KIND
 from rocmtrain.api.models import ResourcesSpec
+from rocmtrain.api.names import rayjob_name_of
 from rocmtrain.render.rayjob import MUTABLE_RAYJOB_DEFAULTS
 
 
@@ -99,6 +101,20 @@ def controller_ref(rayjob: Mapping[str, Any]) -> Mapping[str, Any]:
         if ref.get("controller") and ref.get("kind") == KIND:
             return ref
     return {}
+
+
+def is_jobs_rayjob(job: Mapping[str, Any], rayjob: Mapping[str, Any]) -> bool:
+    """Whether `rayjob` is `job`'s own: the job controls it and it bears the job's RayJob name.
+
+    A RayJob that merely names the job as controller (anyone who may create RayJobs can
+    write that reference) under another name does not drive the job's status.
+    """
+    meta, rayjob_meta = job.get("metadata") or {}, rayjob.get("metadata") or {}
+    return (
+        controller_ref(rayjob).get("uid") == meta.get("uid")
+        and rayjob_meta.get("namespace") == meta.get("namespace")
+        and rayjob_meta.get("name") == rayjob_name_of(meta.get("name", ""))
+    )
 
 
 def mutable_patch(rendered: Mapping[str, Any], live: Mapping[str, Any], *, queued: bool) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Inputs are plain data: the job, the owned RayJob as KubeRay last wrote it (or
 None), why the operator holds the RayJob back (a `Hold`: pre-flight, KubeRay
-missing, a name conflict), and the time. The output is the part of `status` the operator owns (everything but
+missing, a name conflict, the API server refusing the RayJob), and the time.
+The output is the part of `status` the operator owns (everything but
 the progress fields the training driver reports) plus the events that explain
 each transition. Conditions follow Kubernetes API conventions: a condition's
 `lastTransitionTime` moves only when its status changes.
@@ -66,18 +67,24 @@ READY = "Ready"
 ADMITTED = "Admitted"
 UNSCHEDULABLE = "Unschedulable"
 KUBERAY_MISSING = "KubeRayMissing"
+BLOCKED = "Blocked"
 STALLED = "Stalled"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
-MANAGED_CONDITIONS = (READY, ADMITTED, UNSCHEDULABLE, KUBERAY_MISSING, STALLED, SUCCEEDED, FAILED)
+MANAGED_CONDITIONS = (READY, ADMITTED, UNSCHEDULABLE, KUBERAY_MISSING, BLOCKED, STALLED, SUCCEEDED, FAILED)
+# How much of the API server's own message a condition or event quotes.
+QUOTE_LIMIT = 1024
 
 
 class HoldKind(enum.Enum):
-    """What holds a RayJob back; the first two also raise the condition of their name."""
+    """What holds a RayJob back; all but CONFLICT also raise the condition of their name."""
 
     UNSCHEDULABLE = UNSCHEDULABLE  # pre-flight: no node can ever run the workers
     KUBERAY_MISSING = KUBERAY_MISSING  # the RayJob API is not served
-    CONFLICT = "Conflict"  # the RayJob's name is taken by an object the job does not own
+    # Something outside the spec refuses the RayJob: the API server's admission (a
+    # quota, a policy, a webhook) or a name the operator must not take over.
+    BLOCKED = BLOCKED
+    CONFLICT = "Conflict"  # the RayJob's name is taken by an object the job does not own (transient)
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,17 @@ KUBERAY_NOT_INSTALLED = Hold(
     "KubeRayNotInstalled",
     f"KubeRay's RayJob API ({RAYJOB_API_VERSION}) is not installed; install the KubeRay operator",
 )
+
+
+def quote(message: str, limit: int = QUOTE_LIMIT) -> str:
+    """Another system's message, cut to `limit` characters for a condition or an event."""
+    return message if len(message) <= limit else message[: limit - 1] + "…"
+
+
+def refused_create(status: int, message: str) -> Hold:
+    """The hold of a RayJob whose create the API server refused (HTTP `status`, its `message`)."""
+    reason = "RayJobForbidden" if status == 403 else "RayJobInvalid"
+    return Hold(HoldKind.BLOCKED, reason, quote(f"the API server refused the RayJob: {message}"))
 
 
 @dataclass(frozen=True)
@@ -304,6 +322,7 @@ def _desired_conditions(obs: Observation, state: _State) -> dict[str, tuple[str,
         ADMITTED: _admitted(obs, phase),
         UNSCHEDULABLE: _alarm(current, UNSCHEDULABLE, held_by(HoldKind.UNSCHEDULABLE), "Schedulable"),
         KUBERAY_MISSING: _alarm(current, KUBERAY_MISSING, held_by(HoldKind.KUBERAY_MISSING), "KubeRayInstalled"),
+        BLOCKED: _alarm(current, BLOCKED, held_by(HoldKind.BLOCKED), "Unblocked"),
         STALLED: _alarm(
             current,
             STALLED,
@@ -415,12 +434,23 @@ def compute_status(obs: Observation) -> dict[str, Any]:
     return status.dump()
 
 
+# Why the operator refuses a job's spec: `rocmtrain.api.validate`, or the operator's allow-lists.
+INVALID_SPEC = ("InvalidSpec", "invalid spec")
+NOT_ALLOWED = ("NotAllowed", "not allowed by the operator's settings")
+
+
 def invalid_status(
-    current: Mapping[str, Any], errors: Sequence[str], *, generation: int | None, now: dt.datetime
+    current: Mapping[str, Any],
+    errors: Sequence[str],
+    *,
+    generation: int | None,
+    now: dt.datetime,
+    why: tuple[str, str] = INVALID_SPEC,
 ) -> dict[str, Any]:
-    """The status of a job whose spec the operator refuses: Failed with every field error."""
-    message = "invalid spec: " + "; ".join(errors)
-    refused = ("InvalidSpec", message)
+    """The status of a job whose spec the operator refuses (`why`: reason, prefix): Failed with every error."""
+    reason, prefix = why
+    message = f"{prefix}: " + "; ".join(errors)
+    refused = (reason, message)
     return RocmTrainingJobStatus(
         phase="Failed",
         conditions=merge_conditions(
@@ -445,7 +475,13 @@ def status_patch(current: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str
 
 _WARNING_PHASES = frozenset({"Failed"})
 # Condition types whose turning True deserves its own event: (type, event type).
-_NOTABLE = ((UNSCHEDULABLE, "Warning"), (KUBERAY_MISSING, "Warning"), (STALLED, "Warning"), (ADMITTED, "Normal"))
+_NOTABLE = (
+    (UNSCHEDULABLE, "Warning"),
+    (KUBERAY_MISSING, "Warning"),
+    (BLOCKED, "Warning"),
+    (STALLED, "Warning"),
+    (ADMITTED, "Normal"),
+)
 
 
 def _turned_true(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]], kind: str) -> bool:

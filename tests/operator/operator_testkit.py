@@ -29,7 +29,10 @@ RAYJOBS = "/apis/ray.io/v1/namespaces/{ns}/rayjobs"
 STALL_SECONDS = 3
 RETRY_SECONDS = 1
 # Kinds that are applied for real; the Deployment and Service only as a server-side dry run (no kubelet).
-APPLIED_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+APPLIED_KINDS = {
+    "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+    "CustomResourceDefinition",
+}  # fmt: skip
 
 
 def wait_until(check: Callable[[], Any], timeout: float = 2.0, what: str = "condition", interval: float = 0.02) -> Any:
@@ -115,10 +118,11 @@ class Api:
 
 
 class Operator:
-    """The operator under KopfRunner, restartable."""
+    """The operator under KopfRunner, restartable; `env` adds or overrides its settings."""
 
-    def __init__(self, kubeconfig: Path) -> None:
+    def __init__(self, kubeconfig: Path, env: dict[str, str] | None = None) -> None:
         self.kubeconfig = kubeconfig
+        self.extra_env = dict(env or {})
         self.metrics_port = free_port()
         self.health_port = free_port()
         self._runner: KopfRunner | None = None
@@ -131,6 +135,7 @@ class Operator:
             "ROCMTRAIN_RETRY_SECONDS": str(RETRY_SECONDS),
             "ROCMTRAIN_METRICS_PORT": str(self.metrics_port),
             "ROCMTRAIN_NAMESPACES": "",
+            **self.extra_env,
         }
         self._saved = {key: os.environ.get(key) for key in env}
         os.environ.update(env)

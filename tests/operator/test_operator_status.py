@@ -16,6 +16,7 @@ import pytest
 from rocmtrain.api.models import RocmTrainingJobSpec
 from rocmtrain.status import (
     KUBERAY_NOT_INSTALLED,
+    NOT_ALLOWED,
     OWNED_FIELDS,
     Hold,
     HoldKind,
@@ -24,6 +25,7 @@ from rocmtrain.status import (
     invalid_status,
     last_rayjob_change,
     merge_conditions,
+    refused_create,
     status_patch,
     transition_events,
 )
@@ -339,6 +341,33 @@ def test_a_name_conflict_holds_without_a_condition_of_its_own():
     held = observe(hold=conflict)
     assert held["phase"] == "Pending" and conditions(held) == {"Ready": ("False", "RayJobConflict")}
     assert conflict.retry_after(30) == 5 and KUBERAY_NOT_INSTALLED.retry_after(30) == 30
+
+
+def test_a_refused_rayjob_create_shows_the_api_servers_message_once():
+    message = 'rayjobs.ray.io "job" is forbidden: exceeded quota: rayjobs, requested: count/rayjobs.ray.io=1'
+    refused = refused_create(403, message)
+    held = observe(hold=refused)
+    assert held["phase"] == "Pending"
+    assert conditions(held)["Blocked"] == ("True", "RayJobForbidden")
+    blocked = next(c for c in held["conditions"] if c["type"] == "Blocked")
+    assert blocked["message"] == f"the API server refused the RayJob: {message}"
+    assert [(e.type, e.reason) for e in transition_events({}, held) if e.reason == "RayJobForbidden"] == [
+        ("Warning", "RayJobForbidden")
+    ]
+    again = observe(held, hold=refused)
+    assert not [e for e in transition_events(held, again) if e.reason == "RayJobForbidden"], "one event"
+    assert conditions(observe(again, rayjob(None)))["Blocked"] == ("False", "Unblocked")
+    assert refused_create(422, "x").reason == "RayJobInvalid"
+    long = refused_create(422, "y" * 5000)
+    assert len(long.message) == 1024 and long.message.endswith("…")
+
+
+def test_a_job_outside_the_allow_lists_fails_with_every_field():
+    problem = "spec.image: x is not from an allowed registry (y)"
+    failed = invalid_status({}, [problem], generation=1, now=T0, why=NOT_ALLOWED)
+    assert failed["phase"] == "Failed" and conditions(failed)["Failed"] == ("True", "NotAllowed")
+    ready = next(c for c in failed["conditions"] if c["type"] == "Ready")
+    assert ready["message"] == f"not allowed by the operator's settings: {problem}"
 
 
 def running_rayjob(last_write: dt.datetime) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 import pytest
 from kubernetes_asyncio import client
 from prometheus_client import generate_latest
@@ -12,7 +13,9 @@ from rocmtrain import metrics
 from rocmtrain.api.models import MUTABLE_FIELDS, RocmTrainingJob
 from rocmtrain.controller.rayjob_watch import RayJobWatch
 from rocmtrain.controller.settings import ConfigError, OperatorConfig
-from rocmtrain.objects import controller_ref, job_view, mutable_patch, rayjob_view, requested_gpus
+from rocmtrain.kube import TimedApiClient
+from rocmtrain.objects import controller_ref, is_jobs_rayjob, job_view, mutable_patch, rayjob_view, requested_gpus
+from rocmtrain.policy import Policy
 from rocmtrain.render.rayjob import MUTABLE_RAYJOB_DEFAULTS, mutable_rayjob_fields
 from unit.samples import full_job
 
@@ -21,7 +24,9 @@ def test_config_defaults_and_overrides():
     default = OperatorConfig.from_env({})
     assert (default.namespaces, default.metrics_port, default.health_port) == ((), 8080, 8081)
     assert default.stall_seconds == 900 and default.stall_check_seconds == 60
-    assert default.liveness_endpoint == "http://0.0.0.0:8081/healthz"
+    # Plain HTTP without authentication: loopback only, unless the Deployment says otherwise.
+    assert default.liveness_endpoint == "http://127.0.0.1:8081/healthz" and default.metrics_host == "127.0.0.1"
+    assert default.policy == Policy() and default.api_timeout_seconds == 15
     custom = OperatorConfig.from_env(
         {"ROCMTRAIN_NAMESPACES": "team-a, team-b", "ROCMTRAIN_STALL_SECONDS": "8", "ROCMTRAIN_HEALTH_PORT": "0"}
     )
@@ -30,6 +35,20 @@ def test_config_defaults_and_overrides():
     assert default.pricing is None and default.metrics_max_jobs == 500
     priced = OperatorConfig.from_env({"ROCMTRAIN_GPU_PRICES": "default=2.5", "ROCMTRAIN_COST_CURRENCY": "EUR"})
     assert priced.pricing is not None and (priced.pricing.default, priced.pricing.currency) == (2.5, "EUR")
+    pod = OperatorConfig.from_env(
+        {
+            "ROCMTRAIN_METRICS_HOST": "0.0.0.0",  # noqa: S104 - what a Deployment sets
+            "ROCMTRAIN_HEALTH_HOST": "::",
+            "ROCMTRAIN_API_TIMEOUT_SECONDS": "5",
+            "ROCMTRAIN_ALLOWED_IMAGES": "ghcr.io/acme/, registry.local:5000/ml",
+            "ROCMTRAIN_ALLOWED_PRIORITY_CLASSES": "training",
+            "ROCMTRAIN_ALLOWED_KUEUE_PRIORITY_CLASSES": "low,high",
+        }
+    )
+    assert pod.metrics_host == "0.0.0.0"  # noqa: S104
+    assert pod.liveness_endpoint == "http://[::]:8081/healthz"
+    assert pod.api_timeout_seconds == 5 and pod.reconcile_deadline == 20
+    assert pod.policy == Policy(("ghcr.io/acme/", "registry.local:5000/ml"), ("training",), ("low", "high"))
 
 
 @pytest.mark.parametrize(
@@ -42,6 +61,10 @@ def test_config_defaults_and_overrides():
         {"ROCMTRAIN_METRICS_MAX_JOBS": "-1"},
         {"ROCMTRAIN_GPU_PRICES": "AMD_Instinct_MI300X_OAM=cheap"},
         {"ROCMTRAIN_GPU_PRICES": "default=2", "ROCMTRAIN_COST_CURRENCY": "euro"},
+        {"ROCMTRAIN_METRICS_HOST": "all"},
+        {"ROCMTRAIN_API_TIMEOUT_SECONDS": "0"},
+        {"ROCMTRAIN_ALLOWED_IMAGES": "ghcr.io/acme evil"},
+        {"ROCMTRAIN_ALLOWED_PRIORITY_CLASSES": "Training"},
     ],
 )
 def test_config_refuses_bad_values(env):
@@ -185,3 +208,64 @@ def test_rayjob_watch_relist_reports_differences_and_coalesces_per_object():
     assert ("DELETED", "two", "Running") in seen
     assert [s for s in seen if s[1] == "four"] == [("ADDED", "four", "New"), ("MODIFIED", "four", "Complete")]
     assert not [s for s in seen if s[1] in ("one", "three")]
+
+
+def test_rayjob_watch_hands_a_failed_change_over_again_until_it_goes_through(monkeypatch: pytest.MonkeyPatch):
+    """A status write that failed (the API server down) is not lost: the change is handled again."""
+    monkeypatch.setattr("rocmtrain.controller.rayjob_watch.ERROR_BACKOFF_SECONDS", 0.01)
+    attempts: list[str | None] = []
+
+    async def handle(kind: str, view: dict) -> None:
+        attempts.append(view["status"].get("jobDeploymentStatus"))
+        if len(attempts) < 3:
+            raise ConnectionError("status write failed")
+
+    async def scenario() -> None:
+        api = client.ApiClient(client.Configuration())
+        watch = RayJobWatch(api, handle, label_selector="x=y")
+        watch._apply("MODIFIED", rayjob_view(_rayjob("a", "one", "Running")))
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if not watch._workers:
+                break
+        await watch.stop()
+        await api.close()
+
+    asyncio.run(scenario())
+    assert attempts == ["Running", "Running", "Running"]
+
+
+def test_only_the_rayjob_of_the_jobs_name_drives_its_status():
+    job = {"metadata": {"name": "bert", "namespace": "a", "uid": "u1"}}
+    own = _rayjob("a", "bert", "Running")
+    own["metadata"]["ownerReferences"] = [{"kind": "RocmTrainingJob", "name": "bert", "uid": "u1", "controller": True}]
+    assert is_jobs_rayjob(job, own)
+    impostor = {**own, "metadata": {**own["metadata"], "name": "impostor"}}
+    assert not is_jobs_rayjob(job, impostor), "a controller reference anyone may write is not enough"
+    elsewhere = {**own, "metadata": {**own["metadata"], "namespace": "b"}}
+    assert not is_jobs_rayjob(job, elsewhere)
+    other_uid = {**job, "metadata": {**job["metadata"], "uid": "u2"}}
+    assert not is_jobs_rayjob(other_uid, own), "a new job of the same name"
+
+
+def test_every_request_of_the_operators_clients_has_a_deadline():
+    """kubernetes_asyncio sends requests without one: an API server that never answers would hold the caller."""
+
+    async def scenario() -> float:
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await asyncio.sleep(30)  # accepts the connection, reads nothing, answers nothing
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        configuration = client.Configuration(host=f"http://127.0.0.1:{port}")
+        api = TimedApiClient(configuration, aiohttp.ClientTimeout(total=0.5))
+        start = asyncio.get_running_loop().time()
+        try:
+            with pytest.raises(TimeoutError):
+                await client.CoreV1Api(api).list_namespace()
+            return asyncio.get_running_loop().time() - start
+        finally:
+            await api.close()
+            server.close()
+
+    assert asyncio.run(scenario()) < 5

@@ -117,8 +117,12 @@ SHM_VOLUME: Final = "dshm"
 SHM_PATH: Final = "/dev/shm"  # noqa: S108 (a mount point in the pod, not a file opened here)
 PROGRESS_VOLUME: Final = "rocmtrain-progress"
 PROGRESS_DIR: Final = f"/var/run/secrets/{GROUP}/progress"
-RESERVED_VOLUMES: Final = (SHM_VOLUME, PROGRESS_VOLUME)
-RESERVED_MOUNT_PATHS: Final = (SHM_PATH, PROGRESS_DIR)
+# The containers' root filesystem is read-only; Ray, the driver and the libraries they
+# load write below /tmp (Ray's session directory) and HOME (caches), which is /tmp too.
+TMP_VOLUME: Final = "rocmtrain-tmp"
+TMP_PATH: Final = "/tmp"  # noqa: S108 (a mount point in the pod, not a file opened here)
+RESERVED_VOLUMES: Final = (SHM_VOLUME, PROGRESS_VOLUME, TMP_VOLUME)
+RESERVED_MOUNT_PATHS: Final = (SHM_PATH, PROGRESS_DIR, TMP_PATH)
 
 # ---- the progress channel -----------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 - jobs (every event; level-triggered, so kopf keeps no state in them): validate,
   pre-flight, create or update the RayJob, with retries while it is held;
 - RayJobs we made (any change, from `RayJobWatch` rather than kopf, which stops on a
-  404 when KubeRay's CRD is removed): map their state into the owning job's status,
+  404 when KubeRay's CRD is removed): map their state into the owning job's status
+  (only the job's own RayJob: the job controls it and it has the job's RayJob name),
   and recreate a RayJob deleted behind our back while its job has not finished;
 - running jobs: stall detection, by one periodic loop over the job index;
 - indexes of jobs and Nodes keep lookups off the API server.
@@ -27,10 +28,11 @@ from rocmtrain.api.contract import GROUP, MANAGED_SELECTOR, PLURAL, VERSION
 from rocmtrain.controller.rayjob_watch import RayJobWatch
 from rocmtrain.controller.reconciler import Reconciler
 from rocmtrain.controller.settings import OperatorConfig, configure_kopf
-from rocmtrain.kube import Kube
-from rocmtrain.objects import controller_ref, job_view, requested_gpus
+from rocmtrain.kube import Kube, new_api_client
+from rocmtrain.objects import controller_ref, is_jobs_rayjob, job_view, requested_gpus
 from rocmtrain.progress.server import start_progress_server
-from rocmtrain.status import TERMINAL_PHASES
+from rocmtrain.progress.tls import ConfigMapTaken
+from rocmtrain.status import TERMINAL_PHASES, Hold, HoldKind
 
 JOB = (GROUP, VERSION, PLURAL)
 
@@ -43,17 +45,19 @@ async def startup(
 ) -> None:
     """Read the configuration, configure kopf, connect, serve metrics, watch RayJobs and stalls."""
     memo.config = config = OperatorConfig.from_env()
-    configure_kopf(settings)
-    memo.kube = await Kube.connect()
-    memo.metrics = await metrics.serve(config.metrics_port) if config.metrics_port else None
+    configure_kopf(settings, namespaced=bool(config.namespaces))
+    memo.kube = await Kube.connect(timeout=config.api_timeout_seconds)
+    memo.metrics = await metrics.serve(config.metrics_port, config.metrics_host) if config.metrics_port else None
     metrics.JOBS.source = lambda: (job for store in list(jobs.values()) for job in store)
     metrics.JOBS.max_jobs = config.metrics_max_jobs
 
     async def handle(kind: str, rayjob: dict[str, Any]) -> None:
         await rayjob_changed(kind, rayjob, memo, jobs, nodes)
 
+    # Its own connections: one long watch per namespace would otherwise take the reconciler's.
+    memo.watch_api = await new_api_client(len(config.namespaces) + 4, config.api_timeout_seconds)
     memo.rayjobs = RayJobWatch(
-        memo.kube.api,
+        memo.watch_api,
         handle,
         label_selector=MANAGED_SELECTOR,
         namespaces=config.namespaces,
@@ -86,6 +90,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     metrics.JOBS.source = tuple
     if memo.get("metrics") is not None:
         await memo.metrics.cleanup()
+    if memo.get("watch_api") is not None:
+        await memo.watch_api.close()
     if memo.get("kube") is not None:
         await memo.kube.close()
 
@@ -185,7 +191,7 @@ async def rayjob_changed(
     with metrics.observe("rayjob_event"):
         owner = controller_ref(rayjob)
         job = _one(jobs, (rayjob["metadata"]["namespace"], owner.get("name", "")), owner.get("uid"))
-        if job is None or "deletionTimestamp" in job["metadata"]:
+        if job is None or "deletionTimestamp" in job["metadata"] or not is_jobs_rayjob(job, rayjob):
             return
         if kind != "DELETED":
             await memo.reconciler.refresh(job, rayjob)
@@ -202,9 +208,13 @@ async def rayjob_changed(
 
 @kopf.on.startup()
 async def progress_endpoint(memo: kopf.Memo, **_: Any) -> None:
-    """Serve the progress endpoint, when configured (after `startup`: it shares its config and API client)."""
+    """Serve the progress endpoint, when configured (after `startup`: it reads its config).
+
+    The endpoint talks to the API server through a small client of its own, so a flood
+    of reports never takes the connections that reconciles and the RayJob watch use.
+    """
     cfg = memo.config.progress
-    memo.progress = await start_progress_server(cfg, memo.kube.api) if cfg is not None else None
+    memo.progress = await start_progress_server(cfg) if cfg is not None else None
 
 
 @kopf.on.cleanup()
@@ -214,7 +224,15 @@ async def stop_progress_endpoint(memo: kopf.Memo, **_: Any) -> None:
         await memo.progress.stop()
 
 
-async def publish_progress_ca(memo: kopf.Memo, namespace: str) -> None:
-    """Put the endpoint's CA into a job's namespace before its RayJob is rendered (the head pod mounts it)."""
-    if memo.get("progress") is not None:
-        await memo.progress.publish_ca(namespace)
+async def publish_progress_ca(memo: kopf.Memo, namespace: str) -> Hold | None:
+    """Put the endpoint's CA into a job's namespace before its RayJob is rendered (the head pod mounts it).
+
+    A ConfigMap of that name that is not the operator's is left alone, and holds the job.
+    """
+    if memo.get("progress") is None:
+        return None
+    try:
+        await memo.progress.publish_ca(namespace, memo.kube.api)
+    except ConfigMapTaken as exc:
+        return Hold(HoldKind.BLOCKED, "ProgressCAConflict", str(exc))
+    return None

@@ -7,6 +7,9 @@ instead: a 404 means "KubeRay is not installed"; the watch waits and lists again
 The watch keeps a small view of every RayJob (`rayjob_view`) for the stall loop,
 and hands each change to `handle`, one object at a time, latest state first:
 events for a RayJob that arrive while its previous one is handled are coalesced.
+A change whose handling fails (the job's status write did not go through) is
+handed over again after a backoff, unless a newer change of the RayJob came meanwhile,
+so a job's status never stays stale until the RayJob happens to change again.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 WATCH_SECONDS = 300  # the server closes each watch after this; the watch resumes from its resourceVersion
 ERROR_BACKOFF_SECONDS = 1.0
+HANDLING_BACKOFF_MAX_SECONDS = 30.0
 HANDLERS_AT_ONCE = 16
 
 
@@ -182,13 +186,19 @@ class RayJobWatch:
             self._workers[key] = asyncio.create_task(self._drain(key), name=f"RayJob {key[0]}/{key[1]}")
 
     async def _drain(self, key: Key) -> None:
+        failures = 0
         try:
             while key in self._pending:
                 kind, view = self._pending.pop(key)
                 async with self._slots:
                     try:
                         await self._handle(kind, view)
+                        failures = 0
+                        continue
                     except Exception:
-                        logger.exception("handling %s of RayJob %s/%s failed", kind, *key)
+                        logger.exception("handling %s of RayJob %s/%s failed; retrying", kind, *key)
+                failures += 1
+                await asyncio.sleep(min(HANDLING_BACKOFF_MAX_SECONDS, ERROR_BACKOFF_SECONDS * 2 ** (failures - 1)))
+                self._pending.setdefault(key, (kind, view))  # a newer change, if one came, replaces it
         finally:
             self._workers.pop(key, None)

@@ -8,9 +8,14 @@ one way everywhere here: `validate_job` in the cluster context.
 Level-triggered: `sync` is called for every observed state of a job and does
 nothing once the job's current generation is in line (its RayJob created or
 updated, or the spec refused); a job that is held (KubeRay missing, no node fits,
-a name conflict) or that met an error is tried again after a delay. The
-operator keeps no bookkeeping in the job object: after a restart, each job is
-checked once more, and creating its RayJob again finds the existing one.
+a name conflict, the API server refusing its RayJob) or that met an error is
+tried again after a delay. The operator keeps no bookkeeping in the job object:
+after a restart, each job is checked once more, and creating its RayJob again
+finds the existing one.
+
+A reconcile holds one of `ACTIVE_RECONCILES` slots, for at most the config's
+`reconcile_deadline` (every request also has its own deadline), so a hung API
+server delays jobs but never keeps a slot.
 
 All status writes of one job go through one asyncio lock, and the operator keeps
 the status it last wrote per job, so that two paths (the job's own and the
@@ -23,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +39,7 @@ from rocmtrain.api.models import RocmTrainingJob, RocmTrainingJobSpec
 from rocmtrain.api.validate import FieldError, validate_job
 from rocmtrain.controller.settings import OperatorConfig
 from rocmtrain.job_gauges import queue_wait
-from rocmtrain.kube import JOBS, RAYJOBS, ApiMissing, Kube
+from rocmtrain.kube import JOBS, RAYJOBS, ApiMissing, Kube, Refused
 from rocmtrain.objects import controller_ref, job_document, mutable_patch, owner_reference, rayjob_view
 from rocmtrain.render import render_rayjob
 from rocmtrain.status import Hold, HoldKind
@@ -47,6 +53,9 @@ CONFLICT_RETRY_SECONDS = 5
 # holding rendered RayJobs and open requests for all of them (memory, and the API
 # server's CPU); 16 keeps the client's connections busy.
 ACTIVE_RECONCILES = 16
+# Uids of deleted jobs remembered, so that a sync still running when its job goes
+# does not bring the job's state back (uids are never reused).
+FORGOTTEN_UIDS = 4096
 
 
 def _now() -> dt.datetime:
@@ -77,20 +86,30 @@ class Reconciler:
         kube: Kube,
         config: OperatorConfig,
         known: Callable[[str, str], Mapping[str, Any] | None],
-        before_render: Callable[[str], Awaitable[None]] | None = None,
+        before_render: Callable[[str], Awaitable[Hold | None]] | None = None,
     ) -> None:
         """`known(namespace, name)`: the watched view of a RayJob, if any (saves a read);
-        `before_render(namespace)`: awaited before a job there is rendered (the progress CA)."""
+        `before_render(namespace)`: awaited before a job there is rendered (the progress CA);
+        it returns what holds the RayJob back, if anything does."""
         self._kube = kube
         self._config = config
         self._known = known
         self._before_render = before_render
         self._states: dict[str, JobState] = {}
+        self._forgotten: OrderedDict[str, None] = OrderedDict()
         self._slots = asyncio.Semaphore(ACTIVE_RECONCILES)
         self._retries: set[asyncio.Task[None]] = set()
+        metrics.JOBS_REMEMBERED.set_function(lambda: len(self._states))
+
+    def remembers(self, uid: str) -> bool:
+        """Whether the reconciler keeps state for the job `uid`."""
+        return uid in self._states
 
     def forget(self, uid: str) -> None:
-        """Drop what is remembered about a deleted job, and its scheduled retry."""
+        """Drop what is remembered about a deleted job, and its scheduled retry, for good."""
+        self._forgotten[uid] = None
+        while len(self._forgotten) > FORGOTTEN_UIDS:
+            self._forgotten.popitem(last=False)
         state = self._states.pop(uid, None)
         if state is not None and state.retry is not None:
             state.retry.cancel()
@@ -101,6 +120,8 @@ class Reconciler:
 
     def retry_later(self, uid: str, delay: float, again: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run `again()` in `delay` seconds (replacing a retry already scheduled for the job)."""
+        if uid in self._forgotten:
+            return
         state = self._state(uid)
         if state.retry is not None:
             state.retry.cancel()
@@ -127,6 +148,9 @@ class Reconciler:
         return pricing.price_for(spec) if pricing is not None else None
 
     def _state(self, uid: str) -> JobState:
+        """The job's state; a deleted job's is a throwaway, never stored again."""
+        if uid in self._forgotten:
+            return JobState()
         return self._states.setdefault(uid, JobState())
 
     @staticmethod
@@ -148,24 +172,25 @@ class Reconciler:
         if state.synced == generation or (state.retry is not None and state.tried == generation):
             return None  # in line, or a retry of this very generation is already scheduled
         state.tried = generation
-        async with self._slots:
-            if self._before_render is not None:
-                await self._before_render(meta["namespace"])
-            delay = await self._ensure(job, nodes, state)
+        async with self._slots, asyncio.timeout(self._config.reconcile_deadline):
+            with metrics.RECONCILES_IN_FLIGHT.track_inprogress():
+                blocked = await self._before_render(meta["namespace"]) if self._before_render else None
+                delay = await self._ensure(job, nodes, state, blocked)
         if delay is None:
             state.synced = generation
         return delay
 
     async def _ensure(
-        self, job: Mapping[str, Any], nodes: Iterable[preflight.NodeInfo], state: JobState
+        self, job: Mapping[str, Any], nodes: Iterable[preflight.NodeInfo], state: JobState, blocked: Hold | None
     ) -> float | None:
         meta = job["metadata"]
         valid, errors = _validated(job)
+        why, refused = (status.INVALID_SPEC, errors) if valid is None else (status.NOT_ALLOWED, self._policy(valid))
         async with state.lock:
             current = self._current(state, job)
-            if valid is None:
-                problems = [str(e) for e in errors]
-                new = status.invalid_status(current, problems, generation=meta.get("generation"), now=_now())
+            if valid is None or refused:
+                problems = [str(e) for e in refused]
+                new = status.invalid_status(current, problems, generation=meta.get("generation"), now=_now(), why=why)
                 await self._write(job, state, current, new)
                 logger.warning("refused %s/%s: %s", meta["namespace"], meta["name"], "; ".join(problems))
                 return None  # nothing to retry: the user changes the spec, or deletes the job
@@ -173,7 +198,7 @@ class Reconciler:
             if current.get("phase") in status.TERMINAL_PHASES:
                 rayjob = await self._read_rayjob(meta["namespace"], meta["name"])
             else:
-                rayjob, hold = await self._apply_rayjob(job, valid, nodes)
+                rayjob, hold = await self._apply_rayjob(job, valid, nodes, blocked)
             new = status.compute_status(
                 status.Observation(
                     spec=valid.spec,
@@ -189,19 +214,27 @@ class Reconciler:
             await self._write(job, state, current, new)
         return None if hold is None else hold.retry_after(self._config.retry_seconds)
 
+    def _policy(self, valid: RocmTrainingJob) -> list[FieldError]:
+        """What the operator's allow-lists refuse in the job."""
+        return self._config.policy.check(valid.spec)
+
     async def _read_rayjob(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The RayJob as the watch last saw it, else as the API server has it."""
         return self._known(namespace, name) or await self._kube.get(RAYJOBS, namespace, name)
 
     async def _apply_rayjob(
-        self, job: Mapping[str, Any], valid: RocmTrainingJob, nodes: Iterable[preflight.NodeInfo]
+        self,
+        job: Mapping[str, Any],
+        valid: RocmTrainingJob,
+        nodes: Iterable[preflight.NodeInfo],
+        blocked: Hold | None,
     ) -> tuple[Mapping[str, Any] | None, Hold | None]:
         """Create the RayJob or carry the mutable fields over: the RayJob, or what holds it back."""
         meta = job["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         rendered = render_rayjob(valid, options=self._config.render_options)
         rendered["metadata"]["ownerReferences"] = [owner_reference(job)]
-        hold = preflight.check(valid.spec, nodes)
+        hold = blocked or preflight.check(valid.spec, nodes)
         if hold is None:
             live = self._known(namespace, name)  # not seen yet: the create below finds out
         else:  # held: carry the fields over to a RayJob that already exists, create none
@@ -213,6 +246,9 @@ class Reconciler:
                 created = await self._kube.create(RAYJOBS, rendered)
             except ApiMissing:
                 return None, status.KUBERAY_NOT_INSTALLED
+            except Refused as exc:
+                logger.warning("RayJob %s/%s refused: %s", namespace, name, exc)
+                return None, status.refused_create(exc.status, exc.message)
             if created is not None:
                 logger.info("created RayJob %s/%s", namespace, name)
                 return created, None
