@@ -2,32 +2,23 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 
-from cluster.kubecluster import ClusterError, KubeCluster, _die_with_parent, _kill_groups
+from cluster.kubecluster import ClusterError, KubeCluster
 
 
 def restart_apiserver(kube: KubeCluster, timeout: float = 60.0) -> float:
     """Stop kube-apiserver (SIGTERM, SIGKILL after 5 s), start it again with the same flags; the seconds it was away.
 
-    Returns once it serves our CRDs and KubeRay's again. The new process replaces the old one
-    in `kube.processes`, so the harness stops it at the end of the session as before.
+    Returns once it serves our CRDs and KubeRay's again. The harness's `Process` keeps the new
+    process, so it is stopped at the end of the session as before.
     """
     proc = kube.processes.get("kube-apiserver")
-    if proc is None or kube.workdir is None:
+    if proc is None:
         raise ClusterError("restarting kube-apiserver needs the local control plane")
     started = time.monotonic()
-    _kill_groups([proc.pid], grace=5.0, children=[proc])  # SIGTERM; SIGKILL if it drains watches longer
-    with open(kube.workdir / "logs" / "kube-apiserver.log", "ab") as log:
-        kube.processes["kube-apiserver"] = subprocess.Popen(
-            proc.args,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=kube.workdir,
-            preexec_fn=_die_with_parent,
-        )
+    proc.stop(grace=5.0)  # SIGTERM; SIGKILL if it drains watches longer
+    proc.start()
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -35,7 +26,7 @@ def restart_apiserver(kube: KubeCluster, timeout: float = 60.0) -> float:
             kube.request("GET", "/apis/ray.io/v1", timeout=2)
             return time.monotonic() - started
         except Exception as exc:  # connection refused, 503 while it starts, stale pooled connections
-            if kube.processes["kube-apiserver"].poll() is not None:
+            if not proc.running():
                 raise ClusterError("kube-apiserver did not come back") from exc
             if time.monotonic() > deadline:
                 raise ClusterError(f"kube-apiserver not serving after {timeout}s") from exc

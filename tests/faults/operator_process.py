@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from cluster.kubecluster import _die_with_parent, free_port
+from cluster.processes import die_with_parent, free_port
 
 
 class OperatorProcess:
@@ -51,7 +51,7 @@ class OperatorProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         self.starts += 1
         deadline = time.monotonic() + timeout

@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 from operator_testkit import OPERATOR_NAMESPACE, Api, job_manifest, wait_until
 
-from cluster.kubecluster import KubeCluster, _die_with_parent, free_port
+from cluster.kubecluster import KubeCluster, free_port
+from cluster.processes import die_with_parent
 from faults.operator_process import OperatorProcess
 from rocmtrain.api.contract import progress_path
 from rocmtrain.progress.auth import REVIEW_BURST, REVIEW_RATE_PER_SECOND
@@ -119,7 +120,7 @@ def test_an_invalid_token_flood_leaves_reconciles_and_status_alone(
         flood = subprocess.Popen(
             [sys.executable, "-m", "faults.flood", url, str(counts_file)],
             env={**os.environ, "PYTHONPATH": str(TESTS_DIR)},
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
 
         def sent() -> int:
