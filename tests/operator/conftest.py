@@ -18,6 +18,24 @@ from operator_testkit import APPLIED_KINDS, OPERATOR_NAMESPACE, OPERATOR_SA, REP
 from cluster.kubecluster import KubeCluster
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _delete_module_namespaces(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Delete the lean cluster's namespaces a test module made, with their jobs, when it ends.
+
+    Later modules start operators that list every job in the cluster: a module's
+    leftovers (the soak's 200 jobs, say) would otherwise queue in front of theirs.
+    """
+    items = [item for item in request.session.items if item.module is request.module]
+    if not any("kube" in item.fixturenames for item in items):  # a world-only module: no lean cluster
+        yield
+        return
+    cluster: KubeCluster = request.getfixturevalue("kube")
+    before = len(cluster.namespaces)
+    yield
+    for name in cluster.namespaces[before:]:
+        cluster.delete({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+
 @pytest.fixture(scope="session")
 def api(kube: KubeCluster) -> Api:
     for name, message in kube.crd_errors.items():

@@ -100,6 +100,17 @@ def test_pool_per_gpu_model_with_holders_and_real_kueue(world: World, scope: Sco
         "the waiting RayJob's Workload",
     )
 
+    def usage_reported() -> bool:  # Kueue writes the ClusterQueue's usage a moment after it admits
+        cq = cluster.request("GET", f"/apis/kueue.x-k8s.io/v1beta2/clusterqueues/{queue}")
+        used = [
+            r.get("total")
+            for f in (cq.get("status") or {}).get("flavorsUsage") or []
+            for r in f.get("resources") or []
+            if r.get("name") == GPU_RESOURCE
+        ]
+        return used == ["16"]
+
+    cluster.wait_for(usage_reported, 60, "the ClusterQueue's usage of the admitted job")
     code, out, err = run(capsys, cluster_cli.pool, "-o", "json", "--kubeconfig", str(cluster.kubeconfig))
     assert (code, err) == (0, "")
     view = json.loads(out)
