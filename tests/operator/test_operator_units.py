@@ -27,6 +27,8 @@ def test_config_defaults_and_overrides():
     )
     assert custom.namespaces == ("team-a", "team-b")
     assert custom.stall_check_seconds == 2 and custom.liveness_endpoint is None
+    assert default.render_options.submitter_retries == 2
+    assert OperatorConfig.from_env({"ROCMTRAIN_SUBMITTER_RETRIES": "0"}).render_options.submitter_retries == 0
 
 
 @pytest.mark.parametrize(
@@ -36,6 +38,7 @@ def test_config_defaults_and_overrides():
         {"ROCMTRAIN_METRICS_PORT": "70000"},
         {"ROCMTRAIN_STALL_SECONDS": "0"},
         {"ROCMTRAIN_RETRY_SECONDS": "soon"},
+        {"ROCMTRAIN_SUBMITTER_RETRIES": "21"},
     ],
 )
 def test_config_refuses_bad_values(env):

@@ -7,6 +7,7 @@
 | ROCMTRAIN_HEALTH_PORT      | 8081    | liveness probe port (`/healthz`); 0 turns it off             |
 | ROCMTRAIN_STALL_SECONDS    | 900     | a Running job without progress for this long is Stalled      |
 | ROCMTRAIN_RETRY_SECONDS    | 30      | re-check interval of a held job (KubeRay, nodes) or failure  |
+| ROCMTRAIN_SUBMITTER_RETRIES| 2       | retries of a RayJob's submitter pod (submitterConfig)        |
 
 The progress endpoint is on when `ROCMTRAIN_OPERATOR_NAMESPACE` is set (the
 Deployment sets it from the downward API); its other `ROCMTRAIN_PROGRESS_*`
@@ -27,6 +28,7 @@ from rocmtrain.api.contract import OPERATOR_NAME
 from rocmtrain.api.patterns import DNS_LABEL
 from rocmtrain.progress.server import ProgressServerConfig
 from rocmtrain.render import RenderOptions
+from rocmtrain.render.options import MAX_SUBMITTER_RETRIES
 
 
 class ConfigError(ValueError):
@@ -66,13 +68,14 @@ class OperatorConfig:
     def from_env(cls, env: Mapping[str, str] = os.environ) -> OperatorConfig:
         """Read and check the `ROCMTRAIN_*` variables."""
         progress = ProgressServerConfig.from_env(env)
+        render = RenderOptions(submitter_retries=_int(env, "ROCMTRAIN_SUBMITTER_RETRIES", 2, 0, MAX_SUBMITTER_RETRIES))
         return cls(
             namespaces=_namespaces(env),
             metrics_port=_int(env, "ROCMTRAIN_METRICS_PORT", 8080, 0, 65535),
             health_port=_int(env, "ROCMTRAIN_HEALTH_PORT", 8081, 0, 65535),
             stall_seconds=_int(env, "ROCMTRAIN_STALL_SECONDS", 900, 1, 30 * 86400),
             retry_seconds=_int(env, "ROCMTRAIN_RETRY_SECONDS", 30, 1, 3600),
-            render_options=progress.render_options(RenderOptions()) if progress else RenderOptions(),
+            render_options=progress.render_options(render) if progress else render,
             progress=progress,
         )
 
