@@ -6,7 +6,8 @@
 - `requested_gpus`: the AMD GPUs a job view asks for (the metrics' gauge);
 - `owner_reference` and `controller_ref`: the reference that makes a job the controller
   of its RayJob (garbage collection deletes the RayJob with the job), and reading it back;
-- `mutable_patch`: the RayJob merge patch that carries the job's mutable fields over.
+- `queued` and `mutable_patch`: whether Kueue manages a RayJob, and the RayJob merge
+  patch that carries the job's mutable fields over (leaving Kueue's `suspend` alone).
 
 No I/O and no kopf: plain mappings in, plain mappings out.
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rocmtrain.api.contract import KIND
+from rocmtrain.api.contract import KIND, KUEUE_QUEUE_LABEL
 from rocmtrain.api.models import ResourcesSpec
 from rocmtrain.render.rayjob import MUTABLE_RAYJOB_DEFAULTS
 
@@ -61,11 +62,14 @@ def rayjob_view(body: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a RayJob the status mapping reads (its rayClusterSpec is left out)."""
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
+    labels = meta.get("labels") or {}
     return {
         "metadata": {
             "name": meta.get("name"),
             "namespace": meta.get("namespace"),
             "uid": meta.get("uid"),
+            # Kueue's queue label: set by the renderer, or by Kueue itself (a namespace's default LocalQueue).
+            "labels": {KUEUE_QUEUE_LABEL: labels[KUEUE_QUEUE_LABEL]} if KUEUE_QUEUE_LABEL in labels else {},
             "creationTimestamp": meta.get("creationTimestamp"),
             "ownerReferences": list(meta.get("ownerReferences") or []),
             "managedFields": [
@@ -99,6 +103,11 @@ def controller_ref(rayjob: Mapping[str, Any]) -> Mapping[str, Any]:
         if ref.get("controller") and ref.get("kind") == KIND:
             return ref
     return {}
+
+
+def queued(rayjob: Mapping[str, Any]) -> bool:
+    """Whether Kueue manages the RayJob (it carries a queue label, ours or the one Kueue's webhook set)."""
+    return KUEUE_QUEUE_LABEL in ((rayjob.get("metadata") or {}).get("labels") or {})
 
 
 def mutable_patch(rendered: Mapping[str, Any], live: Mapping[str, Any], *, queued: bool) -> dict[str, Any]:
