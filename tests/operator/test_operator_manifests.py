@@ -132,6 +132,10 @@ ALLOWED = [
     ("create", "", "events", ""),
     ("create", "authentication.k8s.io", "tokenreviews", ""),
     ("get", "", "pods", ""),
+    ("list", "", "pods", ""),
+    ("watch", "", "pods", ""),
+    ("list", "kueue.x-k8s.io", "workloads", ""),
+    ("watch", "kueue.x-k8s.io", "workloads", ""),
 ]
 DENIED = [
     ("delete", "ray.io", "rayjobs", ""),
@@ -141,7 +145,9 @@ DENIED = [
     ("delete", "rocmtrain.dev", "rocmtrainingjobs", ""),
     ("get", "", "secrets", ""),
     ("create", "", "pods", ""),
-    ("list", "", "pods", ""),
+    ("delete", "", "pods", ""),
+    ("update", "kueue.x-k8s.io", "workloads", ""),
+    ("patch", "kueue.x-k8s.io", "workloads", "status"),
     ("get", "", "nodes", ""),
     ("patch", "", "nodes", ""),
     ("create", "apiextensions.k8s.io", "customresourcedefinitions", ""),

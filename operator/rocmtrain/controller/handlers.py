@@ -5,6 +5,8 @@
 - RayJobs we made (any change, from `RayJobWatch` rather than kopf, which stops on a
   404 when KubeRay's CRD is removed): map their state into the owning job's status,
   and recreate a RayJob deleted behind our back while its job has not finished;
+- the Ray pods of our jobs (`PodWatch`) and Kueue's Workloads of our RayJobs
+  (`WorkloadWatch`): recompute the job's status (pods that cannot run, Kueue's verdict);
 - running jobs: stall detection, by one periodic loop over the job index;
 - indexes of jobs and Nodes keep lookups off the API server.
 
@@ -24,11 +26,14 @@ import kopf
 
 from rocmtrain import metrics, preflight
 from rocmtrain.api.contract import GROUP, MANAGED_SELECTOR, PLURAL, VERSION
+from rocmtrain.controller.pod_watch import PodWatch
 from rocmtrain.controller.rayjob_watch import RayJobWatch
 from rocmtrain.controller.reconciler import Reconciler
 from rocmtrain.controller.settings import OperatorConfig, configure_kopf
+from rocmtrain.controller.workload_watch import WorkloadWatch, rayjob_key
 from rocmtrain.kube import Kube
 from rocmtrain.objects import controller_ref, job_view, requested_gpus
+from rocmtrain.pod_health import job_key
 from rocmtrain.progress.server import start_progress_server
 from rocmtrain.status import TERMINAL_PHASES
 
@@ -41,7 +46,7 @@ logger = logging.getLogger(__name__)
 async def startup(
     settings: kopf.OperatorSettings, memo: kopf.Memo, jobs: kopf.Index, nodes: kopf.Index, **_: Any
 ) -> None:
-    """Read the configuration, configure kopf, connect, serve metrics, watch RayJobs and stalls."""
+    """Read the configuration, configure kopf, connect, serve metrics, watch RayJobs, pods, Workloads and stalls."""
     memo.config = config = OperatorConfig.from_env()
     configure_kopf(settings)
     memo.kube = await Kube.connect()
@@ -53,6 +58,11 @@ async def startup(
     async def handle(kind: str, rayjob: dict[str, Any]) -> None:
         await rayjob_changed(kind, rayjob, memo, jobs, nodes)
 
+    async def refresh(source: str, key: tuple[str, str] | None) -> None:
+        if key is not None:
+            with metrics.observe(f"{source}_event"):
+                await refresh_rayjob(*key, memo, jobs)
+
     memo.rayjobs = RayJobWatch(
         memo.kube.api,
         handle,
@@ -60,10 +70,29 @@ async def startup(
         namespaces=config.namespaces,
         missing_retry_seconds=config.retry_seconds,
     )
-    memo.reconciler = Reconciler(
-        memo.kube, config, known=memo.rayjobs.get, before_render=lambda namespace: publish_progress_ca(memo, namespace)
+    # A job's RayJob has the job's name, so a pod's job names its RayJob too.
+    memo.pods = PodWatch(
+        memo.kube.api,
+        lambda _, pod: refresh("pod", job_key(pod)),
+        namespaces=config.namespaces,
+        retry_seconds=config.retry_seconds,
     )
-    memo.rayjobs.start()
+    memo.workloads = WorkloadWatch(
+        memo.kube.api,
+        lambda _, workload: refresh("workload", rayjob_key(workload)),
+        namespaces=config.namespaces,
+        retry_seconds=config.retry_seconds,
+    )
+    memo.reconciler = Reconciler(
+        memo.kube,
+        config,
+        known=memo.rayjobs.get,
+        before_render=lambda namespace: publish_progress_ca(memo, namespace),
+        pods=memo.pods.of_job,
+        workload=memo.workloads.of_rayjob,
+    )
+    for watch in (memo.rayjobs, memo.pods, memo.workloads):
+        watch.start()
     memo.stall_watch = asyncio.create_task(watch_stalls(memo, jobs), name="stall watch")
 
 
@@ -76,8 +105,9 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     """Stop the watches, the retries and the metrics, and close the API connection."""
-    if memo.get("rayjobs") is not None:
-        await memo.rayjobs.stop()
+    for watch in ("rayjobs", "pods", "workloads"):
+        if memo.get(watch) is not None:
+            await memo[watch].stop()
     if memo.get("reconciler") is not None:
         await memo.reconciler.stop()
     if memo.get("stall_watch") is not None:
@@ -196,6 +226,17 @@ async def rayjob_changed(
             )
             memo.reconciler.invalidate(job["metadata"]["uid"])
             await sync(memo, job, jobs, nodes)
+
+
+async def refresh_rayjob(namespace: str, name: str, memo: kopf.Memo, jobs: kopf.Index) -> None:
+    """Recompute the status of the job owning RayJob `namespace/name` (its pods or its Workload changed)."""
+    rayjob = memo.rayjobs.get(namespace, name)
+    if rayjob is None:  # not seen yet: its own event recomputes the status
+        return
+    owner = controller_ref(rayjob)
+    job = _one(jobs, (namespace, owner.get("name", "")), owner.get("uid"))
+    if job is not None and "deletionTimestamp" not in job["metadata"]:
+        await memo.reconciler.refresh(job, rayjob)
 
 
 # ---- progress endpoint: training drivers push ProgressReports (rocmtrain.progress) ------------
