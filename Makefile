@@ -35,7 +35,7 @@ test: install cluster-binaries lint
 test-unit: install
 	$(BIN)/pytest -q -ra -m "not cluster and not ray"
 
-# ruff, then mypy (strict on rocmtrain.api, rocmtrain.render and rocmtrain.status; see pyproject.toml).
+# ruff, then mypy (strict on rocmtrain.api, rocmtrain.render and the pure status modules; see pyproject.toml).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
