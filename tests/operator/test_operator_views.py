@@ -100,6 +100,12 @@ def test_pool_per_gpu_model_with_holders_and_real_kueue(world: World, scope: Sco
         "the waiting RayJob's Workload",
     )
 
+    def counted() -> bool:  # Kueue writes the ClusterQueue's status after admitting, in its own time
+        status = cluster.request("GET", f"/apis/{kueue.API}/clusterqueues/{queue}").get("status") or {}
+        return (status.get("admittedWorkloads"), status.get("pendingWorkloads")) == (1, 1)
+
+    cluster.wait_for(counted, 60, "the ClusterQueue's status to count both workloads")
+
     code, out, err = run(capsys, cluster_cli.pool, "-o", "json", "--kubeconfig", str(cluster.kubeconfig))
     assert (code, err) == (0, "")
     view = json.loads(out)
