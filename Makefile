@@ -8,7 +8,7 @@ export GOFLAGS ?= -buildvcs=false
 JOB ?= examples/quickstart.yaml
 
 .PHONY: install lock quickstart run test test-unit lint format crds docs manifests render validate \
-        cluster-binaries cluster-up cluster-down run-operator bench bench-train bench-operator clean
+        cluster-binaries cluster-up cluster-down run-operator bench bench-train bench-operator bench-world clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +43,7 @@ test: install cluster-binaries lint
 test-unit: install
 	$(BIN)/pytest -q -ra -m "not cluster and not ray"
 
-# ruff, then mypy (strict on rocmtrain.api, rocmtrain.render and rocmtrain.status; see pyproject.toml).
+# ruff, then mypy (strict on rocmtrain.api, rocmtrain.render and the pure status modules; see pyproject.toml).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -88,13 +88,17 @@ run-operator: install
 	$(PY) -m rocmtrain.controller
 
 # Side-by-side benchmarks; figures in README.md.
-bench: bench-train bench-operator
+bench: bench-train bench-operator bench-world
 
 bench-train: install
 	$(PY) bench/train_throughput.py --out runs/bench-train.json
 
 bench-operator: install cluster-binaries
 	$(PY) bench/operator_bench.py --out runs/bench-operator.json
+
+# The operator beside the real KubeRay, kube-scheduler and kwok (the test world): 500 jobs.
+bench-world: install cluster-binaries
+	$(PY) bench/operator_bench.py --world --out runs/bench-world.json
 
 clean:
 	rm -rf $(VENV) .cluster runs .pytest_cache .ruff_cache .mypy_cache

@@ -7,8 +7,9 @@ so a write is never half-applied and never touches fields the operator does not 
 Every client comes from `new_api_client`, which gives each request it sends a
 deadline (`TimedApiClient`): kubernetes_asyncio sends requests without one, so a
 hung API server would hold the caller (and its reconcile slot) for ever. The
-progress endpoint and the RayJob watch get clients of their own, so that neither a
-flood of reports nor one watch per namespace can take the reconciler's connections.
+progress endpoint and the watches (RayJobs, Ray pods, Kueue Workloads) get clients
+of their own, so that neither a flood of reports nor the long watch requests (one per
+watch and namespace) can take the reconciler's connections.
 """
 
 from __future__ import annotations

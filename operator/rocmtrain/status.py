@@ -1,12 +1,19 @@
 """Map what the operator observes onto a RocmTrainingJob's status (pure).
 
 Inputs are plain data: the job, the owned RayJob as KubeRay last wrote it (or
-None), why the operator holds the RayJob back (a `Hold`: pre-flight, KubeRay
-missing, a name conflict, the API server refusing the RayJob), and the time.
-The output is the part of `status` the operator owns (everything but
-the progress fields the training driver reports) plus the events that explain
-each transition. Conditions follow Kubernetes API conventions: a condition's
-`lastTransitionTime` moves only when its status changes.
+None), the Ray pods of the job (`rocmtrain.pod_health`), Kueue's Workload of a
+queued job (`rocmtrain.kueue_workload`), why the operator holds the RayJob back (a
+`Hold`: pre-flight, KubeRay missing, a name conflict, the API server refusing the
+RayJob), and the time. The output is the part of `status` the operator owns
+(everything but the progress fields the training driver reports) plus the events
+that explain each transition. Conditions follow Kubernetes API conventions: a
+condition's `lastTransitionTime` moves only when its status changes.
+
+Two conditions say why GPUs are not in use, and never at once: `Unschedulable`
+(pre-flight) when no node could ever hold the workers, so no RayJob is made;
+`RayPodsUnavailable` when the Ray pods exist but cannot run now (the scheduler finds
+no room, an image cannot be pulled, a container crashes or fails), quoting the
+scheduler or the kubelet.
 
 The conditions also speak kstatus (the status library of Flux and kpt): `Ready` is True
 when the job is where its spec asks it to be (Running, Succeeded, or Suspended by
@@ -31,8 +38,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rocmtrain import accounting
-from rocmtrain.api.contract import RAYJOB_API_VERSION
+from rocmtrain import accounting, kueue_workload, pod_health
+from rocmtrain.api.contract import GPU_RESOURCE, KUEUE_QUEUE_LABEL, RAYJOB_API_VERSION
 from rocmtrain.api.models import Condition, Phase, RocmTrainingJobSpec, RocmTrainingJobStatus
 from rocmtrain.api.timestamps import parse_time, rfc3339
 
@@ -66,14 +73,27 @@ HOLDING_PHASES = frozenset({"Initializing", "Running"})
 READY = "Ready"
 ADMITTED = "Admitted"
 UNSCHEDULABLE = "Unschedulable"
+RAY_PODS_UNAVAILABLE = "RayPodsUnavailable"
 KUBERAY_MISSING = "KubeRayMissing"
 BLOCKED = "Blocked"
 STALLED = "Stalled"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
-MANAGED_CONDITIONS = (READY, ADMITTED, UNSCHEDULABLE, KUBERAY_MISSING, BLOCKED, STALLED, SUCCEEDED, FAILED)
+MANAGED_CONDITIONS = (
+    READY,
+    ADMITTED,
+    UNSCHEDULABLE,
+    RAY_PODS_UNAVAILABLE,
+    KUBERAY_MISSING,
+    BLOCKED,
+    STALLED,
+    SUCCEEDED,
+    FAILED,
+)
 # How much of the API server's own message a condition or event quotes.
 QUOTE_LIMIT = 1024
+# The Ready reason of a queued job Kueue has not admitted (and has not evicted).
+QUEUED_BY_KUEUE = "QueuedByKueue"
 
 
 class HoldKind(enum.Enum):
@@ -144,6 +164,8 @@ class Observation:
     stall_after: float  # seconds without progress before a running job counts as stalled
     hold: Hold | None = None  # why the RayJob is held back; None when nothing holds it
     price: accounting.Price | None = None  # the price of the job's GPU-hours, when the operator has one
+    pods: Sequence[Mapping[str, Any]] = ()  # the job's Ray pods (`pod_health.pod_view`), of any Ray cluster
+    workload: Mapping[str, Any] | None = None  # Kueue's Workload of the RayJob (`kueue_workload.workload_view`)
 
 
 @dataclass(frozen=True)
@@ -166,16 +188,64 @@ def _count(value: object) -> int:
     return value if isinstance(value, int) and value >= 0 else 0
 
 
+def _ray_pods(obs: Observation) -> pod_health.RayPods | None:
+    """What the pods of the RayJob's current Ray cluster show; None before any is seen."""
+    if obs.rayjob is None:
+        return None
+    cluster = _rayjob_status(obs.rayjob).get("rayClusterName")
+    return pod_health.assess(obs.pods, cluster) if cluster else None
+
+
 def _workers(obs: Observation) -> tuple[int, int]:
-    """(desired, ready) worker replicas as KubeRay reports them, the spec's count before that."""
+    """(desired, ready) workers: ready ones as the pods show them, else as KubeRay last reported.
+
+    The pods come first: KubeRay copies its cluster's counts into the RayJob only while it
+    polls the Ray dashboard, so the RayJob's count can lag behind the pods.
+    """
     desired = obs.spec.resources.workers
     if obs.rayjob is None:
         return desired, 0
     cluster = _rayjob_status(obs.rayjob).get("rayClusterStatus") or {}
     reported = cluster.get("desiredWorkerReplicas")
-    return (reported if isinstance(reported, int) and reported > 0 else desired), _count(
-        cluster.get("readyWorkerReplicas")
-    )
+    pods = _ray_pods(obs)
+    ready = pods.ready_workers if pods is not None else _count(cluster.get("readyWorkerReplicas"))
+    return (reported if isinstance(reported, int) and reported > 0 else desired), ready
+
+
+# ---- Kueue ---------------------------------------------------------------------------
+
+
+def _queue(obs: Observation) -> str | None:
+    """The Kueue LocalQueue of the job: its own, or the one Kueue gave its RayJob (a namespace's default)."""
+    labels = ((obs.rayjob or {}).get("metadata") or {}).get("labels") or {}
+    return obs.spec.scheduling.queue_name or labels.get(KUEUE_QUEUE_LABEL)
+
+
+def _kueue(obs: Observation) -> kueue_workload.Admission | None:
+    return kueue_workload.admission(obs.workload) if obs.workload is not None else None
+
+
+def _waiting(obs: Observation, queue: str) -> tuple[str, str]:
+    """(reason, message) of a queued job Kueue holds: evicted (Kueue's reason) or waiting, in Kueue's words."""
+    kueue = _kueue(obs)
+    waiting = kueue.waiting if kueue is not None else None
+    if kueue is not None and kueue.evicted is not None:
+        reason, message = kueue.evicted
+        detail = f"; waiting in Kueue queue {queue}" + (f": {waiting}" if waiting and waiting != message else "")
+        return reason, f"{message or reason}{detail}"
+    if waiting:
+        return QUEUED_BY_KUEUE, f"waiting in Kueue queue {queue}: {waiting}"
+    return QUEUED_BY_KUEUE, f"waiting for Kueue to admit the workload (queue {queue})"
+
+
+def _admitted_message(obs: Observation, queue: str) -> str:
+    kueue = _kueue(obs)
+    if kueue is None or not kueue.admitted:
+        return f"admitted by Kueue queue {queue}"
+    where = [f"ClusterQueue {kueue.cluster_queue}"] if kueue.cluster_queue else []
+    if kueue.flavors:
+        where.append(f"{GPU_RESOURCE} flavor {', '.join(kueue.flavors)}")
+    return f"admitted by Kueue queue {queue}" + (f" ({', '.join(where)})" if where else "")
 
 
 def last_rayjob_change(rayjob: Mapping[str, Any]) -> dt.datetime | None:
@@ -197,9 +267,9 @@ def last_rayjob_change(rayjob: Mapping[str, Any]) -> dt.datetime | None:
 
 
 def _suspended_state(obs: Observation) -> _State:
-    queue = obs.spec.scheduling.queue_name
+    queue = _queue(obs)
     if queue and not obs.spec.suspend:
-        return _State("Queued", "QueuedByKueue", f"waiting for Kueue to admit the workload (queue {queue})")
+        return _State("Queued", *_waiting(obs, queue))
     return _State("Suspended", "Suspended", "suspended: the Ray cluster is deleted until spec.suspend is false")
 
 
@@ -220,6 +290,8 @@ def _rayjob_state(obs: Observation, rayjob: Mapping[str, Any]) -> _State:
     if suspend_requested and deployment in ("", "Initializing", "Waiting", "Suspending", "Suspended"):
         return _suspended_state(obs)
     if deployment in ("Suspending", "Suspended"):
+        if _queue(obs):  # Kueue unsuspended it: admitted
+            return _State("Pending", "Admitted", "admitted by Kueue; waiting for KubeRay to start the Ray cluster")
         return _State("Pending", "Resuming", "resuming: waiting for KubeRay to recreate the Ray cluster")
     if deployment == "Retrying" or (deployment == "" and _count(st.get("failed")) > 0):
         return _State("Initializing", "Retrying", f"retrying on a new Ray cluster after a failure ({workers})")
@@ -294,8 +366,13 @@ def _alarm(
 
 
 def _admitted(obs: Observation, phase: str) -> tuple[str, str, str] | None:
-    """Kueue admission: Kueue creates the RayJob suspended and unsuspends it on admission."""
-    queue = obs.spec.scheduling.queue_name
+    """Kueue admission: the RayJob is made suspended; Kueue unsuspends it on admission, suspends it on eviction.
+
+    Kueue's Workload, when seen, has the last word and the words: why it waits, which
+    flavor it got, why it was evicted; without it (Kueue not installed, or not yet
+    seen) the RayJob's `suspend` tells admission.
+    """
+    queue = _queue(obs)
     if not queue:
         return None
     if phase in TERMINAL_PHASES:
@@ -304,9 +381,11 @@ def _admitted(obs: Observation, phase: str) -> tuple[str, str, str] | None:
             return previous["status"], previous.get("reason", ""), previous.get("message", "")
     if obs.rayjob is None:
         return "False", "Pending", f"not yet submitted to Kueue queue {queue}"
-    if phase == "Queued" or (obs.rayjob.get("spec") or {}).get("suspend"):
-        return "False", "QueuedByKueue", f"waiting in Kueue queue {queue}"
-    return "True", "Admitted", f"admitted by Kueue queue {queue}"
+    kueue = _kueue(obs)
+    held = phase == "Queued" or (obs.rayjob.get("spec") or {}).get("suspend")
+    if held or (kueue is not None and not kueue.admitted):
+        return "False", *_waiting(obs, queue)
+    return "True", "Admitted", _admitted_message(obs, queue)
 
 
 def _desired_conditions(obs: Observation, state: _State) -> dict[str, tuple[str, str, str]]:
@@ -317,10 +396,19 @@ def _desired_conditions(obs: Observation, state: _State) -> dict[str, tuple[str,
     def held_by(kind: HoldKind) -> tuple[str, str] | None:
         return (hold.reason, hold.message) if hold is not None and hold.kind is kind else None
 
+    starting = phase in ("Initializing", "Running")
+    pods = _ray_pods(obs) if starting else None
+    problem = pods.problem if pods is not None else None
     candidates = {
         READY: ("True" if phase in READY_PHASES else "False", state.reason, state.message),
         ADMITTED: _admitted(obs, phase),
         UNSCHEDULABLE: _alarm(current, UNSCHEDULABLE, held_by(HoldKind.UNSCHEDULABLE), "Schedulable"),
+        RAY_PODS_UNAVAILABLE: _alarm(
+            current,
+            RAY_PODS_UNAVAILABLE,
+            (problem.reason, problem.message) if problem is not None else None,
+            "RayPodsAvailable" if starting else "NoRayPods",
+        ),
         KUBERAY_MISSING: _alarm(current, KUBERAY_MISSING, held_by(HoldKind.KUBERAY_MISSING), "KubeRayInstalled"),
         BLOCKED: _alarm(current, BLOCKED, held_by(HoldKind.BLOCKED), "Unblocked"),
         STALLED: _alarm(
@@ -474,9 +562,10 @@ def status_patch(current: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str
 # ---- events ---------------------------------------------------------------------------
 
 _WARNING_PHASES = frozenset({"Failed"})
-# Condition types whose turning True deserves its own event: (type, event type).
+# Condition types whose turning True (or changing reason while True) deserves its own event: (type, event type).
 _NOTABLE = (
     (UNSCHEDULABLE, "Warning"),
+    (RAY_PODS_UNAVAILABLE, "Warning"),
     (KUBERAY_MISSING, "Warning"),
     (BLOCKED, "Warning"),
     (STALLED, "Warning"),
@@ -484,12 +573,19 @@ _NOTABLE = (
 )
 
 
-def _turned_true(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]], kind: str) -> bool:
-    return (_find(new, kind) or {}).get("status") == "True" and (_find(old, kind) or {}).get("status") != "True"
+def _raised(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]], kind: str) -> bool:
+    """Whether condition `kind` turned True, or is True for another reason than before (a new cause)."""
+    now, before = _find(new, kind) or {}, _find(old, kind) or {}
+    return now.get("status") == "True" and (before.get("status") != "True" or before.get("reason") != now.get("reason"))
+
+
+def _withdrawn(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]], kind: str) -> bool:
+    return (_find(old, kind) or {}).get("status") == "True" and (_find(new, kind) or {}).get("status") == "False"
 
 
 def transition_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
-    """Events explaining the change from status `old` to `new`: phase changes, alarms, admission, restarts."""
+    """Events explaining the change from status `old` to `new`: phase changes, alarms, admission
+    and its withdrawal (a Kueue eviction, in Kueue's words), restarts."""
     events: list[Event] = []
     old_conditions = old.get("conditions") or []
     new_conditions = new.get("conditions") or []
@@ -502,9 +598,12 @@ def transition_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Ev
     for kind, event_type in _NOTABLE:
         if kind == STALLED and phase == "Failed":
             continue  # a failure is Stalled too (for kstatus); the phase event tells it
-        if _turned_true(old_conditions, new_conditions, kind):
+        if _raised(old_conditions, new_conditions, kind):
             cond = _find(new_conditions, kind) or {}
             events.append(Event(event_type, cond.get("reason") or kind, cond.get("message") or kind))
+    if _withdrawn(old_conditions, new_conditions, ADMITTED):
+        cond = _find(new_conditions, ADMITTED) or {}
+        events.append(Event("Warning", cond.get("reason") or "Evicted", cond.get("message") or ADMITTED))
     if _count(new.get("restarts")) > _count(old.get("restarts")):
         events.append(Event("Warning", "Retrying", f"whole-job retry {new['restarts']} on a new Ray cluster"))
     return events

@@ -21,6 +21,7 @@ from operator_testkit import RAYJOBS, Api, job_manifest, wait_until
 from cluster.kubecluster import KubeCluster
 from faults.operator_process import OperatorProcess
 from faults.proxy import Fault, FaultProxy
+from rocmtrain.api.contract import JOB_NAME_LABEL, MANAGED_LABELS, RAY_CLUSTER_LABEL, RAY_NODE_TYPE_LABEL
 from rocmtrain.controller.reconciler import ACTIVE_RECONCILES
 
 pytestmark = pytest.mark.cluster
@@ -132,6 +133,48 @@ def test_a_status_write_that_failed_for_a_rayjob_change_is_retried(kube: KubeClu
     proxy.fault = lambda m, p: None
     # No RayJob event comes again: only the watch's own retry can bring the status in line.
     wait_until(lambda: api.phase(ns, "stale") == "Running", timeout=40, interval=0.2, what="Running after the fault")
+
+
+def test_a_status_write_that_failed_for_a_pod_change_is_retried(kube: KubeCluster, api: Api, faulty: Faulty):
+    """The pod watch retries too: a Ray pod that cannot run is reported once the API server takes the write."""
+    proxy, ns = faulty.proxy, faulty.ns
+    kube.create(job_manifest("unplaced", ns))
+    wait_until(lambda: api.phase(ns, "unplaced") == "Pending", timeout=30, what="Pending")
+    cluster = "unplaced-x7k2p"
+    api.fake_kuberay(ns, "unplaced", {"jobDeploymentStatus": "Initializing", "rayClusterName": cluster})
+    wait_until(lambda: api.phase(ns, "unplaced") == "Initializing", timeout=20, what="Initializing")
+    proxy.fault = lambda m, p: Fault.status(500) if _is_status_patch(m, p) and "/unplaced/" in p else None
+    start = proxy.loop.time()
+    # A worker pod as KubeRay labels it, which the scheduler found no room for (no kubelet or scheduler here).
+    kube.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "ray", "namespace": ns}})
+    labels = {**MANAGED_LABELS, JOB_NAME_LABEL: "unplaced", RAY_CLUSTER_LABEL: cluster, RAY_NODE_TYPE_LABEL: "worker"}
+    pod = f"{cluster}-gpu-worker-q1w2e"
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": pod, "namespace": ns, "labels": labels},
+            "spec": {"serviceAccountName": "ray", "containers": [{"name": "ray", "image": "rocm/ray:2.60.0"}]},
+        }
+    )
+    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/2 nodes"}
+    kube.request(
+        "PATCH",
+        f"/api/v1/namespaces/{ns}/pods/{pod}/status",
+        body={"status": {"conditions": [unschedulable]}},
+        content_type="application/merge-patch+json",
+    )
+    wait_until(lambda: proxy.requests("PATCH", "/unplaced/status", since=start), timeout=10, what="the failing write")
+    time.sleep(3)  # longer than the quick retries of one write (0.1 + 0.5 + 1 s)
+    assert api.condition(ns, "unplaced", "RayPodsUnavailable") == {}, "the fault holds the write"
+    proxy.fault = lambda m, p: None
+    # No pod or RayJob event comes again: only the pod watch's own retry can bring the status in line.
+    wait_until(
+        lambda: api.condition(ns, "unplaced", "RayPodsUnavailable").get("reason") == "Unschedulable",
+        timeout=40,
+        interval=0.2,
+        what="RayPodsUnavailable after the fault",
+    )
 
 
 def test_a_job_deleted_while_it_syncs_is_forgotten(kube: KubeCluster, api: Api, faulty: Faulty):

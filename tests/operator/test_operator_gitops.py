@@ -1,6 +1,6 @@
 """GitOps health of real jobs: each situation a job can be in, produced by the operator on the control plane
-(KubeRay and Kueue faked as in test_operator_cluster), then judged by Argo CD's Lua health check and by
-Flux's kstatus (see tests/gitops/health.py).
+(KubeRay's status writes faked as in test_operator_cluster; no Kueue installed, as there), then judged by
+Argo CD's Lua health check and by Flux's kstatus (see tests/gitops/health.py).
 
 `ROCMTRAIN_RECORD_STATUSES=tests/gitops/recorded pytest tests/operator/test_operator_gitops.py` writes
 the objects as the recorded fixtures that tests/gitops checks without a cluster.

@@ -2,7 +2,7 @@
 
 Real parts: kube-apiserver's admission (a ResourceQuota, a ValidatingAdmissionPolicy), RBAC,
 the operator under KopfRunner as its ServiceAccount with its progress endpoint on and the
-allow-lists set. Faked, as in the other operator tests: KubeRay's status writes.
+allow-lists set. Faked, as in the other lean-cluster operator tests: KubeRay's status writes.
 """
 
 from __future__ import annotations

@@ -152,6 +152,10 @@ ALLOWED = [
     ("create", "authentication.k8s.io", "tokenreviews", ""),
     ("get", "", "pods", ""),
     ("get", "ray.io", "rayclusters", ""),
+    ("list", "", "pods", ""),
+    ("watch", "", "pods", ""),
+    ("list", "kueue.x-k8s.io", "workloads", ""),
+    ("watch", "kueue.x-k8s.io", "workloads", ""),
 ]
 DENIED = [
     ("delete", "ray.io", "rayjobs", ""),
@@ -161,7 +165,9 @@ DENIED = [
     ("delete", "rocmtrain.dev", "rocmtrainingjobs", ""),
     ("get", "", "secrets", ""),
     ("create", "", "pods", ""),
-    ("list", "", "pods", ""),
+    ("delete", "", "pods", ""),
+    ("update", "kueue.x-k8s.io", "workloads", ""),
+    ("patch", "kueue.x-k8s.io", "workloads", "status"),
     ("get", "", "nodes", ""),
     ("patch", "", "nodes", ""),
     ("create", "apiextensions.k8s.io", "customresourcedefinitions", ""),

@@ -20,6 +20,8 @@ from monitoring.promql import EXTERNAL_METRICS, dashboard_expressions, metric_na
 
 pytestmark = pytest.mark.cluster
 
+# Seconds for a job to get its turn with the operator just restarted (see the test).
+RESTARTED = 60
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 REPORT = {
     "progress": {"epoch": 0.5, "step": 50, "totalSteps": 100, "percent": 50.0, "etaSeconds": 120.0},
@@ -59,12 +61,14 @@ def test_every_metric_the_dashboard_and_the_alerts_use_is_served(
     monkeypatch.setenv("ROCMTRAIN_COST_CURRENCY", "EUR")
     operator.start()
     kube.create(job_manifest("training", ns))
-    wait_until(lambda: api.rayjob(ns, "training"), timeout=10, what="RayJob")
+    # The restarted operator checks every job of the lean cluster first (earlier modules' too, hundreds):
+    # on a loaded machine that takes tens of seconds before these jobs get their turn.
+    wait_until(lambda: api.rayjob(ns, "training"), timeout=RESTARTED, what="RayJob")
     ready = {"readyWorkerReplicas": 2, "desiredWorkerReplicas": 2, "state": "ready"}
     api.fake_kuberay(
         ns, "training", {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "rayClusterStatus": ready}
     )
-    wait_until(lambda: api.phase(ns, "training") == "Running", what="Running")
+    wait_until(lambda: api.phase(ns, "training") == "Running", timeout=RESTARTED, what="Running")
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     kube.request(
         "PATCH",
@@ -73,7 +77,7 @@ def test_every_metric_the_dashboard_and_the_alerts_use_is_served(
         content_type="application/merge-patch+json",
     )
     kube.create(job_manifest("waiting", ns, scheduling={"queueName": "team-a"}))
-    wait_until(lambda: api.phase(ns, "waiting") == "Queued", what="Queued")
+    wait_until(lambda: api.phase(ns, "waiting") == "Queued", timeout=RESTARTED, what="Queued")
 
     def complete() -> dict[str, list[dict[str, str]]] | None:
         names = served_names(scrape(operator))

@@ -115,8 +115,10 @@ def test_the_component_binds_the_namespaced_rules_in_the_watched_namespaces_only
                 "watch", "rocmtrain.dev", "rocmtrainingjobs", ns
             )
             assert allowed("get", "", "pods", ns) and allowed("create", "", "events", ns)
+            assert allowed("watch", "", "pods", ns) and allowed("watch", "kueue.x-k8s.io", "workloads", ns)
         for verb, group, resource in [("create", "ray.io", "rayjobs"), ("list", "rocmtrain.dev", "rocmtrainingjobs"),
-                                      ("get", "", "pods"), ("create", "", "configmaps")]:  # fmt: skip
+                                      ("get", "", "pods"), ("list", "", "pods"), ("create", "", "configmaps"),
+                                      ("list", "kueue.x-k8s.io", "workloads")]:  # fmt: skip
             assert not allowed(verb, group, resource, namespaced.outside), (verb, resource)
             assert not allowed(verb, group, resource, None), f"{verb} {resource} in every namespace"
         assert allowed("list", "", "nodes", None) and allowed("create", "authentication.k8s.io", "tokenreviews", None)

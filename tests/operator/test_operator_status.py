@@ -55,8 +55,14 @@ def cluster(ready: int, desired: int = 2) -> dict[str, Any]:
     return {"readyWorkerReplicas": ready, "desiredWorkerReplicas": desired, "state": "ready" if ready else ""}
 
 
-def run(sequence: list[dict[str, Any] | None], job_spec: RocmTrainingJobSpec | None = None) -> list[dict[str, Any]]:
-    """Feed RayJob states in order (one second apart); return each status."""
+def run(
+    sequence: list[dict[str, Any] | None],
+    job_spec: RocmTrainingJobSpec | None = None,
+    *,
+    pods: list[list[dict[str, Any]]] | None = None,
+    workloads: list[dict[str, Any] | None] | None = None,
+) -> list[dict[str, Any]]:
+    """Feed RayJob states in order (one second apart), with the job's pods and Workload at each; each status."""
     current: dict[str, Any] = {}
     out = []
     for i, rj in enumerate(sequence):
@@ -67,6 +73,8 @@ def run(sequence: list[dict[str, Any] | None], job_spec: RocmTrainingJobSpec | N
             rayjob=rj,
             now=T0 + dt.timedelta(seconds=i),
             stall_after=900,
+            pods=pods[i] if pods else (),
+            workload=workloads[i] if workloads else None,
         )
         merged = {**current, **status_patch(current, compute_status(obs))}  # as the merge patch applies
         current = {k: v for k, v in merged.items() if v is not None}
@@ -421,3 +429,152 @@ def test_status_patch_touches_only_owned_fields_and_clears_vanished_ones():
     assert patch == {"phase": "Suspended", "dashboardUrl": None}
     assert set(patch) <= set(OWNED_FIELDS)
     assert status_patch(new, new) == {}
+
+
+# ---- the Ray pods ---------------------------------------------------------------------------
+
+
+def ray_pod(name: str, *, cluster: str = "job-x7k2p", ready: bool = True, **status: Any) -> dict[str, Any]:
+    """A pod view (`pod_health.pod_view`) of a worker of Ray cluster `cluster`."""
+    return {
+        "metadata": {
+            "namespace": "ns",
+            "name": name,
+            "labels": {"rocmtrain.dev/job-name": "job", "ray.io/cluster": cluster, "ray.io/node-type": "worker"},
+            "deleting": False,
+        },
+        "phase": "Running",
+        "ready": ready,
+        "scheduled": status.pop("scheduled", {"status": "True"}),
+        "containers": status.pop("containers", []),
+    }
+
+
+UNSCHEDULED = {
+    "status": "False",
+    "reason": "Unschedulable",
+    "message": "0/4 nodes are available: 2 Insufficient amd.com/gpu.",
+}
+
+
+def test_pods_that_cannot_run_raise_a_condition_with_one_event_per_cause():
+    starting = rayjob("Initializing", **RUN, rayClusterStatus=cluster(0))
+    crash = [{"name": "ray-worker", "waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s"}}]
+    steps = [
+        (starting, [ray_pod("w-1"), ray_pod("w-2", ready=False, scheduled=UNSCHEDULED)]),
+        (starting, [ray_pod("w-1"), ray_pod("w-2", ready=False, scheduled={**UNSCHEDULED, "message": "0/5 nodes"})]),
+        (starting, [ray_pod("w-1"), ray_pod("w-2", ready=False, containers=crash)]),
+        (starting, [ray_pod("w-1"), ray_pod("w-2")]),
+        (rayjob("Running", "RUNNING", **RUN, rayClusterStatus=cluster(1)), [ray_pod("w-1"), ray_pod("w-2")]),
+    ]
+    statuses = run([rj for rj, _ in steps], pods=[pods for _, pods in steps])
+    pods_condition = [next(c for c in s["conditions"] if c["type"] == "RayPodsUnavailable") for s in statuses]
+    assert [(c["status"], c["reason"]) for c in pods_condition] == [
+        ("True", "Unschedulable"),
+        ("True", "Unschedulable"),
+        ("True", "CrashLoopBackOff"),
+        ("False", "RayPodsAvailable"),
+        ("False", "RayPodsAvailable"),
+    ]
+    assert pods_condition[0]["message"] == f"pod w-2: {UNSCHEDULED['message']}"
+    assert pods_condition[1]["message"] == "pod w-2: 0/5 nodes"  # the scheduler's latest words, no new event
+    assert statuses[0]["workersReady"] == 1
+    # The pods count, not KubeRay's copy in the RayJob (it lags while KubeRay cannot reach the dashboard).
+    assert statuses[4]["workersReady"] == 2 and "(2/2 workers ready)" in conditions_of(statuses[4])["Ready"]
+    events = [e for old, new in zip([{}, *statuses], statuses, strict=False) for e in transition_events(old, new)]
+    assert [(e.type, e.reason) for e in events if e.type == "Warning"] == [
+        ("Warning", "Unschedulable"),
+        ("Warning", "CrashLoopBackOff"),
+    ]
+
+
+def conditions_of(status: dict[str, Any]) -> dict[str, str]:
+    return {c["type"]: c["message"] for c in status["conditions"]}
+
+
+def test_pods_count_only_while_the_ray_cluster_should_run():
+    suspended = rayjob("Suspending", suspend=True, rayClusterName="job-x7k2p")
+    stuck = [ray_pod("w-1", ready=False, scheduled=UNSCHEDULED)]
+    statuses = run([rayjob("Initializing", **RUN), suspended], spec(suspend=True), pods=[stuck, stuck])
+    assert conditions(statuses[0])["RayPodsUnavailable"] == ("True", "Unschedulable")
+    assert statuses[1]["phase"] == "Suspended"
+    assert conditions(statuses[1])["RayPodsUnavailable"] == ("False", "NoRayPods")
+    # Pods of an earlier Ray cluster (before a retry) are not this one's.
+    earlier = ray_pod("w-1", cluster="job-old", scheduled=UNSCHEDULED)
+    (fresh,) = run([rayjob("Initializing", **RUN)], pods=[[earlier]])
+    assert "RayPodsUnavailable" not in conditions(fresh)
+
+
+# ---- Kueue's Workload -------------------------------------------------------------------------
+
+QUEUED = spec(scheduling={"queueName": "team-a"})
+WAITING = (
+    "couldn't assign flavors to pod set gpu: insufficient unused quota for amd.com/gpu in flavor mi300x, 8 more needed"
+)
+PREEMPTED = "Preempted to accommodate a workload (UID: 1, JobUID: 2) due to prioritization in the ClusterQueue"
+
+
+def kueue_view(*conds: tuple[str, str, str, str], flavor: str | None = None) -> dict[str, Any]:
+    """A Workload view (`kueue_workload.workload_view`)."""
+    return {
+        "metadata": {
+            "namespace": "ns",
+            "name": "rayjob-job-1",
+            "deleting": False,
+            "owner": {"name": "job", "uid": "u"},
+        },
+        "conditions": [{"type": t, "status": s, "reason": r, "message": m} for t, s, r, m in conds],
+        "clusterQueue": "team-a" if flavor else None,
+        "flavors": [{"amd.com/gpu": flavor}] if flavor else [],
+    }
+
+
+def test_kueue_s_words_while_queued_admitted_preempted_and_readmitted():
+    admitted = kueue_view(
+        ("QuotaReserved", "True", "QuotaReserved", ""), ("Admitted", "True", "Admitted", ""), flavor="mi300x"
+    )
+    steps = [
+        (rayjob("Suspended", suspend=True), kueue_view(("QuotaReserved", "False", "Pending", WAITING))),
+        (rayjob("Initializing", **RUN), admitted),
+        (
+            rayjob("Running", "RUNNING", **RUN),
+            kueue_view(
+                ("Evicted", "True", "Preempted", PREEMPTED), ("Admitted", "True", "Admitted", ""), flavor="mi300x"
+            ),
+        ),
+        (
+            rayjob("Suspended", suspend=True),
+            kueue_view(("QuotaReserved", "False", "Pending", WAITING), ("Evicted", "True", "Preempted", PREEMPTED)),
+        ),
+        (rayjob("Initializing", **RUN), admitted),
+    ]
+    statuses = run([rj for rj, _ in steps], QUEUED, workloads=[workload for _, workload in steps])
+    assert [s["phase"] for s in statuses] == ["Queued", "Initializing", "Running", "Queued", "Initializing"]
+    admitted_condition = [next(c for c in s["conditions"] if c["type"] == "Admitted") for s in statuses]
+    assert [(c["status"], c["reason"]) for c in admitted_condition] == [
+        ("False", "QueuedByKueue"),
+        ("True", "Admitted"),
+        ("False", "Preempted"),
+        ("False", "Preempted"),
+        ("True", "Admitted"),
+    ]
+    assert admitted_condition[0]["message"] == f"waiting in Kueue queue team-a: {WAITING}"
+    assert (
+        admitted_condition[1]["message"]
+        == "admitted by Kueue queue team-a (ClusterQueue team-a, amd.com/gpu flavor mi300x)"
+    )
+    assert admitted_condition[3]["message"] == f"{PREEMPTED}; waiting in Kueue queue team-a: {WAITING}"
+    assert conditions(statuses[3])["Ready"] == ("False", "Preempted")
+    events = [e for old, new in zip([{}, *statuses], statuses, strict=False) for e in transition_events(old, new)]
+    preempted = [e for e in events if e.reason == "Preempted"]
+    assert [e.type for e in preempted] == ["Warning"] and preempted[0].message.startswith(PREEMPTED)
+    assert [e.reason for e in events if e.reason == "Admitted"] == ["Admitted", "Admitted"]
+
+
+def test_a_namespace_s_default_queue_set_by_kueue_counts_as_the_job_s_queue():
+    labelled = rayjob("Suspended", suspend=True)
+    labelled["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "default"}
+    (status,) = run([labelled])
+    assert status["phase"] == "Queued"
+    assert conditions(status)["Admitted"] == ("False", "QueuedByKueue")
+    assert "queue default" in next(c for c in status["conditions"] if c["type"] == "Admitted")["message"]

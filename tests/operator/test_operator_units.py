@@ -10,11 +10,15 @@ from kubernetes_asyncio import client
 from prometheus_client import generate_latest
 
 from rocmtrain import metrics
+from rocmtrain.api.contract import JOB_NAME_LABEL, RAY_CLUSTER_LABEL
 from rocmtrain.api.models import MUTABLE_FIELDS, RocmTrainingJob
+from rocmtrain.controller.informer import Informer
+from rocmtrain.controller.pod_watch import PodWatch
 from rocmtrain.controller.rayjob_watch import RayJobWatch
 from rocmtrain.controller.settings import ConfigError, OperatorConfig
 from rocmtrain.kube import TimedApiClient
 from rocmtrain.objects import controller_ref, is_jobs_rayjob, job_view, mutable_patch, rayjob_view, requested_gpus
+from rocmtrain.pod_health import pod_view
 from rocmtrain.policy import Policy
 from rocmtrain.render.rayjob import MUTABLE_RAYJOB_DEFAULTS, mutable_rayjob_fields
 from unit.samples import full_job
@@ -49,6 +53,8 @@ def test_config_defaults_and_overrides():
     assert pod.liveness_endpoint == "http://[::]:8081/healthz"
     assert pod.api_timeout_seconds == 5 and pod.reconcile_deadline == 20
     assert pod.policy == Policy(("ghcr.io/acme/", "registry.local:5000/ml"), ("training",), ("low", "high"))
+    assert default.render_options.submitter_retries == 2
+    assert OperatorConfig.from_env({"ROCMTRAIN_SUBMITTER_RETRIES": "0"}).render_options.submitter_retries == 0
 
 
 @pytest.mark.parametrize(
@@ -65,6 +71,7 @@ def test_config_defaults_and_overrides():
         {"ROCMTRAIN_API_TIMEOUT_SECONDS": "0"},
         {"ROCMTRAIN_ALLOWED_IMAGES": "ghcr.io/acme evil"},
         {"ROCMTRAIN_ALLOWED_PRIORITY_CLASSES": "Training"},
+        {"ROCMTRAIN_SUBMITTER_RETRIES": "21"},
     ],
 )
 def test_config_refuses_bad_values(env):
@@ -210,29 +217,68 @@ def test_rayjob_watch_relist_reports_differences_and_coalesces_per_object():
     assert not [s for s in seen if s[1] in ("one", "three")]
 
 
-def test_rayjob_watch_hands_a_failed_change_over_again_until_it_goes_through(monkeypatch: pytest.MonkeyPatch):
-    """A status write that failed (the API server down) is not lost: the change is handled again."""
-    monkeypatch.setattr("rocmtrain.controller.rayjob_watch.ERROR_BACKOFF_SECONDS", 0.01)
-    attempts: list[str | None] = []
+def _ray_pod(namespace: str, job: str, name: str, phase: str) -> dict:
+    labels = {JOB_NAME_LABEL: job, RAY_CLUSTER_LABEL: f"{job}-abcde"}
+    return {"metadata": {"namespace": namespace, "name": name, "labels": labels}, "status": {"phase": phase}}
 
-    async def handle(kind: str, view: dict) -> None:
-        attempts.append(view["status"].get("jobDeploymentStatus"))
+
+async def _until_idle(watch: Informer) -> None:
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if not watch._workers:
+            return
+
+
+@pytest.mark.parametrize("kind", ["RayJobs", "Ray pods"])
+def test_a_failed_handling_is_handed_over_again_until_it_goes_through(monkeypatch: pytest.MonkeyPatch, kind: str):
+    """A status write that failed (the API server down) is not lost: the change is handled again (every watch)."""
+    monkeypatch.setattr("rocmtrain.controller.informer.ERROR_BACKOFF_SECONDS", 0.01)
+    attempts: list[str] = []
+
+    async def handle(_: str, view: dict) -> None:
+        attempts.append(view["metadata"]["name"])
         if len(attempts) < 3:
             raise ConnectionError("status write failed")
 
     async def scenario() -> None:
         api = client.ApiClient(client.Configuration())
-        watch = RayJobWatch(api, handle, label_selector="x=y")
-        watch._apply("MODIFIED", rayjob_view(_rayjob("a", "one", "Running")))
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if not watch._workers:
-                break
+        if kind == "RayJobs":
+            watch: Informer = RayJobWatch(api, handle, label_selector="x=y")
+            watch._apply("MODIFIED", rayjob_view(_rayjob("a", "one", "Running")))
+        else:
+            watch = PodWatch(api, handle)
+            watch._apply("MODIFIED", pod_view(_ray_pod("a", "bert", "bert-abcde-head-x1y2z", "Pending")))
+        await _until_idle(watch)
         await watch.stop()
         await api.close()
 
     asyncio.run(scenario())
-    assert attempts == ["Running", "Running", "Running"]
+    assert len(attempts) == 3 and len(set(attempts)) == 1
+
+
+def test_a_newer_change_replaces_a_failed_one_awaiting_its_retry(monkeypatch: pytest.MonkeyPatch):
+    """The retry hands over the group's latest change: a stale view is never written after a newer one."""
+    monkeypatch.setattr("rocmtrain.controller.informer.ERROR_BACKOFF_SECONDS", 0.2)
+    attempts: list[tuple[str, str]] = []
+
+    async def handle(_: str, view: dict) -> None:
+        attempts.append((view["metadata"]["name"], view["phase"]))
+        if len(attempts) == 1:
+            raise ConnectionError("status write failed")
+
+    async def scenario() -> None:
+        api = client.ApiClient(client.Configuration())
+        watch = PodWatch(api, handle)
+        watch._apply("ADDED", pod_view(_ray_pod("a", "bert", "bert-abcde-head-x1y2z", "Pending")))
+        await asyncio.sleep(0.05)  # failed, backing off
+        watch._apply("ADDED", pod_view(_ray_pod("a", "bert", "bert-abcde-gpu-worker-q1w2e", "Running")))
+        await _until_idle(watch)
+        assert len(watch.of_job("a", "bert")) == 2, "one group: the job's pods"
+        await watch.stop()
+        await api.close()
+
+    asyncio.run(scenario())
+    assert attempts == [("bert-abcde-head-x1y2z", "Pending"), ("bert-abcde-gpu-worker-q1w2e", "Running")]
 
 
 def test_only_the_rayjob_of_the_jobs_name_drives_its_status():

@@ -5,7 +5,8 @@ status), the endpoint with its refresher, and the training image's `HttpSink`
 reporting over verified TLS with the CA bundle file it reads for every send. Not
 real: the kubelet, which refreshes a pod's mounted ConfigMap within about a minute;
 a thread here copies the ConfigMap into the file every second instead, and the
-overlap is 6 s instead of an hour (twice what a loaded machine needs here). The Ray objects are made as in `endpoint.py`.
+overlap is 6 s instead of an hour (twice what a loaded machine needs here). The Ray
+objects are made as in `endpoint.py`.
 """
 
 from __future__ import annotations

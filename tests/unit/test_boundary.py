@@ -4,8 +4,8 @@
   nothing else of `rocmtrain`, never kopf, kubernetes, torch or ray;
 - the training package (`rocmtrain_train`) imports only `rocmtrain.api` of `rocmtrain`,
   and `rocmtrain` never imports the training package;
-- the pure core (`rocmtrain.render`, `status`, `preflight`, `objects`, `policy`, `accounting`, `job_gauges`,
-  `views`, `progress.status_patch`) does no I/O:
+- the pure core (`rocmtrain.render`, `status`, `preflight`, `objects`, `pod_health`, `kueue_workload`,
+  `policy`, `accounting`, `job_gauges`, `views`, `progress.status_patch`) does no I/O:
   no kopf, no Kubernetes client, no HTTP; kopf stays in `rocmtrain.controller`.
 """
 
@@ -31,6 +31,8 @@ PURE = (
     "rocmtrain.status",
     "rocmtrain.preflight",
     "rocmtrain.objects",
+    "rocmtrain.pod_health",
+    "rocmtrain.kueue_workload",
     "rocmtrain.policy",
     "rocmtrain.accounting",
     "rocmtrain.job_gauges",

@@ -124,6 +124,10 @@ def test_versions_entrypoint_and_submission(full: RocmTrainingJob) -> None:
     assert submitter["restartPolicy"] == "Never"
     assert [c["name"] for c in submitter["containers"]] == ["ray-job-submitter"]
     assert submitter["containers"][0]["image"] == full.spec.image
+    # KubeRay's default, written down; the operator's ROCMTRAIN_SUBMITTER_RETRIES changes it.
+    assert rayjob["spec"]["submitterConfig"] == {"backoffLimit": 2}
+    once = render_rayjob(full, options=RenderOptions(submitter_retries=0))
+    assert once["spec"]["submitterConfig"] == {"backoffLimit": 0}
 
 
 def test_no_container_has_a_command(full: RocmTrainingJob) -> None:
@@ -152,8 +156,9 @@ def test_worker_group_is_fixed_size_with_amd_gpus(full: RocmTrainingJob) -> None
     assert rayjob["spec"]["rayClusterSpec"]["enableInTreeAutoscaling"] is False
     assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (3, 3, 3)
     assert group["groupName"] == "gpu"
-    # KubeRay derives --num-gpus from any limit ending in "gpu", so no rayStartParams are needed.
-    assert "rayStartParams" not in group
+    # KubeRay derives --num-gpus from any limit ending in "gpu", so no rayStartParams are needed; the
+    # empty map is there for Kueue's webhook (tests/operator/test_operator_kueue.py shows why).
+    assert group["rayStartParams"] == {}
     amounts = {"cpu": "12500m", "memory": "96Gi", "amd.com/gpu": "2"}
     assert group["template"]["spec"]["containers"][0]["resources"] == {"limits": amounts, "requests": amounts}
 
@@ -311,6 +316,8 @@ def test_progress_credentials_are_a_projected_volume_on_the_head_only(full: Rocm
         {"progress_ca_key": "a/b"},
         {"progress_token_audience": "two words"},
         {"gpu_device_groups": (-1,)},
+        {"submitter_retries": -1},
+        {"submitter_retries": 21},
     ],
 )
 def test_render_options_refuse_bad_values(kwargs: dict[str, Any]) -> None:

@@ -6,6 +6,8 @@
   404 when KubeRay's CRD is removed): map their state into the owning job's status
   (only the job's own RayJob: the job controls it and it has the job's RayJob name),
   and recreate a RayJob deleted behind our back while its job has not finished;
+- the Ray pods of our jobs (`PodWatch`) and Kueue's Workloads of our RayJobs
+  (`WorkloadWatch`): recompute the job's status (pods that cannot run, Kueue's verdict);
 - running jobs: stall detection, by one periodic loop over the job index;
 - indexes of jobs and Nodes keep lookups off the API server.
 
@@ -25,16 +27,24 @@ import kopf
 
 from rocmtrain import metrics, preflight
 from rocmtrain.api.contract import GROUP, MANAGED_SELECTOR, PLURAL, VERSION
+from rocmtrain.api.names import rayjob_name_of
+from rocmtrain.controller.pod_watch import PodWatch
 from rocmtrain.controller.rayjob_watch import RayJobWatch
 from rocmtrain.controller.reconciler import Reconciler
 from rocmtrain.controller.settings import OperatorConfig, configure_kopf
+from rocmtrain.controller.workload_watch import WorkloadWatch, rayjob_key
 from rocmtrain.kube import Kube, new_api_client
 from rocmtrain.objects import controller_ref, is_jobs_rayjob, job_view, requested_gpus
+from rocmtrain.pod_health import job_key
 from rocmtrain.progress.server import start_progress_server
 from rocmtrain.progress.tls import ConfigMapTaken
 from rocmtrain.status import TERMINAL_PHASES, Hold, HoldKind
 
 JOB = (GROUP, VERSION, PLURAL)
+# The informers (RayJobs, Ray pods, Kueue Workloads) that share the watch client, and its
+# connections beyond their long requests (a list or watch being replaced, say).
+WATCHES = 3
+WATCH_SPARE_CONNECTIONS = 4
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +53,7 @@ logger = logging.getLogger(__name__)
 async def startup(
     settings: kopf.OperatorSettings, memo: kopf.Memo, jobs: kopf.Index, nodes: kopf.Index, **_: Any
 ) -> None:
-    """Read the configuration, configure kopf, connect, serve metrics, watch RayJobs and stalls."""
+    """Read the configuration, configure kopf, connect, serve metrics, watch RayJobs, pods, Workloads and stalls."""
     memo.config = config = OperatorConfig.from_env()
     configure_kopf(settings, namespaced=bool(config.namespaces))
     memo.kube = await Kube.connect(timeout=config.api_timeout_seconds)
@@ -54,8 +64,16 @@ async def startup(
     async def handle(kind: str, rayjob: dict[str, Any]) -> None:
         await rayjob_changed(kind, rayjob, memo, jobs, nodes)
 
-    # Its own connections: one long watch per namespace would otherwise take the reconciler's.
-    memo.watch_api = await new_api_client(len(config.namespaces) + 4, config.api_timeout_seconds)
+    async def refresh(source: str, key: tuple[str, str] | None) -> None:
+        if key is not None:
+            with metrics.observe(f"{source}_event"):
+                await refresh_rayjob(*key, memo, jobs)
+
+    # The watches' own connections (one long request per watch and namespace), so that
+    # they never take the reconciler's.
+    memo.watch_api = await new_api_client(
+        WATCHES * (len(config.namespaces) or 1) + WATCH_SPARE_CONNECTIONS, config.api_timeout_seconds
+    )
     memo.rayjobs = RayJobWatch(
         memo.watch_api,
         handle,
@@ -63,10 +81,28 @@ async def startup(
         namespaces=config.namespaces,
         missing_retry_seconds=config.retry_seconds,
     )
-    memo.reconciler = Reconciler(
-        memo.kube, config, known=memo.rayjobs.get, before_render=lambda namespace: publish_progress_ca(memo, namespace)
+    memo.pods = PodWatch(
+        memo.watch_api,
+        lambda _, pod: refresh("pod", rayjob_of(job_key(pod))),
+        namespaces=config.namespaces,
+        retry_seconds=config.retry_seconds,
     )
-    memo.rayjobs.start()
+    memo.workloads = WorkloadWatch(
+        memo.watch_api,
+        lambda _, workload: refresh("workload", rayjob_key(workload)),
+        namespaces=config.namespaces,
+        retry_seconds=config.retry_seconds,
+    )
+    memo.reconciler = Reconciler(
+        memo.kube,
+        config,
+        known=memo.rayjobs.get,
+        before_render=lambda namespace: publish_progress_ca(memo, namespace),
+        pods=memo.pods.of_job,
+        workload=memo.workloads.of_rayjob,
+    )
+    for watch in (memo.rayjobs, memo.pods, memo.workloads):
+        watch.start()
     memo.stall_watch = asyncio.create_task(watch_stalls(memo, jobs), name="stall watch")
 
 
@@ -79,8 +115,9 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     """Stop the watches, the retries and the metrics, and close the API connection."""
-    if memo.get("rayjobs") is not None:
-        await memo.rayjobs.stop()
+    for watch in ("rayjobs", "pods", "workloads"):
+        if memo.get(watch) is not None:
+            await memo[watch].stop()
     if memo.get("reconciler") is not None:
         await memo.reconciler.stop()
     if memo.get("stall_watch") is not None:
@@ -203,6 +240,22 @@ async def rayjob_changed(
             await sync(memo, job, jobs, nodes)
 
 
+def rayjob_of(job: tuple[str, str] | None) -> tuple[str, str] | None:
+    """(namespace, RayJob name) of the job `(namespace, name)`."""
+    return (job[0], rayjob_name_of(job[1])) if job is not None else None
+
+
+async def refresh_rayjob(namespace: str, name: str, memo: kopf.Memo, jobs: kopf.Index) -> None:
+    """Recompute the status of the job owning RayJob `namespace/name` (its pods or its Workload changed)."""
+    rayjob = memo.rayjobs.get(namespace, name)
+    if rayjob is None:  # not seen yet: its own event recomputes the status
+        return
+    owner = controller_ref(rayjob)
+    job = _one(jobs, (namespace, owner.get("name", "")), owner.get("uid"))
+    if job is not None and "deletionTimestamp" not in job["metadata"] and is_jobs_rayjob(job, rayjob):
+        await memo.reconciler.refresh(job, rayjob)
+
+
 # ---- progress endpoint: training drivers push ProgressReports (rocmtrain.progress) ------------
 
 
@@ -211,7 +264,7 @@ async def progress_endpoint(memo: kopf.Memo, **_: Any) -> None:
     """Serve the progress endpoint, when configured (after `startup`: it reads its config).
 
     The endpoint talks to the API server through a small client of its own, so a flood
-    of reports never takes the connections that reconciles and the RayJob watch use.
+    of reports never takes the connections that reconciles and the watches use.
     """
     cfg = memo.config.progress
     memo.progress = await start_progress_server(cfg) if cfg is not None else None

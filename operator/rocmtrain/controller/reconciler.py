@@ -17,9 +17,13 @@ A reconcile holds one of `ACTIVE_RECONCILES` slots, for at most the config's
 `reconcile_deadline` (every request also has its own deadline), so a hung API
 server delays jobs but never keeps a slot.
 
+Every status is computed from everything known about the job: its RayJob, its Ray
+pods and Kueue's Workload (the watches' views, handed in as lookups), whichever
+of them changed.
+
 All status writes of one job go through one asyncio lock, and the operator keeps
 the status it last wrote per job, so that two paths (the job's own and the
-RayJob watch) never write an older view over a newer one, and a transition is
+watches') never write an older view over a newer one, and a transition is
 announced by exactly one event.
 """
 
@@ -29,7 +33,7 @@ import asyncio
 import datetime as dt
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +44,7 @@ from rocmtrain.api.validate import FieldError, validate_job
 from rocmtrain.controller.settings import OperatorConfig
 from rocmtrain.job_gauges import queue_wait
 from rocmtrain.kube import JOBS, RAYJOBS, ApiMissing, Kube, Refused
-from rocmtrain.objects import controller_ref, job_document, mutable_patch, owner_reference, rayjob_view
+from rocmtrain.objects import controller_ref, job_document, mutable_patch, owner_reference, queued, rayjob_view
 from rocmtrain.render import render_rayjob
 from rocmtrain.status import Hold, HoldKind
 
@@ -87,14 +91,19 @@ class Reconciler:
         config: OperatorConfig,
         known: Callable[[str, str], Mapping[str, Any] | None],
         before_render: Callable[[str], Awaitable[Hold | None]] | None = None,
+        pods: Callable[[str, str], Sequence[Mapping[str, Any]]] = lambda namespace, job: (),
+        workload: Callable[[Mapping[str, Any]], Mapping[str, Any] | None] = lambda rayjob: None,
     ) -> None:
         """`known(namespace, name)`: the watched view of a RayJob, if any (saves a read);
-        `before_render(namespace)`: awaited before a job there is rendered (the progress CA);
-        it returns what holds the RayJob back, if anything does."""
+        `before_render(namespace)`: awaited before a job there is rendered (the progress CA),
+        it returns what holds the RayJob back, if anything does;
+        `pods(namespace, job)`: the job's Ray pods; `workload(rayjob)`: Kueue's Workload of a RayJob."""
         self._kube = kube
         self._config = config
         self._known = known
         self._before_render = before_render
+        self._pods = pods
+        self._workload = workload
         self._states: dict[str, JobState] = {}
         self._forgotten: OrderedDict[str, None] = OrderedDict()
         self._slots = asyncio.Semaphore(ACTIVE_RECONCILES)
@@ -158,6 +167,31 @@ class Reconciler:
         """The job's status as the operator knows it: its own last write over the observed one."""
         return {**(job.get("status") or {}), **(state.written or {})}
 
+    def _observe(
+        self,
+        job: Mapping[str, Any],
+        valid: RocmTrainingJob,
+        current: Mapping[str, Any],
+        *,
+        generation: int | None,
+        rayjob: Mapping[str, Any] | None,
+        hold: Hold | None = None,
+    ) -> status.Observation:
+        """What the job's status is computed from: its RayJob (a view), Ray pods and Kueue Workload, now."""
+        meta = job["metadata"]
+        return status.Observation(
+            spec=valid.spec,
+            generation=generation,
+            current=current,
+            rayjob=rayjob,
+            now=_now(),
+            stall_after=self._config.stall_seconds,
+            hold=hold,
+            price=self._price(valid.spec),
+            pods=self._pods(meta["namespace"], meta["name"]),
+            workload=self._workload(rayjob) if rayjob is not None else None,
+        )
+
     # ---- job side -------------------------------------------------------------------
 
     async def sync(self, job: Mapping[str, Any], nodes: Iterable[preflight.NodeInfo]) -> float | None:
@@ -199,17 +233,9 @@ class Reconciler:
                 rayjob = await self._read_rayjob(meta["namespace"], meta["name"])
             else:
                 rayjob, hold = await self._apply_rayjob(job, valid, nodes, blocked)
+            view = rayjob_view(rayjob) if rayjob is not None else None
             new = status.compute_status(
-                status.Observation(
-                    spec=valid.spec,
-                    generation=meta.get("generation"),
-                    current=current,
-                    rayjob=rayjob_view(rayjob) if rayjob is not None else None,
-                    now=_now(),
-                    stall_after=self._config.stall_seconds,
-                    hold=hold,
-                    price=self._price(valid.spec),
-                )
+                self._observe(job, valid, current, generation=meta.get("generation"), rayjob=view, hold=hold)
             )
             await self._write(job, state, current, new)
         return None if hold is None else hold.retry_after(self._config.retry_seconds)
@@ -258,7 +284,8 @@ class Reconciler:
         if controller_ref(live).get("uid") != meta["uid"]:
             conflict = f"a RayJob named {name} exists and is not this job's"
             return None, Hold(HoldKind.CONFLICT, "RayJobConflict", conflict, retry_seconds=CONFLICT_RETRY_SECONDS)
-        patch = mutable_patch(rendered["spec"], live.get("spec") or {}, queued=bool(valid.spec.scheduling.queue_name))
+        kueue = bool(valid.spec.scheduling.queue_name) or queued(live)
+        patch = mutable_patch(rendered["spec"], live.get("spec") or {}, queued=kueue)
         if patch:
             live = await self._kube.patch(RAYJOBS, namespace, name, {"spec": patch}) or live
             logger.info("updated RayJob %s/%s: %s", namespace, name, sorted(patch))
@@ -275,17 +302,8 @@ class Reconciler:
             valid, _ = _validated(job)
             if valid is None:
                 return  # a spec the job handler refuses; it owns that status
-            new = status.compute_status(
-                status.Observation(
-                    spec=valid.spec,
-                    generation=current.get("observedGeneration") or meta.get("generation"),
-                    current=current,
-                    rayjob=rayjob,
-                    now=_now(),
-                    stall_after=self._config.stall_seconds,
-                    price=self._price(valid.spec),
-                )
-            )
+            generation = current.get("observedGeneration") or meta.get("generation")
+            new = status.compute_status(self._observe(job, valid, current, generation=generation, rayjob=rayjob))
             await self._write(job, state, current, new)
 
     async def _write(

@@ -10,6 +10,7 @@
 | ROCMTRAIN_STALL_SECONDS                  | 900       | a Running job without progress this long is Stalled  |
 | ROCMTRAIN_RETRY_SECONDS                  | 30        | re-check interval of a held job or after a failure   |
 | ROCMTRAIN_API_TIMEOUT_SECONDS            | 15        | deadline of one API request                          |
+| ROCMTRAIN_SUBMITTER_RETRIES              | 2         | retries of a RayJob's submitter pod (submitterConfig)|
 | ROCMTRAIN_ALLOWED_IMAGES                 | (any)     | comma-separated image prefixes jobs may use          |
 | ROCMTRAIN_ALLOWED_PRIORITY_CLASSES       | (any)     | PriorityClass names jobs may use                     |
 | ROCMTRAIN_ALLOWED_KUEUE_PRIORITY_CLASSES | (any)     | Kueue WorkloadPriorityClass names jobs may use       |
@@ -39,6 +40,7 @@ from rocmtrain.api.patterns import DNS_LABEL, DNS_SUBDOMAIN, IMAGE
 from rocmtrain.policy import Policy
 from rocmtrain.progress.server import ProgressServerConfig
 from rocmtrain.render import RenderOptions
+from rocmtrain.render.options import MAX_SUBMITTER_RETRIES
 
 
 class ConfigError(ValueError):
@@ -119,6 +121,7 @@ class OperatorConfig:
     def from_env(cls, env: Mapping[str, str] = os.environ) -> OperatorConfig:
         """Read and check the `ROCMTRAIN_*` variables."""
         progress = ProgressServerConfig.from_env(env)
+        render = RenderOptions(submitter_retries=_int(env, "ROCMTRAIN_SUBMITTER_RETRIES", 2, 0, MAX_SUBMITTER_RETRIES))
         return cls(
             namespaces=_names(env, "ROCMTRAIN_NAMESPACES", DNS_LABEL, "a namespace name"),
             metrics_port=_int(env, "ROCMTRAIN_METRICS_PORT", 8080, 0, 65535),
@@ -131,7 +134,7 @@ class OperatorConfig:
             policy=_policy(env),
             metrics_max_jobs=_int(env, "ROCMTRAIN_METRICS_MAX_JOBS", 500, 0, 100_000),
             pricing=_pricing(env),
-            render_options=progress.render_options(RenderOptions()) if progress else RenderOptions(),
+            render_options=progress.render_options(render) if progress else render,
             progress=progress,
         )
 
@@ -168,7 +171,7 @@ def configure_kopf(settings: kopf.OperatorSettings, *, namespaced: bool = False)
     # the operator logs what it does (RayJob created or updated, job refused) itself.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     settings.posting.reporting_component = OPERATOR_NAME
-    # Renew watches every 5 minutes. (RayJobs are not watched by kopf: see `rayjob_watch`.)
+    # Renew watches every 5 minutes. (RayJobs, Ray pods and Workloads are not watched by kopf: see `informer`.)
     settings.watching.reconnect_backoff = 1.0
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
