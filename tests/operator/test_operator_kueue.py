@@ -264,12 +264,17 @@ def test_kueue_queues_jobs_of_a_namespace_with_a_default_local_queue(
     api = world_api
     ns = team_namespace(scope, "team-b", queue="default")
     api.kube.create(job_manifest("big", ns, resources={"workers": 2, "gpusPerWorker": 8}))
-    api.kube.create(job_manifest("next", ns, resources=ONE_NODE))
+    # Admitted first: the operator makes RayJobs in no fixed order, and Kueue admits whichever comes first.
     api.wait_status(ns, "big", "admitted and started", submitting)
+    api.kube.create(job_manifest("next", ns, resources=ONE_NODE))
     api.wait_status(ns, "next", "Queued", queued)
     rayjob = api.rayjob(ns, "next")
     assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "default"
-    assert "insufficient unused quota" in api.condition(ns, "next", "Admitted")["message"]
+    wait_until(
+        lambda: "insufficient unused quota" in api.condition(ns, "next", "Admitted")["message"],
+        timeout=WORLD_TIMEOUT,
+        what="Kueue's reason in the Admitted condition",
+    )
     world_operator.stop()
     world_operator.start()
     api.wait_status(ns, "big", "seen again after the restart", submitting)
