@@ -58,6 +58,7 @@ def job_body(name: str, namespace: str) -> dict[str, Any]:
             "model": {"source": "distilbert/distilbert-base-uncased", "numLabels": 2},
             "data": {"train": {"uri": "s3://datasets/reviews/train.jsonl"}},
             "resources": {"workers": 2, "gpusPerWorker": 8},
+            "checkpoint": {"storagePath": f"s3://checkpoints/{name}"},
         },
     }
 

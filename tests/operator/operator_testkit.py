@@ -49,6 +49,7 @@ def job_manifest(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
         "model": {"source": "distilbert/distilbert-base-uncased", "numLabels": 2},
         "data": {"train": {"uri": "s3://datasets/reviews/train.jsonl"}},
         "resources": {"workers": 2, "gpusPerWorker": 8},
+        "checkpoint": {"storagePath": f"s3://checkpoints/{name}"},
     }
     return {
         "apiVersion": "rocmtrain.dev/v1alpha1",
