@@ -685,7 +685,10 @@ class Metrics(ApiModel):
         description="Most GPU memory the allocator of any rank held, in bytes, last interval.",
     )
     gpu_utilization_percent: float | None = Field(
-        default=None, ge=0, le=100, description="GPU utilisation averaged over the last interval and the ranks, in percent."
+        default=None,
+        ge=0,
+        le=100,
+        description="GPU utilisation averaged over the last interval and the ranks, in percent.",
     )
     gpu_utilization_percent_min: float | None = Field(
         default=None, ge=0, le=100, description="Lowest interval-average GPU utilisation of any rank, in percent."
