@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -61,15 +62,13 @@ def one_rank(ray_local, tiny_bert, tmp_path_factory):
     """1 rank x 32 records, through `rocmtrain run` with a job file."""
     folder = tmp_path_factory.mktemp("one")
     spec = {"resources": {"workers": 1}, "training": {"batchSizePerWorker": GLOBAL_BATCH, "learningRate": PEAK_LR}}
-    data = {
-        "train": {"uri": str(EXAMPLES / "data" / "train.jsonl")},
-        "eval": {"uri": str(EXAMPLES / "data" / "eval.jsonl")},
-    }
-    raw = tiny_job("one-rank", tiny_bert, spec, {"data": data}).dump()
-    (folder / "job.yaml").write_text(yaml.safe_dump(raw))
+    shutil.copytree(EXAMPLES / "data", folder / "data", ignore=shutil.ignore_patterns("*.py"))  # ./data/...
+    (folder / "job.yaml").write_text(yaml.safe_dump(tiny_job("one-rank", tiny_bert, spec).dump()))
     code = cli.main([str(folder / "job.yaml"), "--storage", str(folder / "runs"), "--summary", str(folder / "s.json")])
     assert code == 0
-    return json.loads((folder / "s.json").read_text())
+    summary = json.loads((folder / "s.json").read_text())
+    assert summary["model_path"] == str(folder / "runs" / "one-rank" / "model")
+    return summary
 
 
 def test_two_ranks_train_what_one_rank_with_their_global_batch_trains(two_ranks, one_rank):

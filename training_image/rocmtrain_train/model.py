@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import math
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +20,7 @@ from rocmtrain_train.config import ConfigError
 from rocmtrain_train.storage import ObjectStoreFactory, describe, filesystem, object_store_filesystem
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedModel
 
 # Hub models that an installed Python package ships for offline use: hub id -> (package, folder in it).
@@ -184,6 +187,20 @@ def check_model_files(path: Path, spec: ModelSpec, training: TrainingSpec) -> No
     except (OSError, ValueError, TypeError) as exc:
         raise ConfigError(f"model {name}: cannot load its tokenizer: {exc}") from exc
     set_pad_token(tokenizer, name)
+
+
+def compile_model(model: torch.nn.Module, max_length: int, bucket: int, backend: str | Callable = "inductor") -> None:
+    """torch.compile the model in place (its state dict keeps its names), one graph per batch shape.
+
+    Batches are padded to multiples of `bucket` tokens, so there are at most `max_length / bucket`
+    lengths, times a few batch sizes (full, the last of an epoch, evaluation) and train/eval mode;
+    dynamo's recompile limit is raised to hold them all instead of falling back to eager.
+    """
+    import torch._dynamo
+
+    shapes = 8 * math.ceil(max_length / bucket)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes)
+    model.compile(backend=backend, dynamic=False)
 
 
 def load_model(path: Path, spec: ModelSpec, training: TrainingSpec) -> tuple[PreTrainedModel, Any]:

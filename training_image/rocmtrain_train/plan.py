@@ -44,8 +44,8 @@ class BatchPlan:
 
     @property
     def digest(self) -> str:
-        """Identifies the plan: a checkpoint of the same plan resumes at exactly its step."""
-        data = np.asarray([i for step in self.steps for i in step] + [-1, self.world_size], dtype=np.int64)
+        """Identifies the steps: a checkpoint of the same steps resumes at exactly its step, at any world size."""
+        data = np.asarray([i for step in self.steps for i in (*step, -1)], dtype=np.int64)
         return hashlib.sha256(data.tobytes()).hexdigest()[:32]
 
     def portion(self, step: int, rank: int) -> list[int]:

@@ -65,9 +65,7 @@ class Encoded:
         return cls(flat, offsets, types, np.asarray(labels, dtype=np.float32 if regression else np.int64))
 
 
-def encode(
-    tokenizer: Any, records: Records, max_length: int, *, regression: bool, token_types: bool = True
-) -> Encoded:
+def encode(tokenizer: Any, records: Records, max_length: int, *, regression: bool, token_types: bool = True) -> Encoded:
     """Tokenise without padding; texts longer than `max_length` tokens are truncated. Token types are
     kept where the tokenizer makes them and `token_types` says the model takes them.
 

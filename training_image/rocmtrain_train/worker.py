@@ -33,7 +33,7 @@ from rocmtrain_train.checkpoint import TrainState
 from rocmtrain_train.config import ConfigError, RunSettings
 from rocmtrain_train.data import fingerprint, read_table, records, sample_order, text_lengths
 from rocmtrain_train.logs import rank_logger
-from rocmtrain_train.model import cache_dir, load_model, resolve_model
+from rocmtrain_train.model import cache_dir, compile_model, load_model, resolve_model
 from rocmtrain_train.plan import BatchPlan, batch_plan
 from rocmtrain_train.tokens import Encoded, cache_key, encode, load_cached, save_cached
 
@@ -231,7 +231,7 @@ def _restore(
         state.epoch_step = plan.resume_at(seed, state.epoch, state.epoch_samples)
         state.step = state.epoch * len(plan.steps) + state.epoch_step
         log.info(
-            "the checkpoint at step %d was written by %d ranks in steps of another plan; continuing after "
+            "the checkpoint at step %d was written by %d ranks with other steps; continuing after "
             "%d samples of epoch %d, at step %d",
             resumed_from,
             saved["world_size"],
@@ -239,7 +239,7 @@ def _restore(
             state.epoch + 1,
             state.step,
         )
-    if same_plan and saved["rng"] is not None:
+    if same_plan and saved["world_size"] == world_size and saved["rng"] is not None:
         checkpoint.set_rng_state(saved["rng"], parts["device"])
     else:
         torch.manual_seed(checkpoint.rng_seed(seed, rank, state.step))
@@ -282,7 +282,7 @@ def build_worker(settings: RunSettings) -> Worker:
     parts = {"model": model, "optimizer": optimizer, "scaler": scaler, "device": device}
     state, resumed_from = _restore(settings, rank, world_size, train.plan, parts, log)
     if training.compile:
-        model.compile()
+        compile_model(model, spec.model.max_seq_length, COMPILE_BUCKET)
     worker = Worker(
         settings=settings,
         rank=rank,
