@@ -51,11 +51,10 @@ class TrainState:
 
     def share(self, rank: int, world_size: int) -> TrainState:
         """This state with the run's totals split over `world_size` ranks (so that they add up again)."""
-        parts = {
-            name: value // world_size + (1 if rank < value % world_size else 0)
-            for name in self.TOTALS
-            if (value := getattr(self, name)) is not None
-        }
+        parts = {}
+        for name in self.TOTALS:
+            value = getattr(self, name)
+            parts[name] = value // world_size + (1 if rank < value % world_size else 0)
         return dataclasses.replace(self, **parts)
 
 

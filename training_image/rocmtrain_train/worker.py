@@ -199,6 +199,20 @@ def _threads(settings: RunSettings) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
 
 
+def _latest_checkpoint(settings: RunSettings, rank: int, log: logging.Logger) -> dict[str, Any] | None:
+    """The latest checkpoint of the run (this rank's view of it), if `checkpoint.resume` allows resuming it."""
+    found = ray.train.get_checkpoint()
+    if found is None:
+        return None
+    with found.as_directory() as directory:
+        saved = checkpoint.load(Path(directory), rank)
+    if not checkpoint.resumable(saved, resume=settings.job.spec.checkpoint.resume, run_id=settings.run_id):
+        log.info("not resuming from %s: checkpoint.resume is never", found.path)
+        return None
+    log.info("resuming from %s", found.path)
+    return saved
+
+
 def _restore(
     settings: RunSettings,
     rank: int,
@@ -207,27 +221,20 @@ def _restore(
     parts: dict[str, Any],
     log: logging.Logger,
 ) -> tuple[TrainState, int | None]:
-    """The state to start from: the latest checkpoint's, if there is one and `checkpoint.resume` allows it.
+    """The state to start from, and the step of the checkpoint it came from (None for a fresh start).
 
-    Random numbers: restored where this rank saved them under the same plan, else seeded from the seed,
-    the rank and the step.
+    Random numbers: restored where this rank saved them with the same steps and world size, else
+    seeded from the seed, the rank and the step.
     """
     seed = settings.job.spec.training.seed
-    found = ray.train.get_checkpoint()
-    saved = None
-    if found is not None:
-        with found.as_directory() as directory:
-            saved = checkpoint.load(Path(directory), rank)
-        if not checkpoint.resumable(saved, resume=settings.job.spec.checkpoint.resume, run_id=settings.run_id):
-            log.info("not resuming from %s: checkpoint.resume is never", found.path)
-            saved = None
+    saved = _latest_checkpoint(settings, rank, log)
     if saved is None:
         torch.manual_seed(checkpoint.rng_seed(seed, rank, 0))
         return TrainState(), None
     state = checkpoint.restore(saved, model=parts["model"], optimizer=parts["optimizer"], scaler=parts["scaler"])
     resumed_from = state.step
-    same_plan = saved["plan"] == plan.digest
-    if not same_plan:
+    same_steps = saved["plan"] == plan.digest
+    if not same_steps:
         state.epoch_step = plan.resume_at(seed, state.epoch, state.epoch_samples)
         state.step = state.epoch * len(plan.steps) + state.epoch_step
         log.info(
@@ -239,11 +246,11 @@ def _restore(
             state.epoch + 1,
             state.step,
         )
-    if same_plan and saved["world_size"] == world_size and saved["rng"] is not None:
+    if same_steps and saved["world_size"] == world_size and saved["rng"] is not None:
         checkpoint.set_rng_state(saved["rng"], parts["device"])
     else:
         torch.manual_seed(checkpoint.rng_seed(seed, rank, state.step))
-    log.info("resumed from %s: epoch %d, step %d", found.path if found else "", state.epoch, state.step)
+    log.info("resumed at epoch %d, step %d", state.epoch, state.step)
     return state.share(rank, world_size), resumed_from
 
 
