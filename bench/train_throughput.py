@@ -353,7 +353,7 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=768, help="training records")
     parser.add_argument("--eval-samples", type=int, default=192, help="evaluation records")
     parser.add_argument("--workers", type=int, default=2, help="ranks (one CPU each)")
-    parser.add_argument("--batch-size", type=int, default=16, help="per rank (global batch = ranks x this)")
+    parser.add_argument("--batch-size", type=int, default=8, help="per rank (global batch = ranks x this)")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--learning-rate", type=float, default=2e-4)
     parser.add_argument("--runs", type=int, default=3, help="runs per arm (medians are reported)")
