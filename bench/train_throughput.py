@@ -291,8 +291,20 @@ def ours(work: Workload, folder: Path) -> Measured:
     )
 
 
+def wait_until_idle(timeout_s: float = 300.0) -> None:
+    """Wait until the previous run has handed back all its Ray resources (not counted in any arm's time)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        total, free = ray.cluster_resources(), ray.available_resources()
+        if all(free.get(key, 0) >= total.get(key, 0) for key in ("CPU", "GPU")):
+            return
+        time.sleep(0.5)
+    raise TimeoutError("Ray resources still held by a previous run")
+
+
 def run_arm(arm: str, work: Workload, folder: Path) -> Measured:
     folder.mkdir(parents=True)
+    wait_until_idle()
     return ours(work, folder) if arm == "ours" else hf_arm(arm, work, folder)
 
 
