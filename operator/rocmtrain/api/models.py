@@ -164,7 +164,9 @@ class TrainingSpec(ApiModel):
     """Optimisation hyper-parameters."""
 
     epochs: int = Field(default=3, ge=1, le=1000, description="Passes over the training data.")
-    batch_size_per_worker: int = Field(default=32, ge=1, le=4096, description="Micro-batch size on each worker.")
+    batch_size_per_worker: int = Field(
+        default=32, ge=1, le=4096, description="Micro-batch size of each rank (each GPU, or each worker on CPUs)."
+    )
     learning_rate: float = Field(
         default=5e-5, gt=0, le=1, description="Peak learning rate for the base world size of one rank."
     )
