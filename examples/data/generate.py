@@ -1,12 +1,17 @@
-"""Generate the synthetic product-review data set used by the quickstart, the tests and the benchmark.
+"""Generate the synthetic product-review data set used by the quickstart, the tests and the benchmarks.
 
 Reviews are composed from sentiment-bearing clauses (with negation: "is not great" is negative,
-"is not flimsy at all" is positive), mild clauses for the neutral class, and neutral filler
-sentences that set a realistic, long-tailed length. Labels follow from the clauses: 0 negative,
-1 neutral, 2 positive. The output is deterministic for a given seed.
+"is not flimsy at all" is positive), mild clauses, and neutral filler sentences that set a realistic,
+long-tailed length. Like real reviews, many mix opinions: a positive review may name a flaw ("the
+manual is poor, but I love the sound"), a neutral one may weigh a strength against a weakness, so
+the classes share their vocabulary and only the balance of opinions tells them apart. A share of
+the labels (`--noise`) is replaced by another class, as annotators disagree. Labels: 0 negative,
+1 neutral, 2 positive; or, with `--classes 5`, star ratings 0 (one star) to 4 (five stars). The
+output is deterministic for a given seed.
 
     python examples/data/generate.py examples/data               # the committed quickstart files
     python examples/data/generate.py /tmp/bench --mean-words 115 --train 4000 --eval 800
+    python examples/data/generate.py /tmp/stars --classes 5 --train 1000 --eval 200
 """
 
 from __future__ import annotations
@@ -16,8 +21,6 @@ import json
 import math
 import random
 from pathlib import Path
-
-LABELS = ("negative", "neutral", "positive")
 
 PRODUCTS = (
     "headphones",
@@ -97,7 +100,7 @@ STRONG_NEGATIVE = (
     "uncomfortable",
     "cheaply made",
 )
-MILD = (
+MILD_WORDS = (
     "okay",
     "average",
     "fine",
@@ -176,8 +179,12 @@ VOCAB = {
     "ordinal": ("second", "third", "fourth", "first"),
     "place": ("coast", "mountains", "lake", "city", "countryside"),
 }
-CLAUSES = (NEGATIVE_CLAUSES, NEUTRAL_CLAUSES, POSITIVE_CLAUSES)
 CONNECTORS = ("Overall, ", "Honestly, ", "To be fair, ", "In short, ", "Also, ", "", "", "", "")
+CONTRASTS = ("{a}, but {b}", "{a}; however, {b}", "Although {a}, {b}", "{a}, yet {b}", "{a}. Then again, {b}")
+# Opinions of a review by sentiment score (-2 .. 2): (dominant clauses, contrary clauses), as ranges.
+NEGATIVE, MILD, POSITIVE = NEGATIVE_CLAUSES, NEUTRAL_CLAUSES, POSITIVE_CLAUSES
+# Sentiment scores of each class: three classes spread over the five scores, or one score per star.
+SCORES = {3: ((-2, -2, -1), (0,), (1, 2, 2)), 5: ((-2,), (-1,), (0,), (1,), (2,))}
 
 
 def _fill(template: str, rng: random.Random, product: str) -> str:
@@ -187,7 +194,7 @@ def _fill(template: str, rng: random.Random, product: str) -> str:
         aspect=rng.choice(ASPECTS),
         pos=rng.choice(STRONG_POSITIVE),
         neg=rng.choice(STRONG_NEGATIVE),
-        mild=rng.choice(MILD),
+        mild=rng.choice(MILD_WORDS),
         n=rng.randint(2, 14),
     )
     return template.format(**values)
@@ -198,24 +205,53 @@ def _sentence(clause: str, rng: random.Random) -> str:
     return text[0].upper() + text[1:] + rng.choice((".", ".", ".", "!"))
 
 
-def review(rng: random.Random, label: int, mean_words: float) -> str:
-    """One review of the given class, about `mean_words` words long on average (long-tailed)."""
+def _contrast(weaker: str, stronger: str, rng: random.Random) -> str:
+    """One sentence that concedes `weaker` and ends on `stronger`."""
+    return _sentence(rng.choice(CONTRASTS).format(a=weaker, b=stronger), rng)
+
+
+def opinions(score: int, rng: random.Random, product: str, extra: int) -> list[str]:
+    """The opinion sentences of a review with sentiment `score` (-2 .. 2), `extra` more for long reviews."""
+    clause = lambda kind: _fill(rng.choice(kind), rng, product)  # noqa: E731 - a short local helper
+    if score == 0:
+        if rng.random() < 0.35:  # a strength weighed against a weakness, in either order
+            good, bad = clause(POSITIVE), clause(NEGATIVE)
+            first = [_contrast(good, bad, rng) if rng.random() < 0.5 else _contrast(bad, good, rng)]
+        else:
+            first = [_sentence(clause(MILD), rng)]
+        return first + [_sentence(clause(MILD), rng) for _ in range(extra)]
+    main, other = (POSITIVE, NEGATIVE) if score > 0 else (NEGATIVE, POSITIVE)
+    found = [_sentence(clause(main), rng) for _ in range(rng.randint(1, 2) + extra)]
+    if abs(score) == 1:  # a flaw (or a merit) conceded, then the verdict
+        found.insert(rng.randint(0, len(found) - 1), _contrast(clause(other), clause(main), rng))
+    elif rng.random() < 0.3:
+        found.append(_sentence(clause(MILD), rng))
+    return found
+
+
+def review(rng: random.Random, score: int, mean_words: float) -> str:
+    """One review of the given sentiment, about `mean_words` words long on average (long-tailed)."""
     product = rng.choice(PRODUCTS)
     # Log-normal length: most reviews are short, a few are very long; longer ones hold more opinions.
     target_words = min(420.0, rng.lognormvariate(math.log(mean_words) - 0.32, 0.8))
-    opinions = rng.randint(1, 3) + int(target_words // 40)
-    sentences = [_sentence(_fill(rng.choice(CLAUSES[label]), rng, product), rng) for _ in range(opinions)]
+    sentences = opinions(score, rng, product, int(target_words // 60))
     while sum(len(s.split()) for s in sentences) < target_words:
         sentences.insert(rng.randint(0, len(sentences)), _fill(rng.choice(FILLER), rng, product))
     return " ".join(sentences)
 
 
-def records(count: int, seed: int, mean_words: float) -> list[dict[str, object]]:
-    """`count` labelled reviews with balanced classes, in random order."""
+def records(count: int, seed: int, mean_words: float, classes: int = 3, noise: float = 0.0) -> list[dict[str, object]]:
+    """`count` labelled reviews with balanced classes, in random order; a share `noise` of labels is wrong."""
     rng = random.Random(seed)  # noqa: S311 - reproducible data, not cryptography
-    labels = [i % len(LABELS) for i in range(count)]
+    labels = [i % classes for i in range(count)]
     rng.shuffle(labels)
-    return [{"text": review(rng, label, mean_words), "label": label} for label in labels]
+    rows: list[dict[str, object]] = []
+    for label in labels:
+        text = review(rng, rng.choice(SCORES[classes][label]), mean_words)
+        if rng.random() < noise:
+            label = rng.choice([c for c in range(classes) if c != label])
+        rows.append({"text": text, "label": label})
+    return rows
 
 
 def write_jsonl(path: Path, rows: list[dict[str, object]]) -> None:
@@ -231,10 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train", type=int, default=2000, help="training records")
     parser.add_argument("--eval", type=int, default=400, help="evaluation records")
     parser.add_argument("--mean-words", type=float, default=28.0, help="mean review length in words")
+    parser.add_argument("--classes", type=int, choices=sorted(SCORES), default=3, help="3 sentiments or 5 stars")
+    parser.add_argument("--noise", type=float, default=0.06, help="share of labels replaced by another class")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args(argv)
-    write_jsonl(args.out / "train.jsonl", records(args.train, args.seed, args.mean_words))
-    write_jsonl(args.out / "eval.jsonl", records(args.eval, args.seed + 1, args.mean_words))
+    for name, count, seed in (("train", args.train, args.seed), ("eval", args.eval, args.seed + 1)):
+        write_jsonl(args.out / f"{name}.jsonl", records(count, seed, args.mean_words, args.classes, args.noise))
     return 0
 
 

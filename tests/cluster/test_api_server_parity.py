@@ -102,6 +102,7 @@ REFUSED: list[tuple[str, Edit, str]] = [
     ("shell-in-image", put("spec.image", "busybox; rm -rf /"), "image"),
     ("newline-in-field", put("spec.data.textField", "text\nlabel"), "textField"),
     ("node-selector-key", put("spec.scheduling.nodeSelector", {"bad key!": "x"}), "label"),
+    ("storage-missing", drop("spec.checkpoint.storagePath"), "checkpoint.storagePath is required for a cluster job"),
 ]
 
 

@@ -35,6 +35,7 @@ def _rocm_training_job(namespace: str, version: str, model: dict[str, Any]) -> d
         "spec": {
             "model": model,
             "data": {"train": {"uri": "s3://datasets/reviews/train.jsonl"}},
+            "checkpoint": {"storagePath": "s3://checkpoints/cel-check"},
         },
     }
 

@@ -149,6 +149,7 @@ class RayHead:
 SMALL_SPEC = {
     "model": {"source": "sentence-transformers/all-MiniLM-L6-v2", "numLabels": 2},
     "data": {"train": {"uri": "/data/train.jsonl"}},
+    "checkpoint": {"storagePath": "s3://checkpoints/small"},
 }
 
 

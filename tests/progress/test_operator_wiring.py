@@ -42,6 +42,7 @@ SPEC = {
     "model": {"source": "sentence-transformers/all-MiniLM-L6-v2", "numLabels": 2},
     "data": {"train": {"uri": "/data/train.jsonl"}},
     "resources": {"workers": 1, "gpusPerWorker": 0, "cpusPerWorker": "1", "memoryPerWorker": "2Gi"},
+    "checkpoint": {"storagePath": "s3://checkpoints/wiring"},
 }
 
 

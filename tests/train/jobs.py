@@ -15,7 +15,7 @@ from rocmtrain_train.config import RunSettings, local_settings
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 QUICKSTART = EXAMPLES / "quickstart.yaml"
-# Small and quick, yet enough for the real MiniLM to learn the quickstart task well.
+# Small and quick, yet enough for the real MiniLM to learn much of the quickstart task.
 FAST: dict[str, Any] = {
     "model": {"maxSeqLength": 64},
     "data": {"train": {"maxSamples": 960}, "eval": {"maxSamples": 200}},

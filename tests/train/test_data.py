@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import fsspec.implementations.memory
@@ -15,14 +14,13 @@ import pytest
 from rocmtrain.api.models import DataSource, DataSpec, ModelSpec
 from rocmtrain_train.config import ConfigError
 from rocmtrain_train.data import (
-    Encoded,
-    collate,
-    length_grouped_batches,
+    fingerprint,
     read_records,
+    read_table,
+    records,
     sample_order,
-    shard,
-    sorted_batches,
     split_files,
+    text_lengths,
 )
 
 ROWS = [{"text": f"review number {i}", "label": i % 3} for i in range(10)]
@@ -190,42 +188,34 @@ def test_regression_labels_are_floats(tmp_path):
     assert records.labels == [2.0, 0.5]
 
 
-@pytest.mark.parametrize(("count", "world_size"), [(10, 1), (10, 3), (11, 4), (7, 7), (1000, 6)])
-def test_shards_cover_every_record_once_and_training_shards_are_equal(count, world_size):
-    order = sample_order(count, seed=5, max_samples=None)
-    assert sorted(order) == list(range(count))
-    own = [shard(order, rank, world_size, pad=False) for rank in range(world_size)]
-    assert sorted(i for s in own for i in s) == list(range(count))  # nothing dropped, no overlap
-
-    padded = [shard(order, rank, world_size, pad=True) for rank in range(world_size)]
-    assert {len(s) for s in padded} == {math.ceil(count / world_size)}
-    for plain, extended in zip(own, padded, strict=True):
-        assert extended[: len(plain)] == plain and set(extended) == set(plain)  # padding repeats own records
-    # Equal shards give every rank the same number of micro-batches, so the same number of steps.
-    lengths = {len(length_grouped_batches([5] * len(s), 4, seed="1:0")) for s in padded}
-    assert lengths == {math.ceil(math.ceil(count / world_size) / 4)}
-
-
 def test_max_samples_cuts_after_the_seeded_shuffle():
     assert sample_order(100, seed=1, max_samples=10) == sample_order(100, seed=1, max_samples=None)[:10]
     assert sample_order(100, seed=1, max_samples=10) != sample_order(100, seed=2, max_samples=10)
 
 
-def test_length_grouped_batches_keep_similar_lengths_together():
-    lengths = [(i * 37) % 200 + 1 for i in range(1000)]
-    batches = length_grouped_batches(lengths, 10, seed="3:0")
-    assert sorted(i for b in batches for i in b) == list(range(1000))
-    spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches) / len(batches)
-    assert spread < 10  # random batches of 10 would spread over ~160
-    assert batches == length_grouped_batches(lengths, 10, seed="3:0")
-    assert batches != length_grouped_batches(lengths, 10, seed="3:1")
+def test_tables_hold_only_the_job_fields_and_decode_only_the_rows_asked_for(tmp_path):
+    rows = [{"question": f"q{i}", "answer": "a" * i, "score": i / 2, "unused": [i] * 100} for i in range(8)]
+    path = write(tmp_path / "pairs.parquet", rows, "parquet")
+    data = DataSpec(train=DataSource(uri=str(path)), textField="question", textPairField="answer", labelField="score")
+    regress = ModelSpec(source="/m", task="regression")
+    table = read_table(DataSource(uri=str(path)), data, regress, None)
+    assert table.column_names == ["text", "label", "pair"]  # Parquet: only these columns were read
+    assert text_lengths(table).tolist() == [len(f"q{i}") + i for i in range(8)]
+    picked = records(table, [5, 1], regress, "pairs")
+    assert (picked.texts, picked.pairs, picked.labels) == (["q5", "q1"], ["aaaaa", "a"], [2.5, 0.5])
 
 
-def test_collate_pads_to_the_longest_in_the_batch():
-    encoded = Encoded(features={"input_ids": [[5, 6, 7], [8], [9, 9, 9, 9, 9]]}, labels=[0, 2, 1])
-    batch = collate(encoded, [0, 1], pad_id=0, regression=False)
-    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
-    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
-    assert batch["labels"].tolist() == [0, 2]
-    assert collate(encoded, [0], pad_id=0, regression=True, multiple_of=8)["input_ids"].shape == (1, 8)
-    assert [len(b) for b in sorted_batches(encoded.lengths, 2)] == [2, 1]
+def test_workers_check_the_labels_of_their_own_rows(tmp_path):
+    path = write(tmp_path / "train.jsonl", [{"text": "a", "label": 0}, {"text": "b", "label": 7}], "jsonl")
+    table = read_table(DataSource(uri=str(path)), DATA, CLASSIFY, None, check=False)
+    assert records(table, [0], CLASSIFY, "train").labels == [0]
+    with pytest.raises(ConfigError, match="label 7 out of range"):
+        records(table, [1], CLASSIFY, "train")
+
+
+def test_the_fingerprint_changes_with_the_files(tmp_path):
+    path = write(tmp_path / "train.jsonl", ROWS, "jsonl")
+    before = fingerprint(DataSource(uri=str(path)), DATA, None)
+    assert before == fingerprint(DataSource(uri=str(path)), DATA, None)
+    write(path, ROWS[:-1], "jsonl")
+    assert fingerprint(DataSource(uri=str(path)), DATA, None) != before

@@ -5,13 +5,17 @@ These use the real model files and the real quickstart data; only the faulty par
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import pytest
 import yaml
+from transformers import AutoConfig, AutoTokenizer, ViTConfig
 
+from rocmtrain.api.contract import JOB_ENV
 from rocmtrain_train import cli, local
 from rocmtrain_train.config import ConfigError
+from rocmtrain_train.model import position_limit
 from rocmtrain_train.preflight import preflight
 from train.jobs import EXAMPLES, job, settings
 
@@ -23,7 +27,7 @@ from train.jobs import EXAMPLES, job, settings
         ({"model": {"numLabels": 2}}, r"label 2 out of range 0\.\.1"),
         ({"data": {"train": {"uri": "./data/missing.jsonl"}}}, "missing.jsonl: no such file or folder"),
         ({"model": {"source": "/nonexistent/model"}}, "model not found: /nonexistent/model has no config.json"),
-        ({"resources": {"workers": 3}, "data": {"train": {"maxSamples": 2}}}, "2 training records for 3 workers"),
+        ({"resources": {"workers": 3}, "data": {"train": {"maxSamples": 2}}}, "2 training records for 3 ranks"),
     ],
 )
 def test_bad_jobs_are_named(tmp_path, spec, message):
@@ -77,3 +81,71 @@ def test_the_cli_fails_fast_without_starting_training(tmp_path, monkeypatch, cap
     assert time.perf_counter() - started < 30
     err = capsys.readouterr().err
     assert "asks for 32 GPUs (2 workers x 16 GPUs per worker)" in err and "--cpu" in err
+
+
+# --- the model fits the job (real tiny models, built offline) --------------------------------------
+
+
+def test_a_max_seq_length_beyond_the_models_positions_fails_fast_with_exit_code_2(tiny_bert, tmp_path, capsys):
+    """`rocmtrain run` stops in the driver's pre-flight, before Ray starts or any weight loads."""
+    raw = yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())
+    raw["spec"]["model"].update(source=str(tiny_bert), maxSeqLength=256)
+    raw["spec"]["data"] = {"train": {"uri": str(EXAMPLES / "data" / "train.jsonl")}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(raw))
+    assert cli.main([str(tmp_path / "job.yaml"), "--storage", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "spec.model.maxSeqLength: 256 tokens do not fit the 128 positions of model" in err
+    assert "set maxSeqLength to at most 128" in err
+
+
+def test_the_cluster_driver_exits_2_on_a_job_that_cannot_run_so_ray_train_never_retries(
+    tiny_bert, tmp_path, monkeypatch, capsys
+):
+    import ray
+
+    from rocmtrain_train import __main__ as driver
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray must not start")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    cluster_job = job(
+        "too-long",
+        {
+            "model": {"source": str(tiny_bert), "maxSeqLength": 512},
+            "data": {"train": {"uri": str(EXAMPLES / "data" / "train.jsonl")}, "eval": None},
+            "volumes": [{"name": "runs", "emptyDir": {}}],
+            "volumeMounts": [{"name": "runs", "mountPath": str(tmp_path)}],
+            "checkpoint": {"storagePath": str(tmp_path / "runs")},
+        },
+    )
+    monkeypatch.setenv(JOB_ENV, cluster_job.model_dump_json(by_alias=True))
+    assert driver.main() == 2
+    assert "512 tokens do not fit the 128 positions" in capsys.readouterr().err
+
+
+def test_a_tokenizer_without_padding_or_end_of_sequence_token_is_refused(tiny_llama, tmp_path):
+    model = tmp_path / "no-eos"
+    shutil.copytree(tiny_llama, model)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.eos_token = None
+    tokenizer.save_pretrained(model)
+    bad = job("no-eos", {"model": {"source": str(model), "maxSeqLength": 64}})
+    with pytest.raises(ConfigError, match="the tokenizer has neither a padding nor an end-of-sequence token"):
+        preflight(settings(bad, tmp_path / "runs"))
+
+
+def test_a_model_type_without_a_classification_head_is_refused(tmp_path):
+    ViTConfig().save_pretrained(tmp_path / "vit")
+    bad = job("vit", {"model": {"source": str(tmp_path / "vit")}})
+    with pytest.raises(ConfigError, match="no sequence-classification head for model type 'vit'"):
+        preflight(settings(bad, tmp_path / "runs"))
+
+
+@pytest.mark.parametrize(
+    ("model_type", "positions", "pad", "limit"),
+    [("bert", 512, 0, 512), ("roberta", 514, 1, 512), ("gpt2", 1024, None, 1024)],
+)
+def test_position_limits(model_type, positions, pad, limit):
+    config = AutoConfig.for_model(model_type, max_position_embeddings=positions, pad_token_id=pad)
+    assert position_limit(config) == limit

@@ -61,6 +61,8 @@ _MINIMAL: dict[str, Any] = {
     "spec": {
         "model": {"source": "org/model", "numLabels": 2},
         "data": {"train": {"uri": "/data/train.jsonl"}},
+        # Not required by the schema, but by every cluster job (the CRD's CEL rule, validate_job).
+        "checkpoint": {"storagePath": "s3://checkpoints/minimal"},
     },
 }
 

@@ -15,6 +15,7 @@ import kuberay
 from rocmtrain import cli
 from rocmtrain.api import crd
 from rocmtrain.api.contract import DRIVER_MODULE
+from rocmtrain.api.models import STORAGE_REQUIRED
 from unit.edits import Edit, both, drop, put
 from unit.samples import EXAMPLES, example, full_job, minimal_job
 
@@ -64,6 +65,7 @@ def test_quickstart_is_a_local_job(capsys: pytest.CaptureFixture[str]) -> None:
         "absolute path on a mounted volume, an object-store URI or a hub id",
         f"{path}: spec.data.eval.uri: a ./relative path is only for `rocmtrain run`; a cluster job needs an "
         "absolute path on a mounted volume, an object-store URI or a hub id",
+        f"{path}: spec.checkpoint.storagePath: {STORAGE_REQUIRED}",
     ]
 
 

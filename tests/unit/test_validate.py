@@ -264,11 +264,22 @@ def test_relative_paths_are_for_local_runs_only() -> None:
     assert errors == []
     assert job is not None
     _, errors = validate_job(quickstart, context="cluster")
-    assert [e.path for e in errors] == ["spec.data.train.uri", "spec.data.eval.uri"]
+    assert [e.path for e in errors] == ["spec.data.train.uri", "spec.data.eval.uri", "spec.checkpoint.storagePath"]
     local_storage = example("quickstart.yaml")
     local_storage["spec"]["checkpoint"] = {"storagePath": "./runs/quickstart"}
     assert validate_job(local_storage, context="local")[1] == []
     assert [e.path for e in validate_job(local_storage)[1]][-1] == "spec.checkpoint.storagePath"
+
+
+def test_cluster_jobs_need_shared_checkpoint_storage_and_local_runs_do_not() -> None:
+    """Workers upload their own checkpoints from their pods: a cluster job names storage they all reach."""
+    manifest = minimal_job()
+    drop("spec.checkpoint")(manifest)
+    assert validate_job(manifest, context="local")[1] == []
+    (error,) = validate_job(manifest)[1]
+    assert error.path == "spec.checkpoint.storagePath"
+    for words in ("required for a cluster job", "s3://", "writable volume in spec.volumeMounts", "ReadWriteMany"):
+        assert words in error.message
 
 
 def test_relative_paths_still_may_not_escape() -> None:
@@ -497,6 +508,7 @@ CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
     ),
     ("spec.env[]", "!(has(self.value) && has(self.valueFrom))"): (put("spec.env[2].value", "v"), "spec.env[2]"),
     ("spec.volumes[]", VOLUME_RULE): (put("spec.volumes[0].secret", {"secretName": "s"}), "spec.volumes[0]"),
+    ("spec", "has(self.checkpoint.storagePath)"): (drop("spec.checkpoint.storagePath"), "spec.checkpoint.storagePath"),
     ("spec.lifecycle", "!has(self.ttlSecondsAfterFinished) || self.shutdownAfterJobFinishes"): (
         put("spec.lifecycle.shutdownAfterJobFinishes", False),
         "spec.lifecycle.ttlSecondsAfterFinished",

@@ -1,4 +1,11 @@
-"""Checkpoints: everything needed to continue a run exactly where it stopped, and the final model export."""
+"""Checkpoints: everything needed to continue a run where it stopped, and the final model export.
+
+Rank 0 writes the model, optimiser, gradient scaler and the position (`TrainState`, with the run's
+totals over all ranks); every rank writes its own random-number state (dropout), into the same
+directory (Ray Train merges the ranks' files into one checkpoint). A checkpoint of the same batch
+plan resumes exactly at its step; one written at another world size resumes by samples seen (see
+`plan`), with each rank's random numbers seeded from the seed, its rank and the step.
+"""
 
 from __future__ import annotations
 
@@ -17,66 +24,105 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 STATE_FILE = "train_state.pt"
+RNG_DIR = "rng"
 
 
 @dataclass
 class TrainState:
-    """Where training stands, and the running totals that outlive a restart."""
+    """Where training stands, and the running totals that outlive a restart.
+
+    The totals are this rank's while it trains; a checkpoint holds them summed over all ranks.
+    """
 
     epoch: int = 0
+    epoch_step: int = 0  # optimiser steps of `epoch` already done
+    epoch_samples: int = 0  # samples of `epoch` already trained on, over all ranks
     step: int = 0  # optimiser steps done in the whole run
-    batches_done: int = 0  # micro-batches of `epoch` already trained on
     samples: int = 0
     tokens: int = 0
+    padded_tokens: int = 0  # tokens including padding: what the model computed on
     train_seconds: float = 0.0
     eval_seconds: float = 0.0
     data_wait_seconds: float = 0.0
     last_eval: dict[str, float] = field(default_factory=dict)
     last_eval_step: int | None = None
 
+    TOTALS = ("samples", "tokens", "padded_tokens")
+
+    def share(self, rank: int, world_size: int) -> TrainState:
+        """This state with the run's totals split over `world_size` ranks (so that they add up again)."""
+        parts = {}
+        for name in self.TOTALS:
+            value = getattr(self, name)
+            parts[name] = value // world_size + (1 if rank < value % world_size else 0)
+        return dataclasses.replace(self, **parts)
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """The random-number state of this process: torch's CPU generator and, on GPUs, the device's."""
+    return {
+        "cpu": torch.get_rng_state(),
+        "device": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+    }
+
+
+def set_rng_state(saved: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(saved["cpu"])
+    if saved["device"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(saved["device"], device)
+
+
+def rng_seed(seed: int, rank: int, step: int) -> int:
+    """The dropout seed of a rank: distinct per rank, and per step where a run resumes at another world size."""
+    return (seed * 1_000_003 + rank * 7919 + step) % 2**63
+
 
 def save(
     directory: Path,
     *,
-    state: TrainState,
+    rank: int,
+    device: torch.device,
+    totals: TrainState | None,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
     scaler: torch.amp.GradScaler,
     run_id: str,
     world_size: int,
+    plan: str,
 ) -> None:
-    """Write a checkpoint (model, optimiser, scheduler, scaler, position, totals) into `directory`."""
+    """Write this rank's part of a checkpoint into `directory`; rank 0 passes the state with the run's totals."""
+    (directory / RNG_DIR).mkdir(parents=True, exist_ok=True)
+    torch.save(rng_state(device), directory / RNG_DIR / f"rank-{rank}.pt")
+    if rank != 0:
+        return
+    if totals is None:
+        raise ValueError("rank 0 writes the training state")
     torch.save(
         {
-            "state": dataclasses.asdict(state),
+            "state": dataclasses.asdict(totals),
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict(),
             "run_id": run_id,
             "world_size": world_size,
+            "plan": plan,
         },
         directory / STATE_FILE,
     )
 
 
-def load(directory: Path) -> dict[str, Any]:
-    """Read a checkpoint written by `save` (tensors on the CPU)."""
-    return torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
+def load(directory: Path, rank: int) -> dict[str, Any]:
+    """Read a checkpoint written by `save` (tensors on the CPU), with this rank's random-number state if saved."""
+    saved: dict[str, Any] = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
+    rng = directory / RNG_DIR / f"rank-{rank}.pt"
+    saved["rng"] = torch.load(rng, map_location="cpu", weights_only=True) if rng.is_file() else None
+    return saved
 
 
-def resumable(saved: dict[str, Any], *, resume: str, run_id: str, world_size: int) -> bool:
+def resumable(saved: dict[str, Any], *, resume: str, run_id: str) -> bool:
     """Whether to continue from a checkpoint: always within this run (a worker restart), and from an
-    earlier run's (a whole-job retry) unless `checkpoint.resume` is never."""
-    if resume == "never" and saved["run_id"] != run_id:
-        return False
-    if saved["world_size"] != world_size:
-        raise RuntimeError(
-            f"the checkpoint was written by {saved['world_size']} workers, this run has {world_size}; "
-            "use the same number of workers, or set checkpoint.resume: never"
-        )
-    return True
+    earlier run's (a whole-job retry, or a new job on the same storage) unless `checkpoint.resume` is never."""
+    return resume != "never" or saved["run_id"] == run_id
 
 
 def restore(
@@ -84,13 +130,11 @@ def restore(
     *,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
     scaler: torch.amp.GradScaler,
 ) -> TrainState:
-    """Load a checkpoint's tensors into the live objects and return its position."""
+    """Load a checkpoint's tensors into the live objects and return its state (totals over all ranks)."""
     model.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
-    scheduler.load_state_dict(saved["scheduler"])
     scaler.load_state_dict(saved["scaler"])
     return TrainState(**saved["state"])
 

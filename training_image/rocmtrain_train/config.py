@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rocmtrain.api.contract import JOB_ENV, RELATIVE_PREFIX
-from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.api.models import STORAGE_REQUIRED, RocmTrainingJob
 from rocmtrain.api.quantity import parse_quantity, whole_cpus
+from rocmtrain.api.ranks import RankLayout, rank_layout
 from rocmtrain.api.validate import validate_job
 
-# Where checkpoints go on a cluster when the spec names no storage path (the head's own disk).
-DEFAULT_CLUSTER_STORAGE = "/tmp/rocmtrain/runs"  # noqa: S108 - a fixed, documented location inside the image
+# Where the driver's logs go on a cluster when checkpoints go to an object store (the head's own disk).
+CLUSTER_LOG_ROOT = "/tmp/rocmtrain/runs"  # noqa: S108 - a fixed, documented location inside the image
 DEFAULT_LOCAL_STORAGE = "./runs"
 # Seconds between metric reports from the workers.
 DEFAULT_REPORT_INTERVAL_SECONDS = 10.0
@@ -36,14 +37,15 @@ class RunSettings:
     storage: str  # storage root: an absolute local path or an object-store URI
     log_dir: str  # local folder of main.log and rank-<k>.log
     use_gpu: bool
-    cpus_per_worker: float
+    cpus_per_worker: float  # CPUs of one worker pod (locally: this machine's share), split among its ranks
     run_id: str  # unique per driver start; `resume: never` only restores checkpoints of this run
     base_dir: str | None = None  # folder that `./` locations are relative to (local runs)
     report_interval_s: float = DEFAULT_REPORT_INTERVAL_SECONDS
+    run_name: str | None = None  # the run's folder under the storage; the job name unless set
 
     @property
     def name(self) -> str:
-        return self.job.metadata.name
+        return self.run_name or self.job.metadata.name
 
     @property
     def num_workers(self) -> int:
@@ -54,13 +56,23 @@ class RunSettings:
         return self.job.spec.resources.gpus_per_worker if self.use_gpu else 0
 
     @property
+    def layout(self) -> RankLayout:
+        """The ranks: one per GPU of each worker pod (one per pod on CPUs), each with its share of the CPUs."""
+        return rank_layout(self.num_workers, self.gpus_per_worker, self.cpus_per_worker)
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    @property
     def total_gpus(self) -> int:
         """GPUs this run uses: the job's (`ResourcesSpec.total_gpus`), or none when it trains on the CPU."""
-        return self.job.spec.resources.total_gpus if self.use_gpu else 0
+        return self.layout.total_gpus
 
     @property
     def torch_threads(self) -> int:
-        return whole_cpus(self.cpus_per_worker)
+        """Threads of each rank's thread pools: its whole CPUs."""
+        return whole_cpus(self.layout.cpus_per_rank)
 
     @property
     def run_path(self) -> str:
@@ -103,14 +115,20 @@ def job_from_env(environ: dict[str, str] | None = None) -> RocmTrainingJob:
 
 
 def cluster_settings(job: RocmTrainingJob, run_id: str) -> RunSettings:
-    """Settings of a run on a Ray cluster started by the operator (the RayJob's driver)."""
-    storage = job.spec.checkpoint.storage_path or DEFAULT_CLUSTER_STORAGE
+    """Settings of a run on a Ray cluster started by the operator (the RayJob's driver).
+
+    The storage path is required there (`rocmtrain.api.validate`): the workers upload their own
+    checkpoints from their pods, so only shared storage holds them all.
+    """
+    storage = job.spec.checkpoint.storage_path
+    if storage is None:
+        raise ConfigError(f"spec.checkpoint.storagePath: {STORAGE_REQUIRED}")
     name = job.metadata.name
     local_storage = storage.startswith("/")
     return RunSettings(
         job=job,
         storage=storage,
-        log_dir=join_location(storage if local_storage else DEFAULT_CLUSTER_STORAGE, name, "logs"),
+        log_dir=join_location(storage if local_storage else CLUSTER_LOG_ROOT, name, "logs"),
         use_gpu=job.spec.resources.gpus_per_worker > 0,
         cpus_per_worker=float(parse_quantity(job.spec.resources.cpus_per_worker)),
         run_id=run_id,
@@ -127,7 +145,7 @@ def local_settings(
     cpu_count: int = 1,
     report_interval_s: float = DEFAULT_REPORT_INTERVAL_SECONDS,
 ) -> RunSettings:
-    """Settings of `rocmtrain run`: this machine's CPUs are shared out among the workers.
+    """Settings of `rocmtrain run`: this machine's CPUs are shared out among the ranks.
 
     Storage: `storage` (relative to the current folder), else the spec's storagePath (`./` relative to
     the job file), else `./runs`.
@@ -139,13 +157,16 @@ def local_settings(
         root = resolve_relative(job.spec.checkpoint.storage_path, job_dir)
     else:
         root = str(Path(DEFAULT_LOCAL_STORAGE).resolve())
-    cpus = max(1, min(whole_cpus(resources.cpus_per_worker), cpu_count // resources.workers))
+    use_gpu = resources.gpus_per_worker > 0 and not force_cpu
+    ranks_per_pod = resources.gpus_per_worker if use_gpu else 1
+    machine_share = cpu_count // (resources.workers * ranks_per_pod)
+    cpus = ranks_per_pod * max(1, min(whole_cpus(resources.cpus_per_worker) // ranks_per_pod, machine_share))
     log_root = root if root.startswith("/") else str(Path(DEFAULT_LOCAL_STORAGE).resolve())
     return RunSettings(
         job=job,
         storage=root,
         log_dir=join_location(log_root, job.metadata.name, "logs"),
-        use_gpu=resources.gpus_per_worker > 0 and not force_cpu,
+        use_gpu=use_gpu,
         cpus_per_worker=float(cpus),
         run_id=run_id,
         base_dir=job_dir,

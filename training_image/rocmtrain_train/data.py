@@ -1,25 +1,26 @@
-"""Records: reading JSONL, CSV or Parquet from a path, an object store or the hub; sharding; batching.
+"""Records: reading JSONL, CSV or Parquet from a path, an object store or the hub.
 
-Sharding: the records are shuffled once with `data.shuffleSeed`, cut to `maxSamples`, and worker k
-takes every W-th record starting at k. Training shards are padded to the same length by repeating
-records from the start of the shard (at most one per worker, as torch's DistributedSampler does), so
-every worker runs the same number of micro-batches and optimiser steps and DDP never waits on a
-worker that has run out of data. Evaluation shards are not padded: their metrics are all-reduced sums.
+A data source is read into an Arrow table of just the fields the job names (`text`, `pair`,
+`label`), columnar and compact; only the rows a rank trains on become Python strings
+(`records`). The records are shuffled once with `data.shuffleSeed` and cut to `maxSamples`
+(`sample_order`); which rank trains on which of them is `plan`'s business.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.fs as pafs
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
-import torch
 
 from rocmtrain.api.contract import HUB_SCHEME
 from rocmtrain.api.models import DataSource, DataSpec, ModelSpec
@@ -37,39 +38,8 @@ from rocmtrain_train.storage import (
 FORMAT_EXTENSIONS = {"jsonl": (".jsonl", ".json", ".ndjson"), "csv": (".csv",), "parquet": (".parquet", ".pq")}
 # The hub's automatic Parquet conversion of data sets stored in other formats.
 HUB_PARQUET_REVISION = "@refs%2Fconvert%2Fparquet"
-# Length-grouped batching sorts this many batches' worth of records at a time.
-GROUP_BATCHES = 50
-
-
-@dataclass(frozen=True)
-class Records:
-    """Texts (and optional second texts) with their labels."""
-
-    texts: list[str]
-    pairs: list[str] | None
-    labels: list[int] | list[float]
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    def take(self, indices: list[int]) -> Records:
-        return Records(
-            texts=[self.texts[i] for i in indices],
-            pairs=None if self.pairs is None else [self.pairs[i] for i in indices],
-            labels=[self.labels[i] for i in indices],
-        )
-
-
-@dataclass(frozen=True)
-class Encoded:
-    """Tokenised records, unpadded."""
-
-    features: dict[str, list[list[int]]]  # input_ids and, where the tokenizer makes them, token_type_ids
-    labels: list[int] | list[float]
-
-    @property
-    def lengths(self) -> list[int]:
-        return [len(ids) for ids in self.features["input_ids"]]
+# Column names of a read table, whatever the job's field names are.
+TEXT, PAIR, LABEL = "text", "pair", "label"
 
 
 # --- finding and reading files -------------------------------------------------------
@@ -151,11 +121,14 @@ def source_files(
     return fs, chosen, fmt
 
 
-def _read_file(fs: pafs.FileSystem, path: str, fmt: str) -> pa.Table:
+def _read_file(fs: pafs.FileSystem, path: str, fmt: str, columns: list[str]) -> pa.Table:
+    """One file; of Parquet only the named columns are read (JSON lines and CSV have no such index)."""
     try:
         with fs.open_input_file(path) as f:
             if fmt == "parquet":
-                return pq.read_table(f)
+                parquet = pq.ParquetFile(f)
+                present = set(parquet.schema_arrow.names)
+                return parquet.read(columns=columns if present >= set(columns) else None)
             if fmt == "csv":
                 return pacsv.read_csv(f)
             return pajson.read_json(f)
@@ -163,13 +136,18 @@ def _read_file(fs: pafs.FileSystem, path: str, fmt: str) -> pa.Table:
         raise ConfigError(f"cannot read {path} as {fmt}: {exc}") from exc
 
 
-def _column(table: pa.Table, field: str, where: str) -> list:
+def _column(table: pa.Table, field: str, where: str) -> pa.ChunkedArray:
     if field not in table.column_names:
         raise ConfigError(f"{where}: no field {field!r} (fields: {', '.join(table.column_names)})")
-    values = table.column(field).to_pylist()
-    if (missing := next((i for i, v in enumerate(values) if v is None), None)) is not None:
+    values = table.column(field)
+    if values.null_count:
+        missing = next(i for i, v in enumerate(values.is_null().to_pylist()) if v)
         raise ConfigError(f"{where}: record {missing} has no value for {field!r}")
     return values
+
+
+def _as_text(values: pa.ChunkedArray) -> pa.ChunkedArray:
+    return values if pa.types.is_string(values.type) else pc.cast(values, pa.string())
 
 
 def check_labels(labels: list, model: ModelSpec, where: str) -> None:
@@ -188,6 +166,90 @@ def check_labels(labels: list, model: ModelSpec, where: str) -> None:
             raise ConfigError(f"{where}: record {i}: label {label} out of range 0..{last}")
 
 
+def read_table(
+    source: DataSource,
+    data: DataSpec,
+    model: ModelSpec,
+    base_dir: str | None,
+    *,
+    object_store: ObjectStoreFactory = object_store_filesystem,
+    hub: HubFactory = hub_filesystem,
+    check: bool = True,
+) -> pa.Table:
+    """The records of a source as a table of `text`, (`pair`,) `label`: the fields exist and have values;
+    with `check`, every label fits the task too (the driver's pre-flight; workers check their own rows)."""
+    fs, files, fmt = source_files(source, base_dir, object_store=object_store, hub=hub)
+    fields = {TEXT: data.text_field, LABEL: data.label_field}
+    if data.text_pair_field:
+        fields[PAIR] = data.text_pair_field
+    tables = []
+    for path in files:
+        if describe(fs, path).size == 0:
+            continue
+        table = _read_file(fs, path, fmt, list(fields.values()))
+        where = f"{source.uri} ({PurePosixPath(path).name})" if len(files) > 1 else source.uri
+        columns = {name: _column(table, field, where) for name, field in fields.items()}
+        if check:
+            check_labels(columns[LABEL].to_pylist(), model, where)
+        for name in (TEXT, PAIR):
+            if name in columns:
+                columns[name] = _as_text(columns[name])
+        tables.append(pa.table(columns))
+    if not tables or not sum(t.num_rows for t in tables):
+        raise ConfigError(f"{source.uri}: no records")
+    return pa.concat_tables(tables)
+
+
+def fingerprint(
+    source: DataSource,
+    data: DataSpec,
+    base_dir: str | None,
+    *,
+    object_store: ObjectStoreFactory = object_store_filesystem,
+    hub: HubFactory = hub_filesystem,
+) -> dict[str, object]:
+    """What a source's records depend on: its files with their sizes and modification times, and the fields."""
+    fs, files, fmt = source_files(source, base_dir, object_store=object_store, hub=hub)
+    described = []
+    for path in files:
+        info = describe(fs, path)
+        described.append([path, info.size, info.mtime_ns])
+    fields = [data.text_field, data.text_pair_field, data.label_field]
+    return {"uri": source.uri, "format": fmt, "files": described, "fields": fields}
+
+
+def text_lengths(table: pa.Table) -> np.ndarray:
+    """Characters per record (text and pair): a cheap stand-in for token counts when grouping by length."""
+    lengths = pc.utf8_length(table.column(TEXT)).to_numpy()
+    if PAIR in table.column_names:
+        lengths = lengths + pc.utf8_length(table.column(PAIR)).to_numpy()
+    return lengths.astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Records:
+    """Texts (and optional second texts) with their labels."""
+
+    texts: list[str]
+    pairs: list[str] | None
+    labels: list[int] | list[float]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def records(table: pa.Table, rows: Sequence[int], model: ModelSpec, where: str) -> Records:
+    """The given rows of a table as Python values (only these are decoded); their labels are checked."""
+    taken = table.take(pa.array(rows, type=pa.int64()))
+    labels = taken.column(LABEL).to_pylist()
+    check_labels(labels, model, where)
+    pairs = taken.column(PAIR).to_pylist() if PAIR in taken.column_names else None
+    texts = taken.column(TEXT).to_pylist()
+    if model.task == "regression":
+        return Records(texts, pairs, [float(v) for v in labels])
+    return Records(texts, pairs, [int(v) for v in labels])
+
+
 def read_records(
     source: DataSource,
     data: DataSpec,
@@ -198,29 +260,8 @@ def read_records(
     hub: HubFactory = hub_filesystem,
 ) -> Records:
     """Every record of a source, checked: the fields exist, no value is missing, labels fit the task."""
-    fs, files, fmt = source_files(source, base_dir, object_store=object_store, hub=hub)
-    texts: list[str] = []
-    pairs: list[str] | None = [] if data.text_pair_field else None
-    labels: list = []
-    for path in files:
-        if describe(fs, path).size == 0:
-            continue
-        table = _read_file(fs, path, fmt)
-        where = f"{source.uri} ({PurePosixPath(path).name})" if len(files) > 1 else source.uri
-        texts += [str(t) for t in _column(table, data.text_field, where)]
-        if pairs is not None and data.text_pair_field:
-            pairs += [str(t) for t in _column(table, data.text_pair_field, where)]
-        file_labels = _column(table, data.label_field, where)
-        check_labels(file_labels, model, where)
-        labels += file_labels
-    if not texts:
-        raise ConfigError(f"{source.uri}: no records")
-    if model.task == "regression":
-        return Records(texts, pairs, [float(v) for v in labels])
-    return Records(texts, pairs, [int(v) for v in labels])
-
-
-# --- sampling and sharding -------------------------------------------------------------
+    table = read_table(source, data, model, base_dir, object_store=object_store, hub=hub)
+    return records(table, range(table.num_rows), model, source.uri)
 
 
 def sample_order(count: int, seed: int, max_samples: int | None) -> list[int]:
@@ -228,61 +269,3 @@ def sample_order(count: int, seed: int, max_samples: int | None) -> list[int]:
     order = list(range(count))
     random.Random(seed).shuffle(order)  # noqa: S311 - reproducible shuffling, not cryptography
     return order[:max_samples]
-
-
-def shard(order: list[int], rank: int, world_size: int, *, pad: bool) -> list[int]:
-    """Worker `rank`'s records: every `world_size`-th index; padded to equal length when `pad`."""
-    own = order[rank::world_size]
-    if pad:
-        own += own[: math.ceil(len(order) / world_size) - len(own)]
-    return own
-
-
-# --- tokenising and batching -------------------------------------------------------------
-
-
-def encode(tokenizer: object, records: Records, max_length: int) -> Encoded:
-    """Tokenise without padding; texts longer than `max_length` tokens are truncated."""
-    out = tokenizer(records.texts, records.pairs, truncation=True, max_length=max_length)  # type: ignore[operator]
-    features = {k: out[k] for k in ("input_ids", "token_type_ids") if k in out}
-    return Encoded(features=features, labels=records.labels)
-
-
-def length_grouped_batches(lengths: list[int], batch_size: int, seed: str) -> list[list[int]]:
-    """Batches of similar length: shuffle, sort within groups of GROUP_BATCHES batches, shuffle the batches.
-
-    Yields ceil(len(lengths) / batch_size) batches, so equal shards give equal batch counts.
-    """
-    rng = random.Random(seed)  # noqa: S311 - reproducible shuffling, not cryptography
-    order = list(range(len(lengths)))
-    rng.shuffle(order)
-    span = batch_size * GROUP_BATCHES
-    batches = []
-    for start in range(0, len(order), span):
-        group = sorted(order[start : start + span], key=lambda i: lengths[i], reverse=True)
-        batches += [group[j : j + batch_size] for j in range(0, len(group), batch_size)]
-    rng.shuffle(batches)
-    return batches
-
-
-def sorted_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
-    """Batches in length order (evaluation: least padding, no shuffling needed)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    return [order[j : j + batch_size] for j in range(0, len(order), batch_size)]
-
-
-def collate(
-    encoded: Encoded, indices: list[int], pad_id: int, *, regression: bool, multiple_of: int = 1
-) -> dict[str, torch.Tensor]:
-    """Pad a batch to its longest member (rounded up to `multiple_of`)."""
-    longest = max(len(encoded.features["input_ids"][i]) for i in indices)
-    width = -(-longest // multiple_of) * multiple_of
-    batch = {}
-    for name, rows in encoded.features.items():
-        fill = pad_id if name == "input_ids" else 0
-        batch[name] = torch.tensor([rows[i] + [fill] * (width - len(rows[i])) for i in indices], dtype=torch.long)
-    lengths = torch.tensor([len(encoded.features["input_ids"][i]) for i in indices])
-    batch["attention_mask"] = (torch.arange(width)[None, :] < lengths[:, None]).long()
-    labels = [encoded.labels[i] for i in indices]
-    batch["labels"] = torch.tensor(labels, dtype=torch.float32 if regression else torch.long)
-    return batch

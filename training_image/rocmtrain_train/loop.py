@@ -1,10 +1,15 @@
-"""The per-worker training function that Ray Train runs under DDP: a small step loop over a built `Worker`.
+"""The per-rank training function that Ray Train runs under DDP: a step loop over a built `Worker`.
 
-`worker.build_worker` sets everything up (model, data shard, optimiser, checkpoint
-restore); `TrainLoop` then trains with gradient accumulation and (on GPUs) autocast.
-All workers run the same number of micro-batches and reach every `ray.train.report`
-together: evaluations and checkpoints happen at fixed steps, and the time-based metric
-reports are agreed on with a one-element all-reduce. Each report is a `RankReport`.
+`worker.build_worker` sets everything up (model, batch plan, tokenised records, optimiser,
+checkpoint restore); `TrainLoop` then trains with gradient accumulation and (on GPUs) autocast.
+
+No step waits for the device or for the other ranks beyond DDP's own gradient all-reduce: the
+loss is summed on the device, batches are padded and pinned ahead on a thread (`prefetch`), and
+the ranks agree on the step of the next report at the previous report, which is a sync point
+anyway (one small all-reduce there, none per step). Every rank runs the same steps, so all reach
+each `ray.train.report` together: reports fall on the agreed steps, evaluations and checkpoints
+on fixed ones. At a report the device is synchronised first, so the interval's time includes all
+the GPU work of its steps. Each report is a `RankReport`; checkpoints upload asynchronously.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -19,17 +25,48 @@ from typing import Any
 import ray.train
 import torch
 import torch.distributed as dist
+from ray.train import CheckpointUploadMode
 
 from rocmtrain_train import checkpoint
-from rocmtrain_train.data import collate, length_grouped_batches, sorted_batches
 from rocmtrain_train.evaluate import evaluate
-from rocmtrain_train.metrics import ResourceSampler
+from rocmtrain_train.metrics import ResourceSampler, utilization_sampler
+from rocmtrain_train.plan import micro_batches, sorted_batches
+from rocmtrain_train.prefetch import Prefetcher
 from rocmtrain_train.rank_report import Evaluation, RankReport
+from rocmtrain_train.tokens import collate
 from rocmtrain_train.worker import Worker, build_worker
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait until the device has finished the work queued so far."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def agree(value: int, device: torch.device) -> int:
+    """The smallest of every rank's `value` (the one collective of a report, none per step)."""
+    if not dist.is_initialized():
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return int(tensor.item())
+
+
+def sum_over_ranks(values: list[int], device: torch.device) -> list[int]:
+    if not dist.is_initialized():
+        return values
+    tensor = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return [int(v) for v in tensor.tolist()]
+
+
+def steps_until_report(steps: int, seconds: float, interval_s: float) -> int:
+    """Steps that take about `interval_s` at the pace of the last interval (`steps` in `seconds`), at least one."""
+    return max(1, int(interval_s * steps / seconds)) if seconds > 0 else 1
+
+
 class Interval:
-    """Training counters since the last report."""
+    """Training counters since the last report; the loss stays on the device until the report reads it."""
 
     def __init__(self, device: torch.device) -> None:
         self._device = device
@@ -37,101 +74,112 @@ class Interval:
 
     def reset(self) -> None:
         self.loss_sum = torch.zeros((), device=self._device)
+        self.steps = 0
         self.samples = 0
         self.tokens = 0
-        self.train_seconds = 0.0
         self.data_wait = 0.0
         self.started = time.perf_counter()
+        self.train_seconds = 0.0
+
+    def close(self) -> float:
+        """End the interval's training time (after synchronising the device); return it."""
+        self.train_seconds = time.perf_counter() - self.started
+        return self.train_seconds
 
     def mean_loss(self) -> float | None:
         return float(self.loss_sum.item()) / self.samples if self.samples else None
 
 
-def report_due(started: float, interval_s: float, device: torch.device) -> bool:
-    """Whether the report interval has passed on any worker (all workers get the same answer)."""
-    due = time.perf_counter() - started >= interval_s
-    if not dist.is_initialized():
-        return due
-    flag = torch.tensor([1.0 if due else 0.0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
-
-
 class TrainLoop:
-    """Runs a worker's optimiser steps, evaluations, checkpoints and reports."""
+    """Runs a rank's optimiser steps, evaluations, checkpoints and reports."""
 
     def __init__(self, worker: Worker) -> None:
         self.w = worker
         self.spec = worker.settings.job.spec
-        self.train_lengths = worker.train_data.lengths  # tokens per record, computed once
-        self.sampler = ResourceSampler(worker.device)
+        self.sampler = ResourceSampler(worker.device, utilization_sampler(worker.device))
         self.interval = Interval(worker.device)
+        self.next_report = worker.state.step + 1  # the first report comes after one step
 
     def run(self) -> None:
         """Train every remaining epoch from where the worker's state stands, then finish."""
+        try:
+            self._train()
+            self._finish()
+        finally:
+            self.sampler.close()
+
+    def _micro_batches(self, epoch: int) -> list[tuple[int, list[list[int]]]]:
+        """The rest of an epoch: each step's index and this rank's micro-batches (rows of its records)."""
+        w, training = self.w, self.spec.training
+        plan, position, lengths = w.train.plan, w.train.position, w.train.encoded.lengths
+        out = []
+        for step in plan.epoch_order(training.seed, epoch)[w.state.epoch_step :]:
+            rows = [position[record] for record in plan.portion(step, w.rank)]
+            out.append((step, micro_batches(rows, lengths, training.batch_size_per_worker)))
+        return out
+
+    def _train(self) -> None:
         w, training, every = self.w, self.spec.training, self.spec.checkpoint.every_steps
-        state = w.state
+        state, plan = w.state, w.train.plan
         for epoch in range(state.epoch, training.epochs):
-            batches = length_grouped_batches(
-                self.train_lengths, training.batch_size_per_worker, seed=f"{training.seed}:{epoch}"
-            )
-            accumulate = training.gradient_accumulation_steps
-            for start in range(state.batches_done, len(batches), accumulate):
-                began = time.perf_counter()
-                group = batches[start : start + accumulate]
-                self._step(group)
-                spent = time.perf_counter() - began
-                state.train_seconds += spent
-                self.interval.train_seconds += spent
-                state.step += 1
-                state.batches_done = start + len(group)
-                epoch_end = state.batches_done == len(batches)
-                evaluated = self._evaluate() if self._evaluation_due(epoch_end) else None
-                if epoch_end:
-                    state.epoch, state.batches_done = epoch + 1, 0
-                    w.log.info("epoch %d finished at step %d", epoch + 1, state.step)
-                save = epoch_end or bool(every and state.step % every == 0)
-                if save or evaluated or report_due(self.interval.started, w.settings.report_interval_s, w.device):
-                    self._report(evaluated or {}, save=save, epoch_end=epoch_end)
-        self._finish()
+            steps = self._micro_batches(epoch)
+            batches = Prefetcher(self._collate, (micro for _, group in steps for micro in group))
+            try:
+                feed = iter(batches)
+                for step, group in steps:
+                    self._step(group, feed)
+                    state.step += 1
+                    state.epoch_step += 1
+                    state.epoch_samples += len(plan.steps[step])
+                    epoch_end = state.epoch_step == len(plan.steps)
+                    if epoch_end:
+                        state.epoch, state.epoch_step, state.epoch_samples = epoch + 1, 0, 0
+                        w.log.info("epoch %d finished at step %d", epoch + 1, state.step)
+                    evaluate = self._evaluation_due(epoch_end)
+                    save = epoch_end or bool(every and state.step % every == 0)
+                    if save or evaluate or state.step >= self.next_report:
+                        self._report(evaluate=evaluate, save=save, epoch_end=epoch_end)
+            finally:
+                batches.close()
 
     def _evaluation_due(self, epoch_end: bool) -> bool:
+        """Whether to evaluate now; the same on every rank (a rank without eval records joins the all-reduce)."""
         every = self.spec.training.eval_every_steps
-        if self.w.eval_data is None:
+        if self.spec.data.eval is None:
             return False
         return bool(every and self.w.state.step % every == 0) if every else epoch_end
 
-    def _batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
+    def _collate(self, rows: list[int]) -> dict[str, torch.Tensor]:
         w = self.w
-        batch = collate(
-            w.train_data,
-            indices,
-            w.tokenizer.pad_token_id,
-            regression=self.spec.model.task == "regression",
-            multiple_of=w.pad_multiple,
-        )
-        return {k: v.to(w.device, non_blocking=True) for k, v in batch.items()}
+        return collate(w.train.encoded, rows, w.tokenizer.pad_token_id, multiple_of=w.pad_multiple, pin=w.pin_memory)
 
-    def _step(self, group: list[list[int]]) -> None:
-        """One optimiser step over a group of micro-batches; gradients sync on the last one only."""
+    def _step(self, group: list[list[int]], feed: Iterator[dict[str, torch.Tensor]]) -> None:
+        """One optimiser step over this rank's micro-batches; gradients sync on the last one only.
+
+        Each micro-batch's mean loss is weighted by its share of the step's records, so the gradient
+        is that of the mean over the whole step, however the records are split.
+        """
         w, state, interval = self.w, self.w.state, self.interval
-        for i, indices in enumerate(group):
+        lengths = w.train.encoded.lengths
+        records = sum(len(rows) for rows in group)
+        for i, rows in enumerate(group):
             waited = time.perf_counter()
-            batch = self._batch(indices)
+            batch = {k: v.to(w.device, non_blocking=True) for k, v in next(feed).items()}
             waited = time.perf_counter() - waited
-            tokens = sum(self.train_lengths[j] for j in indices)
             interval.data_wait += waited
             state.data_wait_seconds += waited
             last = i == len(group) - 1
             with nullcontext() if last or w.ddp is None else w.ddp.no_sync():
                 with w.autocast():
                     loss = (w.ddp or w.model)(**batch).loss
-                w.scaler.scale(loss / len(group)).backward()
-            interval.loss_sum += loss.detach().float() * len(indices)
-            interval.samples += len(indices)
+                w.scaler.scale(loss * (len(rows) / records)).backward()
+            interval.loss_sum += loss.detach().float() * len(rows)
+            tokens = int(lengths[rows].sum())
+            interval.samples += len(rows)
             interval.tokens += tokens
-            state.samples += len(indices)
+            state.samples += len(rows)
             state.tokens += tokens
+            state.padded_tokens += batch["input_ids"].numel()
         max_norm = self.spec.training.max_grad_norm
         if max_norm > 0:
             w.scaler.unscale_(w.optimizer)
@@ -140,18 +188,20 @@ class TrainLoop:
         w.scaler.update()
         w.scheduler.step()
         w.optimizer.zero_grad(set_to_none=True)
+        interval.steps += 1
 
     def _evaluate(self) -> Evaluation:
         """Evaluate on the eval shards (all ranks together); record the result in the state."""
         w, data = self.w, self.w.eval_data
-        if data is None:
-            return {}
         started = time.perf_counter()
         batch_size = 2 * self.spec.training.batch_size_per_worker
-        regression = self.spec.model.task == "regression"
         batches = (
-            collate(data, b, w.tokenizer.pad_token_id, regression=regression, multiple_of=w.pad_multiple)
-            for b in sorted_batches(data.lengths, batch_size)
+            []
+            if data is None
+            else (
+                collate(data, rows, w.tokenizer.pad_token_id, multiple_of=w.pad_multiple)
+                for rows in sorted_batches(data.lengths, batch_size)
+            )
         )
         result = evaluate(w.model, batches, self.spec.model, w.device, w.autocast)
         w.state.eval_seconds += time.perf_counter() - started
@@ -167,10 +217,11 @@ class TrainLoop:
             world_size=w.world_size,
             step=state.step,
             total_steps=w.total_steps,
-            epoch=state.epoch + state.batches_done / w.micro_batches,
+            epoch=state.epoch + state.epoch_step / len(w.train.plan.steps),
             learning_rate=float(w.scheduler.get_last_lr()[0]),
             samples=state.samples,
             tokens=state.tokens,
+            padded_tokens=state.padded_tokens,
             train_seconds=state.train_seconds,
             eval_seconds=state.eval_seconds,
             data_wait_seconds=state.data_wait_seconds,
@@ -185,39 +236,67 @@ class TrainLoop:
             **flags,
         )
 
-    def _report(self, evaluated: Evaluation, *, save: bool, **flags: Any) -> None:
-        """Report this rank's `RankReport` (all ranks call this together); rank 0 attaches the checkpoint."""
+    def _checkpoint(self) -> ray.train.Checkpoint:
+        """This rank's part of a checkpoint, in a folder Ray Train deletes once it has uploaded it."""
         w = self.w
-        report = self._rank_report(evaluated, **flags)
+        totals: dict[str, Any] = dict(
+            zip(w.state.TOTALS, sum_over_ranks([getattr(w.state, n) for n in w.state.TOTALS], w.device), strict=True)
+        )
+        directory = Path(tempfile.mkdtemp(prefix="rocmtrain-checkpoint-"))
+        checkpoint.save(
+            directory,
+            rank=w.rank,
+            device=w.device,
+            totals=dataclasses.replace(w.state, **totals),
+            model=w.model,
+            optimizer=w.optimizer,
+            scaler=w.scaler,
+            run_id=w.settings.run_id,
+            world_size=w.world_size,
+            plan=w.train.plan.digest,
+        )
+        return ray.train.Checkpoint.from_directory(directory)
+
+    def _report(
+        self, *, evaluate: bool = False, save: bool = False, carried: Evaluation | None = None, **flags: Any
+    ) -> None:
+        """End the interval, evaluate if due, agree on the next report, and report (all ranks together).
+
+        Without a new evaluation the report carries `carried` (the final report: the last evaluation).
+        """
+        w, state, interval = self.w, self.w.state, self.interval
+        synchronize(w.device)
+        state.train_seconds += interval.close()
+        evaluated = self._evaluate() if evaluate else {}
+        proposal = steps_until_report(interval.steps, interval.train_seconds, w.settings.report_interval_s)
+        self.next_report = agree(state.step + proposal, w.device)
+        report = self._rank_report(evaluated or carried or {}, **flags)
         w.log.info("step %d/%d epoch %.2f: %s", report.step, w.total_steps, report.epoch, _format(report.to_metrics()))
-        with tempfile.TemporaryDirectory() as directory:
-            found = None
-            if save and w.rank == 0:
-                checkpoint.save(
-                    Path(directory),
-                    state=w.state,
-                    model=w.model,
-                    optimizer=w.optimizer,
-                    scheduler=w.scheduler,
-                    scaler=w.scaler,
-                    run_id=w.settings.run_id,
-                    world_size=w.world_size,
-                )
-                found = ray.train.Checkpoint.from_directory(directory)
-            ray.train.report(report.to_metrics(), checkpoint=found)
-        self.interval.reset()
+        found = self._checkpoint() if save else None
+        ray.train.report(report.to_metrics(), checkpoint=found, checkpoint_upload_mode=CheckpointUploadMode.ASYNC)
+        interval.reset()
 
     def _finish(self) -> None:
         """Evaluate the final model if that has not happened yet, export it, and send the final report."""
         w = self.w
-        evaluated: Evaluation = {}
-        if w.eval_data is not None and w.state.last_eval_step != w.state.step:
-            evaluated = self._evaluate()
+        evaluate = self.spec.data.eval is not None and w.state.last_eval_step != w.state.step
         output = w.settings.model_output
         if w.rank == 0:
             checkpoint.export_model(w.model, w.tokenizer, output)
             w.log.info("model saved to %s", output)
-        self._report(evaluated or w.state.last_eval, save=False, final=True, model_path=output)
+        self._report(
+            evaluate=evaluate,
+            carried=w.state.last_eval,
+            final=True,
+            model_path=output,
+            weights_checksum=weights_checksum(w.model),
+        )
+
+
+def weights_checksum(model: torch.nn.Module) -> float:
+    """The sum of every weight, in float64: equal on every rank exactly when DDP kept the ranks in step."""
+    with torch.no_grad():
+        return float(sum(p.detach().double().sum() for p in model.parameters()).item())  # type: ignore[union-attr]
 
 
 def _format(values: dict[str, Any]) -> str:

@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import math
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
 
 from rocmtrain.api.contract import HUB_SCHEME, is_local, is_object_store
-from rocmtrain.api.models import ModelSpec
+from rocmtrain.api.models import ModelSpec, TrainingSpec
 from rocmtrain_train.config import ConfigError
 from rocmtrain_train.storage import ObjectStoreFactory, describe, filesystem, object_store_filesystem
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedModel
 
 # Hub models that an installed Python package ships for offline use: hub id -> (package, folder in it).
@@ -119,17 +122,105 @@ def resolve_model(
     return packaged_model(hub_id) or _hub_model(hub_id, download=download)
 
 
-def load_model(path: Path, spec: ModelSpec) -> tuple[PreTrainedModel, Any]:
-    """The tokenizer and a sequence-classification (or regression) model with a fresh head."""
+# Models that number positions after the padding index (RoBERTa's scheme): of their
+# max_position_embeddings, pad_token_id + 1 are not usable for tokens.
+POSITIONS_AFTER_PADDING = frozenset(
+    {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mpnet", "longformer", "data2vec-text", "xmod", "ibert"}
+)
+
+
+def position_limit(config: Any) -> int | None:
+    """The longest input the model's position embeddings cover, where the config says."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if not isinstance(limit, int):
+        return None
+    if config.model_type in POSITIONS_AFTER_PADDING:
+        limit -= (config.pad_token_id or 0) + 1
+    return limit
+
+
+def classifier_class(config: Any, name: str) -> Any:
+    """The sequence-classification model class transformers has for this config."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING
+
+    try:
+        return MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING[type(config)]
+    except KeyError:
+        raise ConfigError(
+            f"model {name}: transformers has no sequence-classification head for model type {config.model_type!r}"
+        ) from None
+
+
+def set_pad_token(tokenizer: Any, name: str) -> None:
+    """Give a tokenizer without a padding token (GPT-2, Llama, Qwen) its end-of-sequence token as padding."""
+    if tokenizer.pad_token_id is not None:
+        return
+    if tokenizer.eos_token_id is None:
+        raise ConfigError(f"model {name}: the tokenizer has neither a padding nor an end-of-sequence token")
+    tokenizer.pad_token = tokenizer.eos_token
+
+
+def check_model_files(path: Path, spec: ModelSpec, training: TrainingSpec) -> None:
+    """The model's config and tokenizer load and fit the job (before any worker loads the weights)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    name = spec.source
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"model {name}: cannot load its config: {exc}") from exc
+    model_class = classifier_class(config, name)
+    if training.attention_implementation == "sdpa" and not model_class._supports_sdpa:
+        raise ConfigError(
+            f"spec.training.attentionImplementation: {model_class.__name__} has no SDPA attention; set eager"
+        )
+    if training.gradient_checkpointing and not model_class.supports_gradient_checkpointing:
+        raise ConfigError(f"spec.training.gradientCheckpointing: {model_class.__name__} does not support it")
+    limit = position_limit(config)
+    if limit is not None and spec.max_seq_length > limit:
+        raise ConfigError(
+            f"spec.model.maxSeqLength: {spec.max_seq_length} tokens do not fit the {limit} positions of "
+            f"model {name} (max_position_embeddings); set maxSeqLength to at most {limit}"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ConfigError(f"model {name}: cannot load its tokenizer: {exc}") from exc
+    set_pad_token(tokenizer, name)
+
+
+def compile_model(model: torch.nn.Module, max_length: int, bucket: int, backend: str | Callable = "inductor") -> None:
+    """torch.compile the model in place (its state dict keeps its names), one graph per batch shape.
+
+    Batches are padded to multiples of `bucket` tokens, so there are at most `max_length / bucket`
+    lengths, times a few batch sizes (full, the last of an epoch, evaluation) and train/eval mode;
+    dynamo's recompile limit is raised to hold them all instead of falling back to eager.
+    """
+    import torch._dynamo
+
+    shapes = 8 * math.ceil(max_length / bucket)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes)
+    model.compile(backend=backend, dynamic=False)
+
+
+def load_model(path: Path, spec: ModelSpec, training: TrainingSpec) -> tuple[PreTrainedModel, Any]:
+    """The tokenizer and a sequence-classification (or regression) model with a fresh head.
+
+    Attention runs on the kernels `training.attentionImplementation` names; with
+    `training.gradientCheckpointing`, activations are recomputed in the backward pass.
+    """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
+    set_pad_token(tokenizer, spec.source)
     if spec.task == "regression":
         kwargs = {"num_labels": 1, "problem_type": "regression"}
     else:
         kwargs = {"num_labels": spec.num_labels, "problem_type": "single_label_classification"}
-    model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
-    if tokenizer.pad_token_id is None:
-        raise ConfigError(f"the tokenizer of {path.name} has no padding token")
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path, attn_implementation=training.attention_implementation, **kwargs
+    )
     model.config.pad_token_id = tokenizer.pad_token_id
+    if training.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model, tokenizer

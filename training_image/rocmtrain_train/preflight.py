@@ -7,8 +7,8 @@ from pathlib import Path
 
 from rocmtrain.api.contract import is_local
 from rocmtrain_train.config import ConfigError, RunSettings
-from rocmtrain_train.data import read_records
-from rocmtrain_train.model import resolve_model
+from rocmtrain_train.data import read_table
+from rocmtrain_train.model import check_model_files, resolve_model
 
 
 def check_gpus(settings: RunSettings, available: int) -> None:
@@ -21,28 +21,24 @@ def check_gpus(settings: RunSettings, available: int) -> None:
 
 
 def check_model(settings: RunSettings) -> None:
-    """The model exists; where it is already local, its config loads."""
-    from transformers import AutoConfig
-
-    path = resolve_model(settings.job.spec.model.source, settings.base_dir, download=False)
-    if path is None:
-        return
-    try:
-        AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"model {settings.job.spec.model.source}: cannot load its config: {exc}") from exc
+    """The model exists; where it is already local, its config and tokenizer load and fit the job
+    (a model type with a classification head, the attention kernels, maxSeqLength within its positions)."""
+    spec = settings.job.spec
+    path = resolve_model(spec.model.source, settings.base_dir, download=False)
+    if path is not None:
+        check_model_files(path, spec.model, spec.training)
 
 
 def check_data(settings: RunSettings) -> None:
-    """The data sources are readable, have the fields, valid labels, and enough records."""
+    """The data sources are readable, have the fields, valid labels, and a record for every rank."""
     spec = settings.job.spec
     train = spec.data.train
-    records = len(read_records(train, spec.data, spec.model, settings.base_dir))
+    records = read_table(train, spec.data, spec.model, settings.base_dir).num_rows
     usable = min(records, train.max_samples or records)
-    if usable < settings.num_workers:
-        raise ConfigError(f"{train.uri}: {usable} training records for {settings.num_workers} workers")
+    if usable < settings.world_size:
+        raise ConfigError(f"{train.uri}: {usable} training records for {settings.world_size} ranks")
     if spec.data.eval is not None:
-        read_records(spec.data.eval, spec.data, spec.model, settings.base_dir)
+        read_table(spec.data.eval, spec.data, spec.model, settings.base_dir)
 
 
 def check_storage(settings: RunSettings) -> None:

@@ -43,13 +43,16 @@ class RankReport:
     tokens_per_second: float
     data_wait_fraction: float
     cpu_utilization_percent: float  # of one core
+    padded_tokens: int = 0  # running total of tokens including padding (what the model computed on)
     gpu_memory_peak_bytes: int | None = None  # measured on GPUs only
-    gpu_utilization_percent: float | None = None  # where amdsmi or rocm-smi can tell
+    gpu_memory_reserved_bytes: int | None = None  # the allocator's peak reservation, GPUs only
+    gpu_utilization_percent: float | None = None  # interval mean, where amdsmi or rocm-smi can tell
     evaluation: Evaluation = field(default_factory=dict)  # new results, or (final report) the last ones
     resumed_from_step: int | None = None  # the checkpoint step this attempt started from
     epoch_end: bool = False
     final: bool = False
     model_path: str | None = None  # where the final model went (final report)
+    weights_checksum: float | None = None  # sum of all weights (final report): equal on every rank
 
     def __post_init__(self) -> None:
         if unknown := sorted(set(self.evaluation) - set(EVAL_METRICS)):

@@ -33,6 +33,17 @@ def evaluation(ranks: list[RankReport]) -> Evaluation:
     return {k: v for k in EVAL_METRICS if (v := _finite(found.get(k))) is not None}
 
 
+def padding_efficiency(ranks: list[RankReport]) -> float | None:
+    """Real tokens over the tokens the model computed on (padding included), over the whole run."""
+    padded = sum(r.padded_tokens for r in ranks)
+    return sum(r.tokens for r in ranks) / padded if padded else None
+
+
+def ranks_in_step(ranks: list[RankReport]) -> bool:
+    """Whether every rank ends with the same weights (what DDP guarantees while it works)."""
+    return len({r.weights_checksum for r in ranks}) == 1
+
+
 def whole_run(ranks: list[RankReport]) -> dict[str, float]:
     """Throughput of the whole run so far, from the running totals of every rank."""
     seconds = _values(r.train_seconds for r in ranks)
@@ -75,6 +86,7 @@ class Aggregator:
         losses = [(loss, r.interval_samples) for r in ranks if (loss := _finite(r.train_loss)) is not None]
         weight = sum(n for _, n in losses)
         memory = _values(r.gpu_memory_peak_bytes for r in ranks)
+        reserved = _values(r.gpu_memory_reserved_bytes for r in ranks)
         utilization = _values(r.gpu_utilization_percent for r in ranks)
         waits = _values(r.data_wait_fraction for r in ranks)
         cpu = _values(r.cpu_utilization_percent for r in ranks)
@@ -92,6 +104,7 @@ class Aggregator:
             "cpu_utilization_percent": sum(cpu) if cpu else None,
             "gpu_memory_peak_bytes": int(max(memory)) if memory else None,
             "gpu_memory_peak_bytes_min": int(min(memory)) if memory else None,
+            "gpu_memory_reserved_bytes": int(max(reserved)) if reserved else None,
             "gpu_utilization_percent": sum(utilization) / len(utilization) if utilization else None,
             "gpu_utilization_percent_min": min(utilization, default=None),
             "gpu_utilization_percent_max": max(utilization, default=None),
@@ -123,6 +136,7 @@ def summary(ranks: list[RankReport], wall_seconds: float) -> dict[str, Any]:
         "train_seconds": max(_values(r.train_seconds for r in ranks), default=0.0),
         "eval_seconds": max(_values(r.eval_seconds for r in ranks), default=0.0),
         **whole_run(ranks),
+        "padding_efficiency": padding_efficiency(ranks),
         "world_size": first.world_size,
         "steps": first.step,
         "epochs": _finite(first.epoch),
@@ -175,6 +189,11 @@ class Reporter:
                 self._log.warning("progress sink %s failed: %s", type(sink).__name__, exc)
         if report.final:
             self._log.info("completed at step %s: %s; model at %s", step, _fmt(found), first.model_path)
+            if not ranks_in_step(ranks):
+                self._log.error(
+                    "the ranks ended with different weights (checksums %s): gradients were not synchronised",
+                    sorted({r.weights_checksum for r in ranks}, key=str),
+                )
 
     def on_failure(self, errors: dict[int, str]) -> None:
         self.failures += 1

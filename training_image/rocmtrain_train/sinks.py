@@ -39,6 +39,7 @@ SUMMARY_ROWS = (
     ("data wait", "data_wait_fraction", ".1%"),
     ("CPU use (% of a core)", "cpu_utilization_percent", ".0f"),
     ("GPU memory peak (bytes)", "gpu_memory_peak_bytes", ","),
+    ("GPU memory reserved (bytes)", "gpu_memory_reserved_bytes", ","),
     ("GPU utilisation (%)", "gpu_utilization_percent", ".0f"),
 )
 

@@ -1,5 +1,10 @@
 """The driver: builds Ray Train's TorchTrainer from the job and runs it with progress reporting.
 
+Ranks: one Ray Train worker per GPU (`rocmtrain.api.ranks`), each reserving one GPU and its share
+of the pod's CPUs, in a placement group packed onto as few nodes as possible. The GPUs of a worker
+pod fill up with exactly its own ranks, and Ray Train numbers the ranks node by node, so ranks
+k*G .. k*G+G-1 share a pod and their all-reduce stays on the node's xGMI links.
+
 Fault tolerance and resume are Ray Train's: `FailureConfig(max_failures)` restarts the workers after
 a failure, and `RunConfig(storage_path, name)` keeps a snapshot of the reported checkpoints under
 `<storage>/<job name>/`, so a new driver on the same storage (a whole-job retry) finds them too. In
@@ -10,11 +15,12 @@ from its step, including the position inside the epoch (see `loop`).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, UserCallback
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from rocmtrain_train.config import RunSettings
@@ -35,24 +41,31 @@ class RunOutcome:
     worker_failures: int
 
 
-def build_trainer(settings: RunSettings, relay: ReportRelay) -> TorchTrainer:
+def scaling_config(settings: RunSettings) -> ScalingConfig:
+    """One Ray Train worker per rank of the layout, packed per node."""
+    layout = settings.layout
+    return ScalingConfig(
+        num_workers=layout.world_size,
+        use_gpu=settings.use_gpu,
+        resources_per_worker=layout.resources_per_rank(),
+        placement_strategy="PACK",
+    )
+
+
+def build_trainer(settings: RunSettings, callbacks: Sequence[UserCallback] = ()) -> TorchTrainer:
+    """The TorchTrainer of one run: the job's hyper-parameters, checkpoints under `settings.run_path`."""
     spec = settings.job.spec
-    resources: dict[str, float] = {"CPU": settings.cpus_per_worker}
-    if settings.use_gpu:
-        resources["GPU"] = settings.gpus_per_worker
     return TorchTrainer(
         train_worker,
         train_loop_config={"settings": settings},
         torch_config=TorchConfig(backend="nccl" if settings.use_gpu else "gloo"),
-        scaling_config=ScalingConfig(
-            num_workers=settings.num_workers, use_gpu=settings.use_gpu, resources_per_worker=resources
-        ),
+        scaling_config=scaling_config(settings),
         run_config=RunConfig(
             name=settings.name,
             storage_path=settings.storage,
             checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint.keep_last),
             failure_config=FailureConfig(max_failures=spec.fault_tolerance.max_worker_failures),
-            callbacks=[relay],  # type: ignore[list-item]  # Ray Train V2 takes UserCallbacks here
+            callbacks=list(callbacks),  # type: ignore[arg-type]  # Ray Train V2 takes UserCallbacks here
         ),
     )
 
@@ -63,7 +76,7 @@ def _fit(settings: RunSettings, reporter: Reporter) -> None:
     pump = Pump(inbox, reporter)
     pump.start()
     try:
-        build_trainer(settings, ReportRelay(inbox)).fit()
+        build_trainer(settings, [ReportRelay(inbox)]).fit()
     finally:
         pump.stop()
         reporter.close()
@@ -73,12 +86,15 @@ def _fit(settings: RunSettings, reporter: Reporter) -> None:
 def run(settings: RunSettings, sinks: list[Sink], *, echo_log: bool) -> RunOutcome:
     """Train on the connected Ray cluster; raises Ray Train's TrainingFailedError when the run fails."""
     log = main_logger(settings.log_dir, echo=echo_log)
-    device = f"{settings.gpus_per_worker} GPU(s)" if settings.use_gpu else f"{settings.cpus_per_worker:g} CPU(s)"
+    layout = settings.layout
+    device = "1 GPU and " if settings.use_gpu else ""
     log.info(
-        "training %s started: %d workers with %s each, storage %s, run %s",
+        "training %s started: %d ranks (%d per worker pod) with %s%g CPU(s) each, storage %s, run %s",
         settings.name,
-        settings.num_workers,
+        layout.world_size,
+        layout.ranks_per_pod,
         device,
+        layout.cpus_per_rank,
         settings.run_path,
         settings.run_id,
     )

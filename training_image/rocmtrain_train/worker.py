@@ -1,9 +1,10 @@
-"""Building one training worker: everything `loop` needs, set up once when Ray Train starts the worker.
+"""Building one training rank: everything `loop` needs, set up once when Ray Train starts the worker.
 
-`build_worker` loads the model and this rank's data shards, sets up AdamW, the linear
-warmup schedule, autocast and (with more than one worker) DDP, and restores the latest
-checkpoint if there is one. The result, a `Worker`, holds no behaviour beyond that:
-the step loop (`loop.TrainLoop`) runs it.
+`build_worker` loads the model (attention kernels, gradient checkpointing, torch.compile as the
+job says), plans the batches and tokenises this rank's records (`plan`, `tokens`), sets up
+AdamW, the linear warmup schedule, autocast and (with more than one rank) DDP, and restores the
+latest checkpoint if there is one. The result, a `Worker`, holds no behaviour beyond that: the
+step loop (`loop.TrainLoop`) runs it. Each rank has one GPU (`ray.train.torch.get_device`).
 """
 
 from __future__ import annotations
@@ -24,16 +25,22 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedModel, get_linear_schedule_with_warmup
 
-from rocmtrain.api.models import DataSource, TrainingSpec
+from rocmtrain.api.models import TrainingSpec
 from rocmtrain_train import checkpoint
 from rocmtrain_train.checkpoint import TrainState
 from rocmtrain_train.config import ConfigError, RunSettings
-from rocmtrain_train.data import Encoded, encode, read_records, sample_order, shard
 from rocmtrain_train.logs import rank_logger
-from rocmtrain_train.model import load_model, resolve_model
+from rocmtrain_train.model import compile_model, load_model, resolve_model
+from rocmtrain_train.plan import BatchPlan
+from rocmtrain_train.rank_data import Tokenizing, TrainData, load_eval_data, load_train_data, takes_token_types
+from rocmtrain_train.tokens import Encoded
 
 LR_SCALING: dict[str, Callable[[int], float]] = {"none": lambda w: 1.0, "linear": float, "sqrt": math.sqrt}
 FUSED_ADAMW_DEVICES = ("cuda", "cpu")
+# With torch.compile, batches are padded to a multiple of this many tokens (few shapes to compile).
+COMPILE_BUCKET = 64
+# Without it, GPU batches are padded to a multiple of 8 (tensor-core friendly shapes).
+GPU_PAD_MULTIPLE = 8
 
 Autocast = Callable[[], AbstractContextManager[Any]]
 
@@ -53,6 +60,16 @@ def optimizer_for(model: torch.nn.Module, training: TrainingSpec, world_size: in
     return torch.optim.AdamW(groups, lr=scaled_learning_rate(training, world_size), fused=fused)
 
 
+def schedule(
+    optimizer: torch.optim.Optimizer, training: TrainingSpec, world_size: int, total_steps: int, step: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup and decay of this run's learning rate, standing at `step` (after a restore)."""
+    for group in optimizer.param_groups:
+        group["initial_lr"] = scaled_learning_rate(training, world_size)
+    warmup = math.ceil(total_steps * training.warmup_ratio)
+    return get_linear_schedule_with_warmup(optimizer, warmup, total_steps, last_epoch=step - 1)
+
+
 def autocast_for(training: TrainingSpec, device: torch.device) -> Autocast:
     """bf16/fp16 autocast on GPUs; fp32 on CPUs."""
     if device.type != "cuda" or training.precision == "fp32":
@@ -61,19 +78,15 @@ def autocast_for(training: TrainingSpec, device: torch.device) -> Autocast:
     return lambda: torch.autocast("cuda", dtype=dtype)
 
 
-def load_shard(settings: RunSettings, source: DataSource, tokenizer: Any, *, pad: bool) -> Encoded:
-    """This worker's share of a data source, tokenised."""
-    spec = settings.job.spec
-    ctx = ray.train.get_context()
-    records = read_records(source, spec.data, spec.model, settings.base_dir)
-    order = sample_order(len(records), spec.data.shuffle_seed, source.max_samples)
-    indices = shard(order, ctx.get_world_rank(), ctx.get_world_size(), pad=pad)
-    return encode(tokenizer, records.take(indices), spec.model.max_seq_length)
+def pad_multiple(training: TrainingSpec, device: torch.device) -> int:
+    if training.compile:
+        return COMPILE_BUCKET
+    return GPU_PAD_MULTIPLE if device.type == "cuda" else 1
 
 
 @dataclass
 class Worker:
-    """One training worker's parts: model, data shards, optimiser, schedule, and where training stands."""
+    """One rank's parts: model, data, optimiser, schedule, and where training stands."""
 
     settings: RunSettings
     rank: int
@@ -81,19 +94,22 @@ class Worker:
     log: logging.Logger
     device: torch.device
     model: PreTrainedModel
-    ddp: DistributedDataParallel | None  # the model wrapped for DDP; None with one worker
+    ddp: DistributedDataParallel | None  # the model wrapped for DDP; None with one rank
     tokenizer: Any
-    train_data: Encoded
+    train: TrainData
     eval_data: Encoded | None
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
     autocast: Autocast
-    pad_multiple: int  # batches are padded to a multiple of this (8 on GPUs)
-    micro_batches: int  # per epoch
+    pad_multiple: int  # batches are padded to a multiple of this
     total_steps: int
     state: TrainState
     resumed_from: int | None  # the checkpoint step this attempt started from
+
+    @property
+    def pin_memory(self) -> bool:
+        return self.device.type == "cuda"
 
 
 def _device(settings: RunSettings) -> torch.device:
@@ -103,22 +119,67 @@ def _device(settings: RunSettings) -> torch.device:
     return device
 
 
-def _restore(worker: Worker) -> None:
-    """Continue from the latest checkpoint, if there is one and `checkpoint.resume` allows it."""
+def _threads(settings: RunSettings) -> None:
+    """Thread pools sized to this rank's CPUs: torch's, and the tokenizer's (which the image turns off)."""
+    threads = settings.torch_threads
+    torch.set_num_threads(threads)
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
+    os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
+
+
+def _latest_checkpoint(settings: RunSettings, rank: int, log: logging.Logger) -> dict[str, Any] | None:
+    """The latest checkpoint of the run (this rank's view of it), if `checkpoint.resume` allows resuming it."""
     found = ray.train.get_checkpoint()
     if found is None:
-        return
+        return None
     with found.as_directory() as directory:
-        saved = checkpoint.load(Path(directory))
-    resume = worker.settings.job.spec.checkpoint.resume
-    if not checkpoint.resumable(saved, resume=resume, run_id=worker.settings.run_id, world_size=worker.world_size):
-        worker.log.info("not resuming from %s: checkpoint.resume is never", found.path)
-        return
-    worker.state = checkpoint.restore(
-        saved, model=worker.model, optimizer=worker.optimizer, scheduler=worker.scheduler, scaler=worker.scaler
-    )
-    worker.resumed_from = worker.state.step
-    worker.log.info("resumed from %s: epoch %d, step %d", found.path, worker.state.epoch, worker.state.step)
+        saved = checkpoint.load(Path(directory), rank)
+    if not checkpoint.resumable(saved, resume=settings.job.spec.checkpoint.resume, run_id=settings.run_id):
+        log.info("not resuming from %s: checkpoint.resume is never", found.path)
+        return None
+    log.info("resuming from %s", found.path)
+    return saved
+
+
+def _restore(
+    settings: RunSettings,
+    rank: int,
+    world_size: int,
+    plan: BatchPlan,
+    parts: dict[str, Any],
+    log: logging.Logger,
+) -> tuple[TrainState, int | None]:
+    """The state to start from, and the step of the checkpoint it came from (None for a fresh start).
+
+    Random numbers: restored where this rank saved them with the same steps and world size, else
+    seeded from the seed, the rank and the step.
+    """
+    seed = settings.job.spec.training.seed
+    saved = _latest_checkpoint(settings, rank, log)
+    if saved is None:
+        torch.manual_seed(checkpoint.rng_seed(seed, rank, 0))
+        return TrainState(), None
+    state = checkpoint.restore(saved, model=parts["model"], optimizer=parts["optimizer"], scaler=parts["scaler"])
+    resumed_from = state.step
+    same_steps = saved["plan"] == plan.digest
+    if not same_steps:
+        state.epoch_step = plan.resume_at(seed, state.epoch, state.epoch_samples)
+        state.step = state.epoch * len(plan.steps) + state.epoch_step
+        log.info(
+            "the checkpoint at step %d was written by %d ranks with other steps; continuing after "
+            "%d samples of epoch %d, at step %d",
+            resumed_from,
+            saved["world_size"],
+            state.epoch_samples,
+            state.epoch + 1,
+            state.step,
+        )
+    if same_steps and saved["world_size"] == world_size and saved["rng"] is not None:
+        checkpoint.set_rng_state(saved["rng"], parts["device"])
+    else:
+        torch.manual_seed(checkpoint.rng_seed(seed, rank, state.step))
+    log.info("resumed at epoch %d, step %d", state.epoch, state.step)
+    return state.share(rank, world_size), resumed_from
 
 
 def build_worker(settings: RunSettings) -> Worker:
@@ -128,25 +189,35 @@ def build_worker(settings: RunSettings) -> Worker:
     spec = settings.job.spec
     training = spec.training
     log = rank_logger(settings.log_dir, rank)
-    log.info("rank %d of %d started: pid %d on %s", rank, world_size, os.getpid(), socket.gethostname())
-    torch.set_num_threads(settings.torch_threads)
+    log.info(
+        "rank %d of %d started: pid %d on %s (local rank %d)",
+        rank,
+        world_size,
+        os.getpid(),
+        socket.gethostname(),
+        ctx.get_local_rank(),
+    )
+    _threads(settings)
     device = _device(settings)
 
     torch.manual_seed(training.seed)  # the new head starts the same on every rank
     model_dir = resolve_model(spec.model.source, settings.base_dir)
     if model_dir is None:
         raise ConfigError(f"model {spec.model.source}: not available on rank {rank}")
-    model, tokenizer = load_model(model_dir, spec.model)
+    model, tokenizer = load_model(model_dir, spec.model, training)
     model.to(device)  # type: ignore[arg-type]  # transformers wraps `to` in a way mypy reads as unbound
-    torch.manual_seed(training.seed + rank)  # dropout differs between ranks
-    train_data = load_shard(settings, spec.data.train, tokenizer, pad=True)
-    eval_data = load_shard(settings, spec.data.eval, tokenizer, pad=False) if spec.data.eval is not None else None
+    how = Tokenizing(tokenizer, model_dir, takes_token_types(model), log)
+    train = load_train_data(settings, rank, world_size, how)
+    eval_data = load_eval_data(settings, rank, world_size, how)
 
-    micro_batches = math.ceil(len(train_data.labels) / training.batch_size_per_worker)
-    steps_per_epoch = math.ceil(micro_batches / training.gradient_accumulation_steps)
-    total_steps = steps_per_epoch * training.epochs
+    total_steps = len(train.plan.steps) * training.epochs
     optimizer = optimizer_for(model, training, world_size)
     on_gpu = device.type == "cuda"
+    scaler = torch.amp.GradScaler("cuda", enabled=on_gpu and training.precision == "fp16")
+    parts = {"model": model, "optimizer": optimizer, "scaler": scaler, "device": device}
+    state, resumed_from = _restore(settings, rank, world_size, train.plan, parts, log)
+    if training.compile:
+        compile_model(model, spec.model.max_seq_length, COMPILE_BUCKET)
     worker = Worker(
         settings=settings,
         rank=rank,
@@ -156,30 +227,26 @@ def build_worker(settings: RunSettings) -> Worker:
         model=model,
         ddp=None,
         tokenizer=tokenizer,
-        train_data=train_data,
+        train=train,
         eval_data=eval_data,
         optimizer=optimizer,
-        scheduler=get_linear_schedule_with_warmup(
-            optimizer, math.ceil(total_steps * training.warmup_ratio), total_steps
-        ),
-        scaler=torch.amp.GradScaler("cuda", enabled=on_gpu and training.precision == "fp16"),
+        scheduler=schedule(optimizer, training, world_size, total_steps, state.step),
+        scaler=scaler,
         autocast=autocast_for(training, device),
-        pad_multiple=8 if on_gpu else 1,
-        micro_batches=micro_batches,
+        pad_multiple=pad_multiple(training, device),
         total_steps=total_steps,
-        state=TrainState(),
-        resumed_from=None,
+        state=state,
+        resumed_from=resumed_from,
     )
-    _restore(worker)
     if world_size > 1:
         worker.ddp = DistributedDataParallel(
             model, device_ids=[device.index] if on_gpu else None, gradient_as_bucket_view=True
         )
     log.info(
-        "%d training records on this rank, %d micro-batches and %d optimiser steps per epoch, %d steps in all",
-        len(train_data.labels),
-        micro_batches,
-        steps_per_epoch,
+        "%d training records on this rank, %d optimiser steps per epoch of %d records, %d steps in all",
+        len(train.encoded),
+        len(train.plan.steps),
+        train.plan.step_size,
         total_steps,
     )
     return worker

@@ -24,7 +24,7 @@ PRINTER_COLUMNS = [
         "name": "Workers",
         "type": "integer",
         "jsonPath": ".spec.resources.workers",
-        "description": "Ray Train workers requested.",
+        "description": "Worker pods requested.",
     },
     {
         "name": "Ready",

@@ -165,13 +165,18 @@ class TrainingSpec(ApiModel):
     """Optimisation hyper-parameters."""
 
     epochs: int = Field(default=3, ge=1, le=1000, description="Passes over the training data.")
-    batch_size_per_worker: int = Field(default=32, ge=1, le=4096, description="Micro-batch size on each worker.")
+    batch_size_per_worker: int = Field(
+        default=32, ge=1, le=4096, description="Micro-batch size of each rank (each GPU, or each worker on CPUs)."
+    )
     learning_rate: float = Field(
-        default=5e-5, gt=0, le=1, description="Peak learning rate for the base world size of one worker."
+        default=5e-5, gt=0, le=1, description="Peak learning rate for the base world size of one rank."
     )
     lr_scaling: Literal["none", "linear", "sqrt"] = Field(
         default="none",
-        description="How the learning rate grows with world size W: none, linear (x W), or sqrt (x sqrt W).",
+        description=(
+            "How the learning rate grows with the world size W (workers x gpusPerWorker, or workers on CPUs): "
+            "none, linear (x W), or sqrt (x sqrt W)."
+        ),
     )
     warmup_ratio: float = Field(
         default=0.06, ge=0, le=0.5, description="Share of optimiser steps spent in linear warmup."
@@ -190,6 +195,28 @@ class TrainingSpec(ApiModel):
         description="Evaluate every N optimiser steps; 0 evaluates at the end of each epoch only.",
     )
     seed: int = Field(default=42, ge=0, le=2**31 - 1, description="Seed for weights, dropout and sampling.")
+    attention_implementation: Literal["sdpa", "eager"] = Field(
+        default="sdpa",
+        description=(
+            "Attention kernels: sdpa (PyTorch scaled-dot-product attention, which runs flash and "
+            "memory-efficient kernels on ROCm) or eager (the model's own implementation, for models without "
+            "SDPA support)."
+        ),
+    )
+    compile: bool = Field(
+        default=False,
+        description=(
+            "Compile the model with torch.compile; batches are then padded to multiples of 64 tokens so that "
+            "only a few shapes compile. Start-up takes minutes longer; long GPU runs gain."
+        ),
+    )
+    gradient_checkpointing: bool = Field(
+        default=False,
+        description=(
+            "Recompute activations during the backward pass instead of keeping them: much less GPU memory "
+            "for large models or long sequences, for about a third more compute."
+        ),
+    )
 
 
 # --- resources and scheduling -----------------------------------------------------
@@ -236,12 +263,17 @@ class ResourcesSpec(ApiModel):
         }
     )
 
-    workers: int = Field(default=1, ge=1, le=1024, description="Ray Train workers, one pod each.")
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Worker pods; each runs one Ray Train worker (a DDP rank) per GPU, or one on CPUs.",
+    )
     gpus_per_worker: int = Field(
         default=1,
         ge=0,
         le=16,
-        description=f"AMD GPUs (`{GPU_RESOURCE}`) per worker pod; 0 trains on CPU.",
+        description=f"AMD GPUs (`{GPU_RESOURCE}`) per worker pod, each trained on by its own rank; 0 trains on CPU.",
     )
     cpus_per_worker: Quantity = Field(default="8", description="CPU request and limit per worker pod.")
     memory_per_worker: Quantity = Field(default="64Gi", description="Memory request and limit per worker pod.")
@@ -416,9 +448,10 @@ class CheckpointSpec(ApiModel):
     storage_path: Location | None = Field(
         default=None,
         description=(
-            "Ray Train storage: an absolute path on a shared volume or an object-store URI "
-            "(`rocmtrain run` also accepts a `./` path relative to the job file). "
-            "Without it, checkpoints stay on the head's disk and retries start over."
+            "Where checkpoints and the trained model go: an object-store URI or an absolute path on a "
+            "writable shared volume (a ReadWriteMany claim). Required on a cluster, where every worker "
+            "pod uploads its own checkpoints; `rocmtrain run` also accepts a `./` path relative to the job "
+            "file and defaults to ./runs."
         ),
     )
     keep_last: int = Field(default=2, ge=1, le=100, description="Checkpoints to keep; older ones are deleted.")
@@ -481,6 +514,12 @@ class LifecycleSpec(ApiModel):
 
 # Fields that may change after creation; every other spec field is immutable.
 MUTABLE_FIELDS = ("suspend", "lifecycle")
+STORAGE_REQUIRED = (
+    "checkpoint.storagePath is required for a cluster job: every worker pod uploads its own checkpoints, "
+    "and checkpoints and the trained model must outlive the pods; set an object-store URI "
+    "(s3://bucket/path) or an absolute path on a writable volume in spec.volumeMounts "
+    "(a ReadWriteMany PersistentVolumeClaim)"
+)
 
 
 class RocmTrainingJobSpec(ApiModel):
@@ -504,6 +543,9 @@ class RocmTrainingJobSpec(ApiModel):
                     "suspend requires lifecycle.shutdownAfterJobFinishes (KubeRay suspends by deleting the cluster)",
                     fieldPath=".suspend",
                 ),
+                # Every job the API server holds runs on a cluster; `rocmtrain run` needs no storage path,
+                # so the pydantic side of this rule is `rocmtrain.api.validate`'s, in the cluster context.
+                _cel("has(self.checkpoint.storagePath)", STORAGE_REQUIRED, fieldPath=".checkpoint.storagePath"),
             ]
         }
     )
@@ -634,19 +676,28 @@ class Metrics(ApiModel):
         default=None, ge=0, le=100_000, description="CPU use of the training processes, in percent of one core."
     )
     gpu_memory_peak_bytes: int | None = Field(
-        default=None, ge=0, le=2**50, description="Largest GPU memory peak of any worker, in bytes."
+        default=None, ge=0, le=2**50, description="Largest GPU memory peak of any rank, in bytes, last interval."
     )
     gpu_memory_peak_bytes_min: int | None = Field(
-        default=None, ge=0, le=2**50, description="Smallest GPU memory peak of any worker, in bytes."
+        default=None, ge=0, le=2**50, description="Smallest GPU memory peak of any rank, in bytes, last interval."
+    )
+    gpu_memory_reserved_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        le=2**50,
+        description="Most GPU memory the allocator of any rank held, in bytes, last interval.",
     )
     gpu_utilization_percent: float | None = Field(
-        default=None, ge=0, le=100, description="Mean GPU utilisation over workers, in percent."
+        default=None,
+        ge=0,
+        le=100,
+        description="GPU utilisation averaged over the last interval and the ranks, in percent.",
     )
     gpu_utilization_percent_min: float | None = Field(
-        default=None, ge=0, le=100, description="Lowest GPU utilisation of any worker, in percent."
+        default=None, ge=0, le=100, description="Lowest interval-average GPU utilisation of any rank, in percent."
     )
     gpu_utilization_percent_max: float | None = Field(
-        default=None, ge=0, le=100, description="Highest GPU utilisation of any worker, in percent."
+        default=None, ge=0, le=100, description="Highest interval-average GPU utilisation of any rank, in percent."
     )
 
 

@@ -29,7 +29,7 @@ from rocmtrain.api.contract import (
     RESERVED_VOLUMES,
     is_hub,
 )
-from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.api.models import STORAGE_REQUIRED, RocmTrainingJob
 from rocmtrain.api.patterns import DNS_1035_LABEL, describe_pattern
 from rocmtrain.api.quantity import parse_quantity
 
@@ -209,6 +209,8 @@ def _check_locations(job: RocmTrainingJob, context: Context) -> Iterator[FieldEr
             yield FieldError(f"spec.data.{field}.split", "split applies to hub data sets only")
     storage = job.spec.checkpoint.storage_path
     if storage is None:
+        if context == "cluster":  # the API server's CEL rule of the same message (see `models`)
+            yield FieldError("spec.checkpoint.storagePath", STORAGE_REQUIRED)
         return
     if is_hub(storage):
         yield FieldError(

@@ -1,0 +1,101 @@
+"""The batch plan: which records each rank trains on at each optimiser step, computed alike on every rank.
+
+The sampled records (`data.sample_order`) are padded to a multiple of the world size W by
+repeating the first ones (fewer than W, as torch's DistributedSampler does), sorted by length
+within groups of `GROUP_STEPS` steps (length in characters: known before tokenising), and cut into
+step batches of the global batch B = W x batchSizePerWorker x gradientAccumulationSteps. Rank r
+trains on records r, r + W, r + 2W, ... of each step batch: the ranks get equal counts of similar
+lengths (none waits for a longer one), and each rank reads and tokenises only its own records.
+The step batches stay fixed for the run; each epoch trains them in a new seeded order with the
+longest one first, so that running out of memory shows up at the first step.
+
+So the same global batch gives the same plan at any W: 2 ranks x 16 train exactly what 1 x 32 does
+(and 1 x 16 with two accumulation steps), and a run resumes at another world size where it
+stopped. With another global batch, a resumed run continues after as many samples of the epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+# Steps whose records are sorted by length together.
+GROUP_STEPS = 50
+
+Lengths = Sequence[int] | np.ndarray
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The step batches of a run (record ids, into the data source) and the ranks that share them."""
+
+    steps: tuple[tuple[int, ...], ...]
+    world_size: int
+    longest: tuple[int, ...]  # the longest record (in characters) of each step
+
+    @property
+    def step_size(self) -> int:
+        """The global batch: records per optimiser step (the last step may hold fewer)."""
+        return len(self.steps[0])
+
+    @property
+    def digest(self) -> str:
+        """Identifies the steps: a checkpoint of the same steps resumes at exactly its step, at any world size."""
+        data = np.asarray([i for step in self.steps for i in (*step, -1)], dtype=np.int64)
+        return hashlib.sha256(data.tobytes()).hexdigest()[:32]
+
+    def portion(self, step: int, rank: int) -> list[int]:
+        """The records rank `rank` trains on in step `step`."""
+        return list(self.steps[step][rank :: self.world_size])
+
+    def rows(self, rank: int) -> list[int]:
+        """Every record rank `rank` ever trains on, sorted (what it reads and tokenises)."""
+        return sorted({i for step in range(len(self.steps)) for i in self.portion(step, rank)})
+
+    def epoch_order(self, seed: int, epoch: int) -> list[int]:
+        """The steps of an epoch in training order: seeded per epoch, the longest step first."""
+        order = list(range(len(self.steps)))
+        random.Random(f"{seed}:{epoch}").shuffle(order)  # noqa: S311 - reproducible shuffling, not cryptography
+        first = max(order, key=lambda s: (self.longest[s], -s))
+        order.remove(first)
+        return [first, *order]
+
+    def resume_at(self, seed: int, epoch: int, samples_done: int) -> int:
+        """Steps of epoch `epoch` to skip so that at least `samples_done` of its samples count as trained
+        (resuming from another plan's checkpoint)."""
+        done = 0
+        for position, step in enumerate(self.epoch_order(seed, epoch)):
+            if done >= samples_done:
+                return position
+            done += len(self.steps[step])
+        return len(self.steps)
+
+
+def batch_plan(order: Sequence[int], lengths: Lengths, *, world_size: int, step_size: int) -> BatchPlan:
+    """The plan for sampled records `order` (record ids) of the given lengths."""
+    if step_size % world_size or not order:
+        raise ValueError(f"cannot plan {len(order)} records in steps of {step_size} for {world_size} ranks")
+    padded = list(order) + [order[i % len(order)] for i in range(-len(order) % world_size)]
+    span = step_size * GROUP_STEPS
+    steps: list[tuple[int, ...]] = []
+    for start in range(0, len(padded), span):
+        group = sorted(padded[start : start + span], key=lambda i: lengths[i], reverse=True)
+        steps += [tuple(group[j : j + step_size]) for j in range(0, len(group), step_size)]
+    longest = tuple(max(int(lengths[i]) for i in step) for step in steps)
+    return BatchPlan(steps=tuple(steps), world_size=world_size, longest=longest)
+
+
+def micro_batches(rows: Sequence[int], token_lengths: Lengths, batch_size: int) -> list[list[int]]:
+    """A rank's share of a step cut into micro-batches, longest first (least padding; same gradient)."""
+    ordered = sorted(rows, key=lambda i: token_lengths[i], reverse=True)
+    return [ordered[j : j + batch_size] for j in range(0, len(ordered), batch_size)]
+
+
+def sorted_batches(lengths: Lengths, batch_size: int) -> list[list[int]]:
+    """Batches in length order (evaluation: least padding, no shuffling needed)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return [order[j : j + batch_size] for j in range(0, len(order), batch_size)]

@@ -1,0 +1,96 @@
+"""This rank's records: the batch plan every rank shares, and its own rows, read and tokenised.
+
+Each rank reads the data source's fields into Arrow, plans the batches from the records' lengths
+(`plan`), and decodes and tokenises only the rows it trains on; the tokenised rows are cached
+under `$ROCMTRAIN_CACHE/tokens` (`tokens`), so a restarted worker skips tokenising. Evaluation
+records are shared out every W-th to each rank.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from rocmtrain.api.models import DataSource
+from rocmtrain_train.config import RunSettings
+from rocmtrain_train.data import fingerprint, read_table, records, sample_order, text_lengths
+from rocmtrain_train.model import cache_dir
+from rocmtrain_train.plan import BatchPlan, batch_plan
+from rocmtrain_train.tokens import Encoded, cache_key, encode, load_cached, save_cached
+
+
+@dataclass(frozen=True)
+class Tokenizing:
+    """How this rank tokenises: the model's tokenizer, and whether the model takes token types."""
+
+    tokenizer: Any
+    model_dir: Path
+    token_types: bool
+    log: logging.Logger
+
+
+def takes_token_types(model: torch.nn.Module) -> bool:
+    """Whether the model's forward takes token_type_ids (BERT does; decoder-only models do not)."""
+    return "token_type_ids" in inspect.signature(model.forward).parameters
+
+
+def encode_rows(
+    settings: RunSettings, source: DataSource, table: pa.Table, rows: Sequence[int], how: Tokenizing
+) -> Encoded:
+    """The given records of a source, tokenised; from the cache when this rank tokenised them before."""
+    spec = settings.job.spec
+    origin = fingerprint(source, spec.data, settings.base_dir)
+    path = cache_dir() / "tokens" / f"{cache_key(how.model_dir, spec.model.max_seq_length, origin, rows)}.npz"
+    cached = load_cached(path)
+    if cached is not None:
+        how.log.info("%d tokenised records of %s from the cache %s", len(cached), source.uri, path)
+        return cached
+    found = records(table, rows, spec.model, source.uri)
+    encoded = encode(
+        how.tokenizer,
+        found,
+        spec.model.max_seq_length,
+        regression=spec.model.task == "regression",
+        token_types=how.token_types,
+    )
+    save_cached(path, encoded)
+    return encoded
+
+
+@dataclass(frozen=True)
+class TrainData:
+    """This rank's training records: the plan every rank shares, and its own records, tokenised."""
+
+    plan: BatchPlan
+    encoded: Encoded
+    position: dict[int, int]  # record id -> index in `encoded`
+
+
+def load_train_data(settings: RunSettings, rank: int, world_size: int, how: Tokenizing) -> TrainData:
+    spec = settings.job.spec
+    source, training = spec.data.train, spec.training
+    table = read_table(source, spec.data, spec.model, settings.base_dir, check=False)
+    order = sample_order(table.num_rows, spec.data.shuffle_seed, source.max_samples)
+    step_size = world_size * training.batch_size_per_worker * training.gradient_accumulation_steps
+    plan = batch_plan(order, text_lengths(table), world_size=world_size, step_size=step_size)
+    rows = plan.rows(rank)
+    encoded = encode_rows(settings, source, table, rows, how)
+    return TrainData(plan, encoded, {record: i for i, record in enumerate(rows)})
+
+
+def load_eval_data(settings: RunSettings, rank: int, world_size: int, how: Tokenizing) -> Encoded | None:
+    """This rank's share of the evaluation records (every W-th; not padded: metrics are all-reduced sums)."""
+    spec = settings.job.spec
+    source = spec.data.eval
+    if source is None:
+        return None
+    table = read_table(source, spec.data, spec.model, settings.base_dir, check=False)
+    rows = sample_order(table.num_rows, spec.data.shuffle_seed, source.max_samples)[rank::world_size]
+    return encode_rows(settings, source, table, rows, how) if rows else None
