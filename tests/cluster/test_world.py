@@ -57,6 +57,7 @@ def _rayjob(namespace: str, name: str, **spec: Any) -> dict[str, Any]:
         "spec": {
             "model": {"source": "/models/all-MiniLM-L6-v2", "numLabels": 3},
             "data": {"train": {"uri": "/data/train.jsonl"}},
+            "checkpoint": {"storagePath": f"s3://checkpoints/{namespace}/{name}"},
             **spec,
         },
     }

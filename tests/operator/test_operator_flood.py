@@ -153,7 +153,8 @@ def test_an_invalid_token_flood_leaves_reconciles_and_status_alone(
     }
     print("\nflood figures:", json.dumps(figures, indent=1))
     assert sum(counts.values()) >= FLOOD_REQUESTS, "a few thousand requests"
-    assert set(counts) <= {"401", "429", "error"}, "nothing without a valid token gets further"
+    # 503: a TokenReview the loaded API server did not answer within its deadline (the client may retry).
+    assert set(counts) <= {"401", "429", "503", "error"}, "nothing without a valid token gets further"
     for figure, value in during.items():
         assert within_twice(value, base[figure]), f"{figure}: {value:.3f}s during the flood, {base[figure]:.3f}s before"
     assert reviews <= REVIEW_BURST + REVIEW_RATE_PER_SECOND * seconds, "TokenReviews stay within their budget"

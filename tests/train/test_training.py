@@ -46,7 +46,8 @@ def test_two_workers_fine_tune_minilm(two_workers):
     lines = Path(run.log_dir, "metrics.jsonl").read_text().splitlines()
     reports = [ProgressReport.model_validate_json(line) for line in lines]
     losses = [r.metrics.train_loss for r in reports if r.metrics.train_loss is not None]
-    assert len(losses) >= 3 and losses[-1] < 0.75 * losses[0]
+    # One report's loss is noisy (batches of 32 with 6% wrong labels): compare the first and last five.
+    assert len(losses) >= 10 and sum(losses[-5:]) < 0.8 * sum(losses[:5])
     assert reports[-1].final and reports[-1].progress.step == reports[-1].progress.total_steps
 
     # Evaluation is sharded over both workers and all-reduced: both ranks hold the same numbers.
@@ -89,11 +90,12 @@ def kill_after_first_checkpoint(run: RunSettings, training: Future, rank: int = 
 
 def assert_trained_exactly_once(outcome: RunOutcome, batch_after: int = GLOBAL_BATCH) -> None:
     """Resumed at the checkpoint's data position: as many samples as the epoch has, no step repeated or
-    skipped; the steps after the checkpoint are of the global batch `batch_after`."""
+    skipped; the run ends at the last step of its batch plan (global batch `batch_after`), whose steps
+    a resume at another world size joins where the checkpoint's samples end."""
     summary = outcome.summary
     resumed = summary["resumed_from_step"]
     assert resumed is not None and resumed >= 5
-    assert summary["steps"] == resumed + (640 - resumed * GLOBAL_BATCH) // batch_after
+    assert summary["steps"] == 640 // batch_after
     assert sum(r.samples for r in outcome.final_ranks) == 640  # the run's samples, over both drivers' ranks
 
 
@@ -129,4 +131,8 @@ def test_a_new_run_on_the_same_storage_resumes_even_at_another_world_size(ray_lo
     assert_trained_exactly_once(outcome, batch_after=GLOBAL_BATCH // 2)
     resumed = outcome.summary["resumed_from_step"]
     log = Path(second.log_dir, "rank-0.log").read_text()
-    assert f"written by 2 ranks with other steps; continuing after {resumed * GLOBAL_BATCH} samples" in log
+    samples = resumed * GLOBAL_BATCH
+    assert (
+        f"written by 2 ranks with other steps; continuing after {samples} samples of epoch 1, at step {samples // 16}"
+        in log
+    )
