@@ -8,7 +8,7 @@ export GOFLAGS ?= -buildvcs=false
 JOB ?= examples/quickstart.yaml
 
 .PHONY: install lock quickstart run test test-unit lint format crds docs manifests render validate \
-        cluster-binaries cluster-up cluster-down run-operator bench bench-train bench-operator bench-world clean
+        deps cluster-binaries cluster-up cluster-down run-operator bench bench-train bench-operator bench-world clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -37,8 +37,13 @@ run: quickstart
 
 # The README's test command: installs everything (Python deps, Go-built control plane), lints,
 # then every test in one pytest session (one control plane).
-test: install cluster-binaries lint
+test: deps lint
 	$(BIN)/pytest -q -ra tests
+
+# The Python environment and the Go-built control plane at once: pip waits on the network and the disk
+# while Go compiles.
+deps:
+	$(MAKE) -j2 install cluster-binaries
 
 test-unit: install
 	$(BIN)/pytest -q -ra -m "not cluster and not ray"
