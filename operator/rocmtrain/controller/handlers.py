@@ -45,7 +45,7 @@ async def startup(
     memo.config = config = OperatorConfig.from_env()
     configure_kopf(settings)
     memo.kube = await Kube.connect()
-    memo.metrics = await metrics.serve(config.metrics_port) if config.metrics_port else None
+    memo.metrics = await metrics.serve(config.metrics_port, config.bind_address) if config.metrics_port else None
     metrics.JOBS.source = lambda: (
         (job["status"].get("phase"), job["gpus"]) for store in list(jobs.values()) for job in store
     )

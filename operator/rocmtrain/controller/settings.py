@@ -7,6 +7,7 @@
 | ROCMTRAIN_HEALTH_PORT      | 8081    | liveness probe port (`/healthz`); 0 turns it off             |
 | ROCMTRAIN_STALL_SECONDS    | 900     | a Running job without progress for this long is Stalled      |
 | ROCMTRAIN_RETRY_SECONDS    | 30      | re-check interval of a held job (KubeRay, nodes) or failure  |
+| ROCMTRAIN_BIND_ADDRESS     | 0.0.0.0 | address the metrics, liveness and progress servers listen on |
 
 The progress endpoint is on when `ROCMTRAIN_OPERATOR_NAMESPACE` is set (the
 Deployment sets it from the downward API); its other `ROCMTRAIN_PROGRESS_*`
@@ -25,7 +26,7 @@ import kopf
 
 from rocmtrain.api.contract import OPERATOR_NAME
 from rocmtrain.api.patterns import DNS_LABEL
-from rocmtrain.progress.server import ProgressServerConfig
+from rocmtrain.progress.server import ProgressServerConfig, bind_address
 from rocmtrain.render import RenderOptions
 
 
@@ -55,6 +56,7 @@ class OperatorConfig:
     """Everything the operator reads from its environment."""
 
     namespaces: tuple[str, ...] = ()
+    bind_address: str = "0.0.0.0"  # noqa: S104 - a pod serves on all its interfaces
     metrics_port: int = 8080
     health_port: int = 8081
     stall_seconds: int = 900
@@ -68,6 +70,7 @@ class OperatorConfig:
         progress = ProgressServerConfig.from_env(env)
         return cls(
             namespaces=_namespaces(env),
+            bind_address=bind_address(env),
             metrics_port=_int(env, "ROCMTRAIN_METRICS_PORT", 8080, 0, 65535),
             health_port=_int(env, "ROCMTRAIN_HEALTH_PORT", 8081, 0, 65535),
             stall_seconds=_int(env, "ROCMTRAIN_STALL_SECONDS", 900, 1, 30 * 86400),
@@ -84,7 +87,7 @@ class OperatorConfig:
     @property
     def liveness_endpoint(self) -> str | None:
         """kopf's liveness endpoint URL, if enabled."""
-        return f"http://0.0.0.0:{self.health_port}/healthz" if self.health_port else None
+        return f"http://{self.bind_address}:{self.health_port}/healthz" if self.health_port else None
 
 
 def configure_kopf(settings: kopf.OperatorSettings) -> None:

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import ipaddress
 import json
 import logging
 import math
@@ -197,6 +198,16 @@ def make_app(
     return app
 
 
+def bind_address(env: Mapping[str, str]) -> str:
+    """`ROCMTRAIN_BIND_ADDRESS`: where the operator's servers listen (all addresses by default)."""
+    raw = env.get("ROCMTRAIN_BIND_ADDRESS", "").strip() or "0.0.0.0"  # noqa: S104 - a pod serves on all its interfaces
+    try:
+        ipaddress.ip_address(raw)
+    except ValueError:
+        raise ValueError(f"ROCMTRAIN_BIND_ADDRESS must be an IP address, not {raw!r}") from None
+    return raw
+
+
 def _port(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name, "").strip()
     if not raw:
@@ -228,6 +239,7 @@ class ProgressServerConfig:
         """Settings from the operator Deployment's environment; None when the endpoint is off.
 
         `ROCMTRAIN_OPERATOR_NAMESPACE` (from the downward API) turns it on;
+        `ROCMTRAIN_BIND_ADDRESS` (where it listens: all addresses by default),
         `ROCMTRAIN_PROGRESS_PORT` (0 turns it off), `ROCMTRAIN_PROGRESS_ADVERTISE_HOST`
         and `ROCMTRAIN_PROGRESS_ADVERTISE_PORT` (how jobs reach it, by default the
         Service), `ROCMTRAIN_PROGRESS_MANAGE_TLS=false` (cert-manager provides the Secret).
@@ -240,6 +252,7 @@ class ProgressServerConfig:
             raise ValueError(f"ROCMTRAIN_OPERATOR_NAMESPACE is not a namespace name: {namespace!r}")
         return cls(
             namespace=namespace,
+            host=bind_address(env),
             port=port,
             advertise_host=env.get("ROCMTRAIN_PROGRESS_ADVERTISE_HOST", "").strip() or None,
             advertise_port=_port(env, "ROCMTRAIN_PROGRESS_ADVERTISE_PORT", 443),
