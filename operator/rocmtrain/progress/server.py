@@ -2,10 +2,12 @@
 
 `POST /v1/namespaces/{namespace}/rocmtrainingjobs/{name}/progress` with a
 `ProgressReport` body and `Authorization: Bearer <projected SA token>` merges the
-report into the job's status. Answers: 204 written; 400 malformed, non-finite or
-off-schema; 401 no or bad token; 403 the token's pod is not part of this job;
-404 no such job; 413 body over 16 KiB; 429 over the job's rate (Retry-After);
-503 the API server did not answer. `GET /healthz` answers 200.
+report into the job's status, and posts an event on the job when the report
+counts a new worker failure that training recovered from. Answers: 204 written;
+400 malformed, non-finite or off-schema; 401 no or bad token; 403 the token's
+pod is not part of this job; 404 no such job; 413 body over 16 KiB; 429 over the
+job's rate (Retry-After); 503 the API server did not answer. `GET /healthz`
+answers 200.
 
 `make_app` builds the aiohttp application from injected parts (authenticator,
 authoriser, job store, rate limiter), so it runs without kopf or a cluster.
@@ -47,7 +49,7 @@ from rocmtrain.progress import tls
 from rocmtrain.progress.auth import Identity, PodAuthoriser, TokenReviewAuthenticator
 from rocmtrain.progress.errors import Conflict, Forbidden, Gone, Unauthenticated, Unavailable
 from rocmtrain.progress.limits import MAX_BODY_BYTES, RateLimiter, ReportError, parse_report
-from rocmtrain.progress.status_patch import progress_patch
+from rocmtrain.progress.status_patch import progress_patch, recovery_events
 from rocmtrain.progress.store import KubeJobStore
 from rocmtrain.render import RenderOptions
 
@@ -73,6 +75,9 @@ class JobStore(Protocol):
 
     async def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """Merge-patch the status subresource; raise Conflict or Gone."""
+
+    async def post_event(self, obj: Any, *, type: str, reason: str, message: str) -> None:
+        """Post an event about the job (best effort)."""
 
 
 def _utcnow() -> dt.datetime:
@@ -107,8 +112,11 @@ def _bearer(request: web.Request) -> str | None:
     return token
 
 
-async def _record(jobs: JobStore, job: dict[str, Any], report: ProgressReport, now: Callable[[], dt.datetime]) -> None:
-    """Patch `report` into the job's status, re-reading the job when it changed meanwhile.
+async def _record(
+    jobs: JobStore, job: dict[str, Any], report: ProgressReport, now: Callable[[], dt.datetime]
+) -> dict[str, Any]:
+    """Patch `report` into the job's status, re-reading the job when it changed meanwhile; the job
+    as it was before the patch.
 
     The patch carries the resourceVersion it was computed from, so a concurrent
     write (another report, the operator's own status updates) is never lost.
@@ -121,7 +129,7 @@ async def _record(jobs: JobStore, job: dict[str, Any], report: ProgressReport, n
         patch["metadata"] = {"resourceVersion": job["metadata"]["resourceVersion"]}
         try:
             await jobs.patch_status(namespace, name, patch)
-            return
+            return job
         except Conflict:
             fresh = await jobs.get(namespace, name)
         if fresh is None or fresh["metadata"].get("uid") != uid:
@@ -179,7 +187,8 @@ def make_app(
         if body is None:
             raise _refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, namespace, name, "body too large")
         try:
-            await _record(jobs, job, parse_report(body), now)
+            report = parse_report(body)
+            before = await _record(jobs, job, report, now)
         except ReportError as exc:
             raise _refuse(HTTPStatus.BAD_REQUEST, namespace, name, str(exc)) from None
         except Gone:
@@ -190,6 +199,8 @@ def make_app(
             raise _refuse(
                 HTTPStatus.SERVICE_UNAVAILABLE, namespace, name, "job kept changing", **_RETRY_LATER
             ) from None
+        for event in recovery_events(report, before.get("status")):
+            await jobs.post_event(before, type=event.type, reason=event.reason, message=event.message)
         return web.Response(status=204)
 
     app = web.Application(client_max_size=MAX_BODY_BYTES)
