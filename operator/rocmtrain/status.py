@@ -13,6 +13,9 @@ Suspended, Retrying, Waiting, Scheduling, Scheduled) and `status.jobStatus`
 (``""``, PENDING, RUNNING, STOPPED, SUCCEEDED, FAILED), with `reason`
 (SubmissionFailed, DeadlineExceeded, AppFailed, ValidationFailed,
 JobDeploymentStatusTransitionGracePeriodExceeded) and `message` on failures.
+When the Ray job failed, that message is Ray's (the entrypoint's exit code and
+the tail of the driver's log); the driver's own one-line error, found there by
+`DRIVER_ERROR_PREFIX`, goes first in the job's Failed condition.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rocmtrain.api.contract import RAYJOB_API_VERSION
+from rocmtrain.api.contract import DRIVER_ERROR_PREFIX, RAYJOB_API_VERSION
 from rocmtrain.api.models import Condition, Phase, RocmTrainingJobSpec, RocmTrainingJobStatus
 from rocmtrain.api.timestamps import parse_time, rfc3339
 
@@ -168,8 +171,17 @@ def _suspended_state(obs: Observation) -> _State:
     return _State("Suspended", "Suspended", "suspended: the Ray cluster is deleted until spec.suspend is false")
 
 
+def driver_error_first(message: str) -> str:
+    """Ray's message with the driver's last `DRIVER_ERROR_PREFIX` line put first (unchanged without one)."""
+    found = [line for line in message.splitlines() if DRIVER_ERROR_PREFIX in line]
+    if not found:
+        return message
+    error = found[-1].split(DRIVER_ERROR_PREFIX, 1)[1].strip()
+    return f"{error}\n{message}"
+
+
 def _failed(reason: str, message: str, default: str) -> _State:
-    return _State("Failed", reason or "Failed", message or default)
+    return _State("Failed", reason or "Failed", driver_error_first(message) or default)
 
 
 def _rayjob_state(obs: Observation, rayjob: Mapping[str, Any]) -> _State:
