@@ -90,6 +90,8 @@ def start(
                 f"--service-account-signing-key-file={pki.sa_key}",
                 f"--api-audiences={SA_ISSUER}",
                 "--authorization-mode=Node,RBAC",
+                # A namespace's annotations may send its pods to the process runtime's nodes (world.py).
+                "--enable-admission-plugins=PodNodeSelector,PodTolerationRestriction",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 # Endpoints may not be loopback addresses; nothing in-cluster calls the API.
                 "--endpoint-reconciler-type=none",

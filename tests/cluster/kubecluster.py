@@ -36,6 +36,7 @@ from cluster.control_plane import SA_ISSUER, binaries_present
 from cluster.nodes import GPU_RESOURCE
 from cluster.paths import BIN_DIR, CRDS_DIR, KUBECONFIG_FILE, KUBERAY_CRDS_DIR, PIDS_FILE, STATE_DIR
 from cluster.processes import ClusterError, free_port, is_ours, stop_pids
+from cluster.runtime import network
 
 __all__ = [
     "BIN_DIR",
@@ -126,21 +127,24 @@ def running_world() -> Iterator[world.World]:
 # CLI: up / down
 
 
-def _read_pids() -> list[tuple[str, int]]:
+def _read_pids() -> list[tuple[str, int, str]]:
+    """(name, pid, identity) of each process `up` started (see processes.is_ours)."""
     if not PIDS_FILE.is_file():
         return []
     out = []
     for line in PIDS_FILE.read_text().splitlines():
-        name, _, pid = line.partition(" ")
-        if pid.strip().isdigit():
-            out.append((name, int(pid)))
+        parts = line.split()
+        if len(parts) >= 2 and parts[1].isdigit():
+            out.append((parts[0], int(parts[1]), parts[2] if len(parts) > 2 else parts[0]))
     return out
 
 
 def down() -> int:
     """Stop the processes recorded in .cluster/pids and remove the cluster state."""
-    pids = {name: pid for name, pid in _read_pids() if is_ours(name, pid)}
+    pids = {name: pid for name, pid, identity in _read_pids() if is_ours(identity, pid)}
     stop_pids(pids)
+    if network.available() is None:
+        network.sweep_stale()  # a process runtime that was killed outright leaves its namespaces
     PIDS_FILE.unlink(missing_ok=True)
     KUBECONFIG_FILE.unlink(missing_ok=True)
     shutil.rmtree(STATE_DIR, ignore_errors=True)
@@ -150,7 +154,7 @@ def down() -> int:
 
 def up() -> int:
     """Start the world detached, for people; print the kubeconfig path."""
-    running = [(n, p) for n, p in _read_pids() if is_ours(n, p)]
+    running = [(n, p) for n, p, identity in _read_pids() if is_ours(identity, p)]
     if running and KUBECONFIG_FILE.is_file():
         print(f"already running; kubeconfig: {KUBECONFIG_FILE}")
         return 0
@@ -160,7 +164,7 @@ def up() -> int:
     start = time.monotonic()
     # On failure world.start stops what it started.
     started = world.start(STATE_DIR, kubeconfig_path=KUBECONFIG_FILE, detach=True)
-    PIDS_FILE.write_text("".join(f"{name} {proc.pid}\n" for name, proc in started.processes.items()))
+    PIDS_FILE.write_text("".join(f"{name} {proc.pid} {proc.identity}\n" for name, proc in started.processes.items()))
     for name, message in started.cluster.crd_errors.items():
         print(f"warning: crds/{name} rejected by kube-apiserver: {message}", file=sys.stderr)
     print(json.dumps(world.describe(started), indent=2))

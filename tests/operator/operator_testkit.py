@@ -8,7 +8,6 @@ status the way KubeRay v1.5.1 does.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 from kopf.testing import KopfRunner
 
 from cluster.kubecluster import BIN_DIR, KubeCluster, free_port
-from rocmtrain.api.manifests import load_documents
+from cluster.rocmtrain_operator import kustomize
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_NAMESPACE = "rocm-train-system"
@@ -164,11 +163,9 @@ class Operator:
 
 def kustomize_build(folder: Path) -> list[dict[str, Any]]:
     """`kustomize build folder`, as objects (YAML 1.2 numbers, `5e-05`, as kubectl reads them)."""
-    binary = BIN_DIR / "kustomize"
-    if not binary.is_file():
+    if not (BIN_DIR / "kustomize").is_file():
         message = f"no kustomize in {BIN_DIR}; run `make cluster-binaries`"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    out = subprocess.run([str(binary), "build", str(folder)], capture_output=True, text=True, check=True)
-    return load_documents(out.stdout)
+    return kustomize(folder)
