@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from cluster import runtime
-from cluster.api import KubeCluster, load_documents
+from cluster.api import KubeCluster
 from cluster.paths import BIN_DIR, REPO_ROOT
 from cluster.processes import ClusterError, Process, free_port, http_ok
+from rocmtrain.api.manifests import load_documents
 
 NAMESPACE = "rocm-train-system"
 ACCOUNT = "rocm-train-operator"
@@ -34,7 +35,8 @@ TOKEN_SECONDS = 30 * 24 * 3600
 
 
 def kustomize(folder: Path) -> list[dict[str, Any]]:
-    """`kustomize build folder` (the kustomize of `make cluster-binaries`), as objects."""
+    """`kustomize build folder` (the kustomize of `make cluster-binaries`), as objects read as kubectl
+    reads them (YAML 1.2 numbers: `5e-05`)."""
     binary = BIN_DIR / "kustomize"
     if not binary.is_file():
         raise ClusterError(f"no kustomize in {BIN_DIR}; run `make cluster-binaries`")
