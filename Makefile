@@ -8,7 +8,7 @@ export GOFLAGS ?= -buildvcs=false
 JOB ?= examples/quickstart.yaml
 
 .PHONY: install quickstart run test test-unit lint format crds docs manifests render validate \
-        cluster-binaries cluster-up cluster-down run-operator bench bench-train bench-operator clean
+        cluster-binaries cluster-up cluster-down demo run-operator bench bench-train bench-operator clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -67,13 +67,18 @@ validate: install
 cluster-binaries:
 	tests/cluster/build.sh
 
-# The whole test world, detached (kube-scheduler, kwok GPU nodes, KubeRay, Kueue); prints its kubeconfig.
+# The whole test world, detached (kube-scheduler, kwok GPU nodes, KubeRay, Kueue, and where this
+# machine allows, the process runtime and the operator); prints its kubeconfig.
 cluster-up: install cluster-binaries
 	PYTHONPATH=tests $(PY) -m cluster.kubecluster up
 
-# Stops every process cluster-up started and removes its state.
+# Stops every process cluster-up started (and the pods' processes and network) and removes its state.
 cluster-down:
 	PYTHONPATH=tests $(PY) -m cluster.kubecluster down
+
+# The quick start as a cluster job on the local world (brought up if needed), followed to its end.
+demo: install cluster-binaries
+	PYTHONPATH=tests $(PY) -m cluster.demo
 
 # The operator against the current KUBECONFIG (all namespaces unless ROCMTRAIN_NAMESPACES is set).
 run-operator: install

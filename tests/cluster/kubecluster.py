@@ -15,6 +15,10 @@ For people (from the repo root)::
 
     PYTHONPATH=tests python -m cluster.kubecluster up     # the world; prints the kubeconfig path
     PYTHONPATH=tests python -m cluster.kubecluster down
+
+`up` also starts the operator (with its progress endpoint) and sends the pods
+of the `default` namespace to the process runtime, where this machine can run
+it: a RocmTrainingJob applied there really trains (see `make demo`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from cluster import control_plane, world
+from cluster import control_plane, rocmtrain_operator, runtime, world
 from cluster.api import KubeCluster, request
 from cluster.control_plane import SA_ISSUER, binaries_present
 from cluster.nodes import GPU_RESOURCE
@@ -139,6 +143,11 @@ def _read_pids() -> list[tuple[str, int, str]]:
     return out
 
 
+def running(name: str | None = None) -> bool:
+    """Whether `up`'s processes (or the one named ``name``) still run."""
+    return any(is_ours(identity, pid) for n, pid, identity in _read_pids() if name in (None, n))
+
+
 def down() -> int:
     """Stop the processes recorded in .cluster/pids and remove the cluster state."""
     pids = {name: pid for name, pid, identity in _read_pids() if is_ours(identity, pid)}
@@ -164,6 +173,15 @@ def up() -> int:
     start = time.monotonic()
     # On failure world.start stops what it started.
     started = world.start(STATE_DIR, kubeconfig_path=KUBECONFIG_FILE, detach=True)
+    try:
+        if started.runtime is not None:
+            runtime.serve_namespace(started.cluster, "default")
+            rocmtrain_operator.start(started, detach=True)
+        else:
+            print(f"note: no process runtime ({network.available()}): pods run on kwok nodes only", file=sys.stderr)
+    except BaseException:
+        started.stop()
+        raise
     PIDS_FILE.write_text("".join(f"{name} {proc.pid} {proc.identity}\n" for name, proc in started.processes.items()))
     for name, message in started.cluster.crd_errors.items():
         print(f"warning: crds/{name} rejected by kube-apiserver: {message}", file=sys.stderr)

@@ -23,6 +23,7 @@ from cluster import runtime
 from cluster.api import KubeCluster
 from cluster.paths import BIN_DIR, REPO_ROOT
 from cluster.processes import ClusterError, Process, free_port, http_ok
+from cluster.world import World
 from rocmtrain.api.manifests import load_documents
 
 NAMESPACE = "rocm-train-system"
@@ -78,3 +79,14 @@ def process(
         ready=lambda: http_ok(f"http://{address}:{health}/healthz"),
         detach=detach,
     )
+
+
+def start(world: World, *, detach: bool = False, **env: str) -> Process:
+    """Install and start the operator in ``world`` (which runs the process runtime); it joins the world's processes."""
+    kubeconfig = install(world.cluster, world.workdir)
+    address = runtime.info(world.workdir)["hostAddress"]
+    operator = process(world.cluster, world.workdir, kubeconfig, address, detach=detach, **env)
+    world.processes[operator.name] = operator
+    operator.start()
+    operator.wait_ready(60)
+    return operator

@@ -28,11 +28,6 @@ def operator(world: World) -> Iterator[Process]:
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
-    kubeconfig = rocmtrain_operator.install(world.cluster, world.workdir)
-    address = runtime.info(world.workdir)["hostAddress"]
-    process = rocmtrain_operator.process(world.cluster, world.workdir, kubeconfig, address, ROCMTRAIN_RETRY_SECONDS="2")
-    world.processes[process.name] = process
-    process.start()
-    process.wait_ready(60)
+    process = rocmtrain_operator.start(world, ROCMTRAIN_RETRY_SECONDS="2")
     yield process
     process.stop()
