@@ -35,17 +35,17 @@ JOBS = f"/apis/rocmtrain.dev/v1alpha1/namespaces/{NAMESPACE}/rocmtrainingjobs"
 TIMEOUT_SECONDS = 1800
 
 
-def cluster_job(folder: Path) -> dict[str, Any]:
-    """The quick start with its `./` data in ``folder`` and its storage on the claim mounted there."""
+def cluster_job(folder: Path, namespace: str = NAMESPACE, claim: str = CLAIM) -> dict[str, Any]:
+    """The quick start with its `./` data copied into ``folder`` and its storage on ``claim``, mounted there."""
     (job,) = load_documents(QUICKSTART.read_text())
     data = job["spec"]["data"]
     for part in ("train", "eval"):
         source = QUICKSTART.parent / data[part]["uri"]
         shutil.copy(source, folder / source.name)
         data[part]["uri"] = str(folder / source.name)
-    job["metadata"]["namespace"] = NAMESPACE
+    job["metadata"]["namespace"] = namespace
     job["spec"]["checkpoint"] = {"storagePath": str(folder / "runs")}
-    job["spec"]["volumes"] = [{"name": "storage", "persistentVolumeClaim": {"claimName": CLAIM}}]
+    job["spec"]["volumes"] = [{"name": "storage", "persistentVolumeClaim": {"claimName": claim}}]
     job["spec"]["volumeMounts"] = [{"name": "storage", "mountPath": str(folder)}]
     return job
 

@@ -25,9 +25,21 @@ TIMEOUT = 600
 def volume(scope: Scope, namespace: str, folder: Path) -> Path:
     """A PersistentVolume at ``folder`` (this machine's path) and a claim `storage` bound to it; the folder
     holds a copy of the examples' data. The process runtime leaves the path as it is in the pods."""
+    copy_data(folder)
+    claim(scope, namespace, folder)
+    return folder
+
+
+def copy_data(folder: Path) -> Path:
+    """``folder`` with a copy of the examples' data in it."""
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("train.jsonl", "eval.jsonl"):
         shutil.copy(DATA / name, folder / name)
+    return folder
+
+
+def claim(scope: Scope, namespace: str, folder: Path) -> None:
+    """A PersistentVolume at ``folder`` and the claim `storage` on it, in ``namespace``."""
     pv = f"storage-{namespace}"
     scope.apply(
         {
@@ -56,7 +68,6 @@ def volume(scope: Scope, namespace: str, folder: Path) -> Path:
             },
         }
     )
-    return folder
 
 
 def cpu_job(
