@@ -83,9 +83,10 @@ class PodWorker(threading.Thread):
         self.folder = kubelet.pods_dir / f"{meta['namespace']}_{meta['name']}_{self.uid[:8]}"
         self.logs = kubelet.logs_dir / meta["namespace"] / meta["name"]
         self.state = PodState(host_ip=kubelet.network.host_address)
+        self.hostname = (pod["spec"].get("hostname") or meta["name"])[:63]
         self.network: PodNetwork | None = None
         self.volumes: Volumes | None = None
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
         self._grace = 0.0
         self._gone = False  # the pod object is gone: nothing to finalize or write
         self._written: dict[str, Any] | None = None
@@ -108,13 +109,13 @@ class PodWorker(threading.Thread):
     def update(self, pod: dict[str, Any]) -> None:
         """A newer version of the pod object; its deletion starts the stop."""
         self.pod = pod
-        if pod["metadata"].get("deletionTimestamp") and not self._stop.is_set():
+        if pod["metadata"].get("deletionTimestamp") and not self._stopping.is_set():
             self.stop(podspec.grace_seconds(pod))
 
     def stop(self, grace: float, *, gone: bool = False) -> None:
         self._grace = grace
         self._gone = self._gone or gone
-        self._stop.set()
+        self._stopping.set()
 
     @property
     def ready(self) -> bool:
@@ -139,23 +140,20 @@ class PodWorker(threading.Thread):
         finally:
             self._probes.shutdown(wait=False, cancel_futures=True)
             self._release()
-            if self._stop.is_set() and not self._gone:
+            if self._stopping.is_set() and not self._gone:
                 self._finalize()
             self.kubelet.forget(self.uid)
 
     def _setup(self) -> bool:
         """The pod's folder, network namespace, address and hosts file; the first status."""
-        if self._stop.is_set():
+        if self._stopping.is_set():
             return False
         (self.folder / "home").mkdir(parents=True, exist_ok=True)
         (self.folder / "ray").mkdir(parents=True, exist_ok=True)
         # The stand-in image's login profile: the checkout's Python first (KubeRay runs `bash -l`).
         (self.folder / "home" / ".profile").write_text(f'export PATH="{self.kubelet.python_bin}:$PATH"\n')
         self.network = self.kubelet.network.add_pod()
-        spec = self.pod["spec"]
-        hostname = (spec.get("hostname") or self.pod["metadata"]["name"])[:63]
-        self.hostname = hostname
-        self.kubelet.names.add_view(self.folder / "hosts", {hostname: self.network.address})
+        self.kubelet.names.add_view(self.folder / "hosts", {self.hostname: self.network.address})
         self.state.pod_ip = self.network.address
         self.state.started_at = time.time()
         self.state.sandbox_ready = True
@@ -168,14 +166,14 @@ class PodWorker(threading.Thread):
 
     def _prepare_volumes(self) -> bool:
         assert self.volumes is not None
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             try:
                 self.volumes.prepare()
                 return True
             except (Missing, ConfigError) as exc:
                 self._waiting_all("ContainerCreating", f"MountVolume.SetUp failed: {exc}")
                 self.kubelet.event(self.pod, "Warning", "FailedMount", f"MountVolume.SetUp failed: {exc}")
-            self._stop.wait(RETRY_SECONDS)
+            self._stopping.wait(RETRY_SECONDS)
         return False
 
     def _waiting_all(self, reason: str, message: str) -> None:
@@ -188,7 +186,7 @@ class PodWorker(threading.Thread):
         """Each init container to its successful end; False when the pod stops or fails first."""
         restart = self.pod["spec"].get("restartPolicy", "Always")
         for slot in self.init:
-            while not self._stop.is_set():
+            while not self._stopping.is_set():
                 if slot.run is None and time.monotonic() >= slot.restart_at:
                     self._start(slot)
                 if slot.run is not None and slot.run.poll() is not None:
@@ -201,8 +199,8 @@ class PodWorker(threading.Thread):
                         return False
                     self._schedule_restart(slot)
                 self._write_status()
-                self._stop.wait(TICK_SECONDS)
-            if self._stop.is_set():
+                self._stopping.wait(TICK_SECONDS)
+            if self._stopping.is_set():
                 return False
         for slot in self.containers:
             slot.state.reason = "ContainerCreating"
@@ -299,7 +297,7 @@ class PodWorker(threading.Thread):
     def _supervise(self) -> None:
         """Restarts, probes and token renewals until the pod ends or is stopped."""
         policy = self.pod["spec"].get("restartPolicy", "Always")
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             now = time.monotonic()
             for slot in self.containers:
                 if slot.run is not None and slot.run.poll() is not None:
@@ -316,7 +314,7 @@ class PodWorker(threading.Thread):
             assert self.volumes is not None
             self.volumes.refresh()
             self._write_status()
-            self._stop.wait(TICK_SECONDS)
+            self._stopping.wait(TICK_SECONDS)
 
     def _probe(self, slot: Slot, now: float) -> None:
         assert slot.run is not None
@@ -370,8 +368,8 @@ class PodWorker(threading.Thread):
             slot.state.will_restart = False
         self._write_status()
         self._free_network()
-        if not self._stop.is_set():  # ended by itself: its status stays until the pod is deleted
-            self._stop.wait()
+        if not self._stopping.is_set():  # ended by itself: its status stays until the pod is deleted
+            self._stopping.wait()
 
     def _kill_all(self) -> None:
         for slot in [*self.init, *self.containers]:
