@@ -118,7 +118,7 @@ class Aggregator:
             progress=progress,
             metrics=Metrics(**self._latest),
             final=final,
-            worker_failures=self.worker_failures,
+            worker_failures=self.worker_failures or None,  # left out of the report until a failure
             resumed_from_step=first.resumed_from_step,
         )
 

@@ -678,7 +678,7 @@ class ProgressReport(ApiModel):
     progress: Progress = Field(description="Training progress.")
     metrics: Metrics = Field(default_factory=Metrics, description="Aggregated metrics.")
     final: bool = Field(default=False, description="True on the last report of a run.")
-    worker_failures: int = Field(default=0, ge=0, le=10_000, description=WORKER_FAILURES)
+    worker_failures: int | None = Field(default=None, ge=1, le=10_000, description=WORKER_FAILURES)
     resumed_from_step: int | None = Field(
         default=None, ge=0, le=10**12, description="Step of the checkpoint the workers of this run last resumed from."
     )

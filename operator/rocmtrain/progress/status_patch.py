@@ -74,7 +74,7 @@ def progress_patch(report: ProgressReport, status: Mapping[str, Any] | None, now
         patch["metrics"] = metrics
     status = status or {}
     if report.worker_failures or "workerFailures" in status:
-        patch["workerFailures"] = report.worker_failures
+        patch["workerFailures"] = report.worker_failures or 0
     if (point := history_point(report, status.get("metrics") or {})) is not None:
         patch["history"] = extend_history(status.get("history") or [], point)
     return {"status": patch}
@@ -83,7 +83,7 @@ def progress_patch(report: ProgressReport, status: Mapping[str, Any] | None, now
 def recovery_events(report: ProgressReport, status: Mapping[str, Any] | None) -> list[Event]:
     """The event a report brings when it counts more worker failures than the status has seen."""
     seen = (status or {}).get("workerFailures") or 0
-    if report.worker_failures <= seen:
+    if (report.worker_failures or 0) <= seen:
         return []
     where = f" at step {report.resumed_from_step}" if report.resumed_from_step is not None else ""
     message = (
