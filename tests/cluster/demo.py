@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from cluster import kubecluster
+from cluster import kubecluster, rocmtrain_operator
 from cluster.api import KubeCluster
 from cluster.paths import KUBECONFIG_FILE, REPO_ROOT, STATE_DIR
 from rocmtrain.api.manifests import load_documents
@@ -102,7 +102,7 @@ def follow(cluster: KubeCluster, name: str) -> dict[str, Any]:
 def main() -> int:
     if not KUBECONFIG_FILE.is_file() or not kubecluster.running():
         kubecluster.up()
-    if not kubecluster.running("rocm-train-operator"):
+    if not kubecluster.running(rocmtrain_operator.NAME):
         print("error: the world runs no operator (no process runtime here: it needs root)", file=sys.stderr)
         return 1
     cluster = KubeCluster(KUBECONFIG_FILE)

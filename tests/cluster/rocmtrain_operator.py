@@ -24,6 +24,7 @@ from cluster.api import KubeCluster
 from cluster.paths import BIN_DIR, REPO_ROOT
 from cluster.processes import ClusterError, Process, free_port, http_ok
 from cluster.world import World
+from rocmtrain.api.contract import OPERATOR_NAME
 from rocmtrain.api.manifests import load_documents
 
 NAMESPACE = "rocm-train-system"
@@ -31,7 +32,7 @@ ACCOUNT = "rocm-train-operator"
 PROGRESS_SERVICE = "rocmtrain-progress"
 # What `kubectl apply -k manifests/` makes that a process outside the cluster needs (no Deployment, no Services).
 RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
-NAME = "rocm-train-operator"
+NAME = OPERATOR_NAME
 TOKEN_SECONDS = 30 * 24 * 3600
 
 

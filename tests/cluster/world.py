@@ -32,6 +32,7 @@ from cluster.kueue import Kueue
 from cluster.processes import ClusterError, Process, log_tail
 from cluster.runtime import network
 from cluster.sandbox import LoopbackNames
+from rocmtrain.api.contract import OPERATOR_NAME
 
 WORLD_BINARIES = ("kube-scheduler", "kwok", "kuberay-operator", "kueue")
 WORLD_CONTROLLERS = (
@@ -107,7 +108,7 @@ class Scope:
 
     def describe(self, lines: int = 40) -> str:
         """The pods of this test's namespaces (phase, node, container states), the tails of their
-        process runtime logs, and of the runtime's own: for failure reports."""
+        process runtime logs, and of the runtime's and the operator's own: for failure reports."""
         out = []
         logs = self.world.workdir / "logs"
         for name in self._namespaces:
@@ -121,8 +122,9 @@ class Scope:
                     )
             for log in sorted((logs / "pods" / name).glob("*/*.log")):
                 out.append(f"---- {log.relative_to(logs)} (last {lines} lines)\n{log_tail(log, lines)}")
-        if self.world.runtime is not None:
-            out.append(f"---- {runtime.NAME}.log\n{log_tail(self.world.runtime.log, lines)}")
+        for name in (runtime.NAME, OPERATOR_NAME):
+            if (process := self.world.processes.get(name)) is not None:
+                out.append(f"---- {process.log.name}\n{log_tail(process.log, lines)}")
         return "\n".join(out)
 
     def apply(self, *objects: dict[str, Any]) -> list[dict[str, Any]]:

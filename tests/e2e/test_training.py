@@ -64,7 +64,12 @@ def _assert_trained(world: World, ns: str, name: str, folder: Path, watch: Watch
     assert final["lastProgressTime"] and final["workersReady"] == 2
     # Phases as polled, and the operator's events, in the one order a job goes.
     assert watch.phases == [p for p in ORDER if p in watch.phases] and "Running" in watch.phases, watch.phases
-    reasons = [e["reason"] for e in events(world.cluster, ns, name)]
+    # (The operator posts a transition's event right after it writes the status.)
+    reasons = world.cluster.wait_for(
+        lambda: "Succeeded" in (found := [e["reason"] for e in events(world.cluster, ns, name)]) and found,
+        30,
+        "the Succeeded event",
+    )
     assert [r for r in reasons if r in ORDER] == ORDER, reasons
     # shutdownAfterJobFinishes: KubeRay deletes the Ray cluster; the runtime ends its processes.
     world.cluster.wait_for(lambda: ray_cluster_gone(world.cluster, ns, name), 120, "the Ray cluster to go")
@@ -189,7 +194,11 @@ def test_a_job_whose_data_does_not_parse_fails_with_the_drivers_error(
     first = failed["message"].splitlines()[0]
     assert first.startswith(f"{folder / 'broken.jsonl'}: ") or f"{folder / 'broken.jsonl'}" in first, failed["message"]
     assert "Job entrypoint command failed with exit code 2" in failed["message"]
-    warning = events(world.cluster, ns, "minilm")[-1]
-    assert warning["reason"] == "Failed" and first in warning["message"]
+    warning = world.cluster.wait_for(
+        lambda: next((e for e in events(world.cluster, ns, "minilm") if e["reason"] == "Failed"), None),
+        30,
+        "the Failed event",
+    )
+    assert warning["type"] == "Warning" and first in warning["message"]
     world.cluster.wait_for(lambda: ray_cluster_gone(world.cluster, ns, "minilm"), 120, "the Ray cluster to go")
     assert status(world.cluster, ns, "minilm")["phase"] == "Failed"

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from kopf.testing import KopfRunner
 
+from cluster import rocmtrain_operator
 from cluster.kubecluster import BIN_DIR, KubeCluster, free_port
 from cluster.rocmtrain_operator import kustomize
 
 REPO = Path(__file__).resolve().parents[2]
-OPERATOR_NAMESPACE = "rocm-train-system"
-OPERATOR_SA = "rocm-train-operator"
+OPERATOR_NAMESPACE, OPERATOR_SA = rocmtrain_operator.NAMESPACE, rocmtrain_operator.ACCOUNT
 JOBS = "/apis/rocmtrain.dev/v1alpha1/namespaces/{ns}/rocmtrainingjobs"
 RAYJOBS = "/apis/ray.io/v1/namespaces/{ns}/rayjobs"
 STALL_SECONDS = 3

@@ -23,6 +23,8 @@ from typing import Any, TypeVar
 from kubernetes_asyncio import config as async_config
 
 from cluster.kubecluster import KubeCluster
+from cluster.rocmtrain_operator import ACCOUNT as OPERATOR_SA
+from cluster.rocmtrain_operator import NAMESPACE as OPERATOR_NAMESPACE
 from rocmtrain.api.contract import (
     API_VERSION,
     JOB_NAME_LABEL,
@@ -37,8 +39,6 @@ from rocmtrain.progress.server import ProgressServer, ProgressServerConfig, star
 T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[2]
-OPERATOR_NAMESPACE = "rocm-train-system"
-OPERATOR_SA = "rocm-train-operator"
 
 
 class LoopThread:
