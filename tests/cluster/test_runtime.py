@@ -34,14 +34,15 @@ def ns(world: World, scope: Scope) -> str:
 
 
 def pod(name: str, namespace: str, script: str, **spec: Any) -> dict[str, Any]:
-    """A pod whose container runs ``script`` with the stand-in image's Python."""
+    """A pod whose container runs ``script`` with the stand-in image's Python (PID 1 of its container,
+    where SIGTERM without a handler does nothing: a short grace period ends it quickly)."""
     container = {"name": "main", "image": "example.com/any:1", "command": ["python", "-c", textwrap.dedent(script)]}
     container.update(spec.pop("container", {}))
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
-        "spec": {"containers": [container], "restartPolicy": "Never", **spec},
+        "spec": {"containers": [container], "restartPolicy": "Never", "terminationGracePeriodSeconds": 2, **spec},
     }
 
 
