@@ -7,19 +7,27 @@ PY := $(BIN)/python
 export GOFLAGS ?= -buildvcs=false
 JOB ?= examples/quickstart.yaml
 
-.PHONY: install quickstart run test test-unit lint format crds docs manifests render validate \
-        cluster-binaries cluster-up cluster-down demo run-operator bench bench-train bench-operator clean
+.PHONY: install lock quickstart run test test-unit lint format crds docs manifests render validate \
+        cluster-binaries cluster-up cluster-down demo run-operator bench bench-train bench-operator bench-world clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-# Installs the project with every extra into .venv; re-runs only when pyproject changes.
-$(VENV)/.installed: pyproject.toml | $(BIN)/activate
-	$(PY) -m pip install --quiet -e '.[operator,train,dev]'
+# Installs the project with every extra into .venv, at the versions of constraints.txt (the lock
+# both Dockerfiles use too); re-runs only when pyproject or the lock changes.
+$(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/activate
+	$(PY) -m pip install --quiet --constraint constraints.txt -e '.[operator,train,plot,dev]'
 	touch $@
 
 install: $(VENV)/.installed
+
+# Regenerates the lock from .venv after a change of pyproject.toml (see the header of constraints.txt).
+# torch, and what only torch needs, stay unpinned: the ROCm base image's or a local CPU wheel is used.
+UNPINNED := '^(torch|torchvision|torchaudio|triton|pytorch-triton-rocm|sympy|networkx|nvidia-[a-z0-9-]+|cuda-[a-z0-9-]+)=='
+lock: install
+	{ sed -n '/^#/p' constraints.txt; $(PY) -m pip freeze --exclude-editable | grep -viE $(UNPINNED); } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 # The README's quick start: install, then fine-tune MiniLM locally on CPU with an embedded Ray.
 quickstart: install
@@ -35,7 +43,7 @@ test: install cluster-binaries lint
 test-unit: install
 	$(BIN)/pytest -q -ra -m "not cluster and not ray"
 
-# ruff, then mypy (strict on rocmtrain.api, rocmtrain.render and rocmtrain.status; see pyproject.toml).
+# ruff, then mypy (strict on rocmtrain.api, rocmtrain.render and the pure status modules; see pyproject.toml).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -85,13 +93,17 @@ run-operator: install
 	$(PY) -m rocmtrain.controller
 
 # Side-by-side benchmarks; figures in README.md.
-bench: bench-train bench-operator
+bench: bench-train bench-operator bench-world
 
 bench-train: install
 	$(PY) bench/train_throughput.py --out runs/bench-train.json
 
 bench-operator: install cluster-binaries
 	$(PY) bench/operator_bench.py --out runs/bench-operator.json
+
+# The operator beside the real KubeRay, kube-scheduler and kwok (the test world): 500 jobs.
+bench-world: install cluster-binaries
+	$(PY) bench/operator_bench.py --world --out runs/bench-world.json
 
 clean:
 	rm -rf $(VENV) .cluster runs .pytest_cache .ruff_cache .mypy_cache

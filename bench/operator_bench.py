@@ -13,10 +13,21 @@
 3. Memory: the operator's RSS (a subprocess, `python -m rocmtrain.controller`) with
    M jobs (default 1,000, the N of each throughput run and more), all Running. Target: < 200 MiB.
 
-There is no KubeRay controller: RayJob status is written by this script.
+There is no KubeRay controller there: RayJob status is written by this script.
+
+`--world` runs in the test world instead (tests/cluster/world.py: kube-scheduler, kwok
+nodes, the real KubeRay with its defaults, Kueue idle), with eight more kwok nodes of
+250 pods each for the bench: N small CPU-only jobs are created at once while the
+operator runs, and each is timed, side by side, through
+   - the operator: job created -> its RayJob (and its first status);
+   - KubeRay (with the scheduler and kwok): RayJob -> RayCluster `ready` (head and
+     worker pods scheduled and Ready), and KubeRay's own figure for the same span,
+     `kuberay_cluster_provisioned_duration_seconds` (RayCluster created -> provisioned);
+   - and until every job's status shows its worker ready (the operator follows the pods).
 
     python bench/operator_bench.py                       # starts a local control plane
     python bench/operator_bench.py --kubeconfig PATH     # or uses an existing cluster
+    python bench/operator_bench.py --world --jobs 500    # the test world, with the real KubeRay
 """
 
 from __future__ import annotations
@@ -41,15 +52,17 @@ sys.path.insert(0, str(REPO / "tests"))
 from kubernetes_asyncio import client, watch  # noqa: E402
 from kubernetes_asyncio.client.exceptions import ApiException  # noqa: E402
 
+from cluster import nodes, world  # noqa: E402
 from cluster.kubecluster import KubeCluster, free_port, running_cluster  # noqa: E402
+from cluster.nodes import FakeNode  # noqa: E402
 from rocmtrain.api.models import RocmTrainingJob  # noqa: E402
-from rocmtrain.kube import JOBS, RAYJOBS, Kube  # noqa: E402
+from rocmtrain.kube import JOBS, RAYJOBS, Kube, Ref  # noqa: E402
 from rocmtrain.render import render_rayjob  # noqa: E402
 
 IN_FLIGHT = 32
 
 
-def job_body(name: str, namespace: str) -> dict[str, Any]:
+def job_body(name: str, namespace: str, resources: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "apiVersion": "rocmtrain.dev/v1alpha1",
         "kind": "RocmTrainingJob",
@@ -57,7 +70,8 @@ def job_body(name: str, namespace: str) -> dict[str, Any]:
         "spec": {
             "model": {"source": "distilbert/distilbert-base-uncased", "numLabels": 2},
             "data": {"train": {"uri": "s3://datasets/reviews/train.jsonl"}},
-            "resources": {"workers": 2, "gpusPerWorker": 8},
+            "resources": resources or {"workers": 2, "gpusPerWorker": 8},
+            "checkpoint": {"storagePath": f"s3://checkpoints/{namespace}/{name}"},
         },
     }
 
@@ -110,11 +124,14 @@ def rss_mib(pid: int) -> tuple[float, float]:
 
 
 class Watcher:
-    """A watch on jobs or RayJobs of one namespace, recording when each object first met a predicate."""
+    """A watch on custom objects of one namespace: the latest of each, and `seen(object)` for every event."""
 
-    def __init__(self, kube: Kube, ref: Any, namespace: str) -> None:
+    def __init__(
+        self, kube: Kube, ref: Any, namespace: str, seen: Callable[[dict[str, Any]], None] | None = None
+    ) -> None:
         self._objects = client.CustomObjectsApi(kube.api)
         self._ref, self._namespace = ref, namespace
+        self._seen = seen
         self.latest: dict[str, dict[str, Any]] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -133,6 +150,8 @@ class Watcher:
                 async for event in stream:
                     obj = event["object"]
                     self.latest[obj["metadata"]["name"]] = obj
+                    if self._seen is not None:
+                        self._seen(obj)
                     self._changed.set()
             except ApiException as exc:
                 if exc.status not in (410, 504):  # an expired or not yet cached resourceVersion: start over
@@ -349,6 +368,115 @@ async def _add_jobs(kube: Kube, namespace: str, names: list[str]) -> None:
         await jobs.until(lambda seen: all(phase(seen.get(n)) for n in names), timeout=600)
 
 
+# ---- in the world: the operator beside the real KubeRay ------------------------------------------
+
+RAYCLUSTERS = Ref("ray.io", "v1", "rayclusters")
+ORIGIN_LABEL = "ray.io/originated-from-cr-name"  # KubeRay's label on a RayJob's RayCluster: the RayJob's name
+BENCH_NODES = tuple(FakeNode(f"bench-{i}", 10 + i, cpu="1000", memory="4Ti", pods=250) for i in range(8))
+SMALL = {
+    "workers": 1,
+    "gpusPerWorker": 0,
+    "cpusPerWorker": "100m",
+    "memoryPerWorker": "256Mi",
+    "sharedMemory": "64Mi",
+    "head": {"cpu": "100m", "memory": "256Mi"},
+}
+
+
+def spread(samples: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(statistics.median(samples), 2),
+        "p95": round(percentile(samples, 95), 2),
+        "max": round(max(samples), 2),
+    }
+
+
+def kuberay_provisioned(metrics_url: str, namespace: str) -> list[float]:
+    """KubeRay's own `kuberay_cluster_provisioned_duration_seconds` of the RayClusters in `namespace`."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:  # noqa: S310 (a loopback URL of ours)
+        lines = response.read().decode().splitlines()
+    prefix, where = "kuberay_cluster_provisioned_duration_seconds{", f'namespace="{namespace}"'
+    return [float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(prefix) and where in line]
+
+
+async def world_bench(cluster: KubeCluster, metrics_url: str, args: argparse.Namespace, log: Path) -> dict[str, Any]:
+    """N small jobs at once in the world; each timed through the operator and through KubeRay (module doc)."""
+    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+    kube = await Kube.connect(pool_size=IN_FLIGHT)
+    ns = cluster.new_namespace("world")
+    names = [f"job-{i:04d}" for i in range(args.jobs)]
+    marks: dict[str, dict[str, float]] = {key: {} for key in ("created", "rayjob", "status", "cluster", "workers")}
+
+    def mark(key: str, name: str | None) -> None:
+        if name is not None:
+            marks[key].setdefault(name, time.monotonic())
+
+    def on_job(job: dict[str, Any]) -> None:
+        status = job.get("status") or {}
+        if status.get("phase"):
+            mark("status", job["metadata"]["name"])
+        if status.get("workersReady") == 1:
+            mark("workers", job["metadata"]["name"])
+
+    def on_cluster(raycluster: dict[str, Any]) -> None:
+        if (raycluster.get("status") or {}).get("state") == "ready":
+            mark("cluster", (raycluster["metadata"].get("labels") or {}).get(ORIGIN_LABEL))
+
+    async def create(name: str) -> None:
+        await kube.create(JOBS, job_body(name, ns, SMALL))
+        mark("created", name)
+
+    try:
+        with operator_process(cluster.kubeconfig, log) as (proc, _metrics_port):
+            async with (
+                Watcher(kube, JOBS, ns, on_job).running(),
+                Watcher(kube, RAYJOBS, ns, lambda rayjob: mark("rayjob", rayjob["metadata"]["name"])).running(),
+                Watcher(kube, RAYCLUSTERS, ns, on_cluster).running(),
+            ):
+                start = time.monotonic()
+                await bounded([lambda n=n: create(n) for n in names])
+                deadline = start + args.world_timeout
+                while min(len(marks["cluster"]), len(marks["workers"])) < len(names):
+                    if time.monotonic() > deadline:
+                        done = {key: len(marks[key]) for key in ("rayjob", "cluster", "workers")}
+                        raise TimeoutError(f"of {len(names)} jobs, after {args.world_timeout} s: {done}")
+                    await asyncio.sleep(0.5)
+            rss, peak = rss_mib(proc.pid)
+    finally:
+        await kube.close()
+    provisioned = kuberay_provisioned(metrics_url, ns)
+
+    def span(first: str, then: str) -> list[float]:
+        return [marks[then][n] - marks[first][n] for n in names]
+
+    return {
+        "jobs": args.jobs,
+        "world_seconds_all_rayjobs": round(max(marks["rayjob"].values()) - start, 2),
+        "world_seconds_all_rayclusters_ready": round(max(marks["cluster"].values()) - start, 2),
+        "world_seconds_all_job_statuses_ready": round(max(marks["workers"].values()) - start, 2),
+        "operator_job_to_rayjob_seconds": spread(span("created", "rayjob")),
+        "operator_job_to_status_seconds": spread(span("created", "status")),
+        "kuberay_rayjob_to_raycluster_ready_seconds": spread(span("rayjob", "cluster")),
+        "kuberay_own_provisioned_seconds": spread(provisioned) if provisioned else None,
+        "kuberay_own_provisioned_clusters": len(provisioned),
+        "operator_rss_mib": round(rss, 1),
+        "operator_rss_peak_mib": round(peak, 1),
+    }
+
+
+def world_main(args: argparse.Namespace, log: Path) -> dict[str, Any]:
+    """Start the world with the bench's nodes, run `world_bench`, stop the world."""
+    started = world.start()
+    try:
+        cluster = started.cluster
+        bench_nodes = set(nodes.register_kwok(cluster, BENCH_NODES))
+        cluster.wait_for(lambda: bench_nodes <= set(started.schedulable_nodes()), 60, "the bench nodes to be Ready")
+        metrics_addr = next(a.split("=", 1)[1] for a in started.kuberay.args if a.startswith("--metrics-addr="))
+        return asyncio.run(world_bench(cluster, f"http://{metrics_addr}/metrics", args, log))
+    finally:
+        started.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=500, help="jobs for the throughput run")
@@ -357,14 +485,19 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=5.0, help="seconds to let the operator settle before RSS")
     parser.add_argument("--kubeconfig", type=Path, help="an existing cluster (else a local control plane starts)")
     parser.add_argument("--out", type=Path, help="also write the figures as JSON here")
+    parser.add_argument("--world", action="store_true", help="in the test world, beside the real KubeRay")
+    parser.add_argument("--world-timeout", type=float, default=1800, help="seconds for every job of --world")
     args = parser.parse_args()
-    if args.rss_jobs < 2 * args.jobs or args.latency_samples > args.jobs:
-        parser.error("need --latency-samples <= --jobs and 2 * --jobs <= --rss-jobs")
     log = Path(os.environ.get("TMPDIR", "/tmp")) / "rocmtrain-operator-bench.log"  # noqa: S108
-    if args.kubeconfig:
-        os.environ["ROCMTRAIN_TEST_KUBECONFIG"] = str(args.kubeconfig)
-    with running_cluster() as cluster:
-        figures = asyncio.run(bench(cluster, args, log))
+    if args.world:
+        figures = world_main(args, log)
+    else:
+        if args.rss_jobs < 2 * args.jobs or args.latency_samples > args.jobs:
+            parser.error("need --latency-samples <= --jobs and 2 * --jobs <= --rss-jobs")
+        if args.kubeconfig:
+            os.environ["ROCMTRAIN_TEST_KUBECONFIG"] = str(args.kubeconfig)
+        with running_cluster() as cluster:
+            figures = asyncio.run(bench(cluster, args, log))
     text = json.dumps(figures, indent=2)
     print(text)
     if args.out:

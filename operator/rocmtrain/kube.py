@@ -3,12 +3,20 @@
 Built on kubernetes_asyncio (kopf imports it anyway). Every write is either a
 create that tells "already exists" apart, or a JSON merge patch of named fields,
 so a write is never half-applied and never touches fields the operator does not own.
+
+Every client comes from `new_api_client`, which gives each request it sends a
+deadline (`TimedApiClient`): kubernetes_asyncio sends requests without one, so a
+hung API server would hold the caller (and its reconcile slot) for ever. The
+progress endpoint and the watches (RayJobs, Ray pods, Kueue Workloads) get clients
+of their own, so that neither a flood of reports nor the long watch requests (one per
+watch and namespace) can take the reconciler's connections.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import logging
 import os
 import socket
@@ -37,12 +45,86 @@ _MERGE_PATCH = "application/merge-patch+json"
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 _RETRY_DELAYS = (0.1, 0.5, 1.0)
 EVENT_MESSAGE_LIMIT = 1024  # the API server refuses longer event messages
+# How long one request may take, connecting and waiting for a pooled connection included.
+REQUEST_TIMEOUT_SECONDS = 15.0
+CONNECT_TIMEOUT_SECONDS = 5.0
+# Answers that refuse a create for good, whatever the retries: admission (a webhook, a
+# policy, a quota: 403) or validation (400, 422). 403 "... is terminating" is ApiMissing.
+_REFUSED_STATUSES = frozenset({400, 403, 422})
 
 logger = logging.getLogger(__name__)
 
 
 class ApiMissing(Exception):
     """The API server does not serve the resource type (its CRD is not installed)."""
+
+
+class Refused(Exception):
+    """The API server refused a create: its HTTP status and its own message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def api_message(exc: ApiException) -> str:
+    """The `message` of the API server's Status answer, else its reason."""
+    try:
+        message = json.loads(exc.body or "").get("message")
+    except (ValueError, AttributeError, TypeError):
+        message = None
+    return str(message or exc.reason or f"HTTP {exc.status}")
+
+
+class TimedApiClient(client.ApiClient):
+    """An ApiClient whose requests time out: `timeout` unless a call passes its own `_request_timeout`."""
+
+    def __init__(self, configuration: client.Configuration, timeout: aiohttp.ClientTimeout) -> None:
+        super().__init__(configuration)
+        self.timeout = timeout
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        query_params: Any = None,
+        headers: Any = None,
+        post_params: Any = None,
+        body: Any = None,
+        _preload_content: bool = True,
+        _request_timeout: Any = None,
+    ) -> Any:
+        """As `ApiClient.request`, with the client's deadline when the call sets none."""
+        return super().request(
+            method,
+            url,
+            query_params=query_params,
+            headers=headers,
+            post_params=post_params,
+            body=body,
+            _preload_content=_preload_content,
+            _request_timeout=_request_timeout or self.timeout,
+        )
+
+
+async def new_api_client(
+    pool_size: int, timeout: float = REQUEST_TIMEOUT_SECONDS, kubeconfig: str | None = None
+) -> TimedApiClient:
+    """A client from `kubeconfig`, $KUBECONFIG or ~/.kube/config, else the in-cluster service account.
+
+    It keeps at most `pool_size` connections, and each request gets `timeout` seconds in all.
+    """
+    configuration = client.Configuration()
+    named = kubeconfig or os.environ.get("KUBECONFIG")
+    kubeconfig = named or str(Path("~/.kube/config").expanduser())
+    if named or Path(kubeconfig).is_file():
+        await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:
+        config.load_incluster_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = pool_size
+    deadline = aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, CONNECT_TIMEOUT_SECONDS))
+    return TimedApiClient(configuration, deadline)
 
 
 @dataclass(frozen=True)
@@ -59,14 +141,20 @@ RAYJOBS = Ref(RAYJOB_GROUP, RAYJOB_VERSION, RAYJOB_PLURAL)
 
 
 async def retrying(call: Any, *args: Any, **kwargs: Any) -> Any:
-    """Await `call`, retrying briefly on throttling, server errors and broken connections."""
+    """Await `call`, retrying briefly on throttling, server errors and broken connections.
+
+    A request that timed out is not tried again here: it has waited its whole deadline,
+    and the caller's own retry comes later.
+    """
     for delay in _RETRY_DELAYS:
         try:
             return await call(*args, **kwargs)
         except ApiException as exc:
             if exc.status not in _RETRY_STATUSES:
                 raise
-        except (TimeoutError, aiohttp.ClientError):
+        except TimeoutError:
+            raise
+        except aiohttp.ClientError:
             pass
         await asyncio.sleep(delay)
     return await call(*args, **kwargs)
@@ -81,20 +169,15 @@ class Kube:
         self._core = client.CoreV1Api(api)
 
     @classmethod
-    async def connect(cls, pool_size: int = 32) -> Kube:
-        """A client from $KUBECONFIG (or ~/.kube/config), else from the in-cluster service account."""
-        configuration = client.Configuration()
-        kubeconfig = os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
-        if os.environ.get("KUBECONFIG") or Path(kubeconfig).is_file():
-            await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-        else:
-            config.load_incluster_config(client_configuration=configuration)
-        configuration.connection_pool_maxsize = pool_size
-        return cls(client.ApiClient(configuration))
+    async def connect(
+        cls, pool_size: int = 32, timeout: float = REQUEST_TIMEOUT_SECONDS, kubeconfig: str | None = None
+    ) -> Kube:
+        """A pooled client with request deadlines (`new_api_client`)."""
+        return cls(await new_api_client(pool_size, timeout, kubeconfig))
 
     @property
     def api(self) -> client.ApiClient:
-        """The pooled client, for APIs this class does not wrap (the progress endpoint's)."""
+        """The pooled client, for APIs this class does not wrap (the progress CA ConfigMaps)."""
         return self._api
 
     async def close(self) -> None:
@@ -102,7 +185,11 @@ class Kube:
         await self._api.close()
 
     async def create(self, ref: Ref, body: dict[str, Any]) -> dict[str, Any] | None:
-        """Create `body`; None when an object of that name already exists."""
+        """Create `body`; None when an object of that name already exists.
+
+        Raise ApiMissing when the type is not served, Refused when admission or
+        validation refuses the object.
+        """
         namespace = body["metadata"]["namespace"]
         try:
             return await retrying(
@@ -120,6 +207,8 @@ class Kube:
             # 404: the type is not served; 403 "... while custom resource definition is terminating": going away.
             if exc.status == 404 or (exc.status == 403 and "terminating" in str(exc.body)):
                 raise ApiMissing(f"{ref.plural}.{ref.group}/{ref.version} is not served") from exc
+            if exc.status in _REFUSED_STATUSES:
+                raise Refused(exc.status, api_message(exc)) from exc
             raise
 
     async def get(self, ref: Ref, namespace: str, name: str) -> dict[str, Any] | None:

@@ -3,14 +3,24 @@
 - `rocmtrain_jobs{phase}`: jobs by phase (every phase listed, zeros included);
 - `rocmtrain_gpus_requested{phase}`: AMD GPUs asked for by jobs that have not ended;
 - `rocmtrain_reconcile_errors_total{handler}`: handler runs that raised;
-- `rocmtrain_reconcile_duration_seconds{handler}`: handler run time.
+- `rocmtrain_reconcile_duration_seconds{handler}`: handler run time;
+- `rocmtrain_queue_wait_seconds`: how long jobs waited (Pending or Queued) before they started;
+- `rocmtrain_progress_reports_total`, `rocmtrain_progress_refusals_total{code}`: the progress endpoint's answers;
+- per job, labelled `namespace` and `job_name` (`rocmtrain.job_gauges`): `rocmtrain_job_phase{phase}`,
+  progress, ETA, loss, accuracy, throughput, GPU utilisation and memory, GPUs requested and held,
+  GPU-seconds, `rocmtrain_job_cost{currency}`, waiting time and stalls, for at most
+  `JOBS.max_jobs` jobs (`ROCMTRAIN_METRICS_MAX_JOBS`); `rocmtrain_job_series_dropped` counts the rest.
+- `rocmtrain_reconciles_in_flight`: reconciles holding one of the reconciler's slots;
+- `rocmtrain_jobs_remembered`: jobs the reconciler keeps state for (deleted ones are forgotten);
+- `rocmtrain_progress_token_reviews_total`: TokenReviews the progress endpoint sent.
 
-Job gauges are computed at scrape time from a source of (phase, gpus) pairs
-(the operator passes a view of its job index), so they cannot drift.
+Job gauges are computed at scrape time from the operator's job index (the
+operator passes a view of it), so they cannot drift and vanish with their job.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator
@@ -18,10 +28,11 @@ from contextlib import contextmanager
 from typing import get_args
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from rocmtrain import job_gauges
 from rocmtrain.api.models import Phase
 from rocmtrain.status import TERMINAL_PHASES
 
@@ -40,20 +51,56 @@ RECONCILE_SECONDS = Histogram(
     registry=REGISTRY,
 )
 
-JobSource = Callable[[], Iterable[tuple[str | None, int]]]
+QUEUE_WAIT_SECONDS = Histogram(
+    "rocmtrain_queue_wait_seconds",
+    "Seconds a job waited (Pending or Queued) before its Ray cluster started.",
+    buckets=(10, 30, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 24 * 3600),
+    registry=REGISTRY,
+)
+PROGRESS_REPORTS = Counter(
+    "rocmtrain_progress_reports_total", "Progress reports the endpoint recorded.", registry=REGISTRY
+)
+PROGRESS_REFUSALS = Counter(
+    "rocmtrain_progress_refusals_total",
+    "Progress reports the endpoint refused, by HTTP status code.",
+    ["code"],
+    registry=REGISTRY,
+)
+
+RECONCILES_IN_FLIGHT = Gauge(
+    "rocmtrain_reconciles_in_flight", "Reconciles holding one of the reconciler's slots.", registry=REGISTRY
+)
+TOKEN_REVIEWS = Counter(
+    "rocmtrain_progress_token_reviews_total", "TokenReviews the progress endpoint sent.", registry=REGISTRY
+)
+JOBS_REMEMBERED = Gauge(
+    "rocmtrain_jobs_remembered", "Jobs the reconciler keeps state for (deleted ones are forgotten).", registry=REGISTRY
+)
+
+JobSource = Callable[[], Iterable[job_gauges.Job]]
+# The job's name; not `job`, which Prometheus sets on every series to the scrape job's name.
+JOB_LABEL = "job_name"
+DEFAULT_MAX_JOBS = 500
 
 
 class JobsCollector(Collector):
-    """Jobs by phase and GPUs requested, read from `source` at every scrape."""
+    """Jobs by phase, GPUs requested, and the per-job gauges, read from `source` (job views) at every scrape."""
 
     def __init__(self) -> None:
         self.source: JobSource = tuple
+        self.max_jobs = DEFAULT_MAX_JOBS
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        """Yield the two job gauges."""
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """Yield the fleet gauges, then the per-job ones."""
+        jobs = list(self.source())
+        yield from self._fleet(jobs)
+        yield from self._per_job(job_gauges.job_samples(jobs, dt.datetime.now(dt.UTC), self.max_jobs))
+
+    @staticmethod
+    def _fleet(views: list[job_gauges.Job]) -> Iterator[GaugeMetricFamily]:
         jobs: Tally[str] = Tally()
         gpus: Tally[str] = Tally()
-        for phase, requested in self.source():
+        for phase, requested in ((v["status"].get("phase"), v["gpus"]) for v in views):
             label = phase if phase in PHASES else UNKNOWN_PHASE
             jobs[label] += 1
             if label not in TERMINAL_PHASES:
@@ -68,6 +115,29 @@ class JobsCollector(Collector):
                 requested_gpus.add_metric([phase], gpus[phase])
         yield by_phase
         yield requested_gpus
+
+    @staticmethod
+    def _per_job(samples: job_gauges.JobSamples) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        labels = ["namespace", JOB_LABEL]
+        for gauge in job_gauges.JOB_GAUGES:
+            kind = CounterMetricFamily if gauge.counter else GaugeMetricFamily
+            family = kind(job_gauges.PREFIX + gauge.name, gauge.help, labels=labels)
+            for key, value in samples.values[gauge.name]:
+                family.add_metric(list(key), value)
+            yield family
+        phase = GaugeMetricFamily("rocmtrain_job_phase", "1 for the job's phase.", labels=[*labels, "phase"])
+        for with_phase, value in samples.phases:
+            phase.add_metric(list(with_phase), value)
+        yield phase
+        cost = GaugeMetricFamily("rocmtrain_job_cost", "What the job's GPU-seconds cost.", labels=[*labels, "currency"])
+        for with_currency, amount in samples.costs:
+            cost.add_metric(list(with_currency), amount)
+        yield cost
+        yield GaugeMetricFamily(
+            "rocmtrain_job_series_dropped",
+            "Jobs left out of the per-job series (over ROCMTRAIN_METRICS_MAX_JOBS).",
+            value=samples.dropped,
+        )
 
 
 JOBS = JobsCollector()
@@ -93,8 +163,8 @@ async def _scrape(_request: web.Request) -> web.Response:
     return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-async def serve(port: int, host: str = "0.0.0.0") -> web.AppRunner:  # noqa: S104 - scraped from other pods
-    """Serve `/metrics` on `port`; clean up with `await runner.cleanup()`."""
+async def serve(port: int, host: str) -> web.AppRunner:
+    """Serve `/metrics` on `host`:`port` (plain HTTP); clean up with `await runner.cleanup()`."""
     app = web.Application()
     app.router.add_get("/metrics", _scrape)
     runner = web.AppRunner(app, access_log=None)

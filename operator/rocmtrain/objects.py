@@ -1,4 +1,4 @@
-"""Pure helpers on the objects the operator handles, shared by the reconciler and the RayJob watch.
+"""Pure helpers on the objects the operator handles, shared by the reconciler and the watches.
 
 - `job_view` and `rayjob_view`: the parts of a job and of a RayJob kept in memory
   (the kopf job index, the watch's cache) and read by the status mapping;
@@ -6,7 +6,9 @@
 - `requested_gpus`: the AMD GPUs a job view asks for (the metrics' gauge);
 - `owner_reference` and `controller_ref`: the reference that makes a job the controller
   of its RayJob (garbage collection deletes the RayJob with the job), and reading it back;
-- `mutable_patch`: the RayJob merge patch that carries the job's mutable fields over.
+- `is_jobs_rayjob`: whether a RayJob is the one whose state a job's status follows;
+- `queued` and `mutable_patch`: whether Kueue manages a RayJob, and the RayJob merge
+  patch that carries the job's mutable fields over (leaving Kueue's `suspend` alone).
 
 No I/O and no kopf: plain mappings in, plain mappings out.
 """
@@ -18,8 +20,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rocmtrain.api.contract import KIND
+from rocmtrain.api.contract import KIND, KUEUE_QUEUE_LABEL
 from rocmtrain.api.models import ResourcesSpec
+from rocmtrain.api.names import rayjob_name_of
 from rocmtrain.render.rayjob import MUTABLE_RAYJOB_DEFAULTS
 
 
@@ -61,11 +64,14 @@ def rayjob_view(body: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a RayJob the status mapping reads (its rayClusterSpec is left out)."""
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
+    labels = meta.get("labels") or {}
     return {
         "metadata": {
             "name": meta.get("name"),
             "namespace": meta.get("namespace"),
             "uid": meta.get("uid"),
+            # Kueue's queue label: set by the renderer, or by Kueue itself (a namespace's default LocalQueue).
+            "labels": {KUEUE_QUEUE_LABEL: labels[KUEUE_QUEUE_LABEL]} if KUEUE_QUEUE_LABEL in labels else {},
             "creationTimestamp": meta.get("creationTimestamp"),
             "ownerReferences": list(meta.get("ownerReferences") or []),
             "managedFields": [
@@ -99,6 +105,25 @@ def controller_ref(rayjob: Mapping[str, Any]) -> Mapping[str, Any]:
         if ref.get("controller") and ref.get("kind") == KIND:
             return ref
     return {}
+
+
+def is_jobs_rayjob(job: Mapping[str, Any], rayjob: Mapping[str, Any]) -> bool:
+    """Whether `rayjob` is `job`'s own: the job controls it and it bears the job's RayJob name.
+
+    A RayJob that merely names the job as controller (anyone who may create RayJobs can
+    write that reference) under another name does not drive the job's status.
+    """
+    meta, rayjob_meta = job.get("metadata") or {}, rayjob.get("metadata") or {}
+    return (
+        controller_ref(rayjob).get("uid") == meta.get("uid")
+        and rayjob_meta.get("namespace") == meta.get("namespace")
+        and rayjob_meta.get("name") == rayjob_name_of(meta.get("name", ""))
+    )
+
+
+def queued(rayjob: Mapping[str, Any]) -> bool:
+    """Whether Kueue manages the RayJob (it carries a queue label, ours or the one Kueue's webhook set)."""
+    return KUEUE_QUEUE_LABEL in ((rayjob.get("metadata") or {}).get("labels") or {})
 
 
 def mutable_patch(rendered: Mapping[str, Any], live: Mapping[str, Any], *, queued: bool) -> dict[str, Any]:

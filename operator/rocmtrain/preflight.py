@@ -29,7 +29,7 @@ class NodeInfo:
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
-def _device_count(value: object) -> int:
+def device_count(value: object) -> int:
     """A count of devices from an extended-resource quantity (`8`); 0 when absent, invalid or fractional."""
     try:
         count = parse_quantity(str(value)) if value is not None else 0
@@ -46,7 +46,7 @@ def node_info(node: Mapping[str, Any]) -> NodeInfo | None:
     allocatable = (node.get("status") or {}).get("allocatable") or {}
     return NodeInfo(
         name=metadata.get("name", ""),
-        gpus=_device_count(allocatable.get(GPU_RESOURCE)),
+        gpus=device_count(allocatable.get(GPU_RESOURCE)),
         labels=dict(metadata.get("labels") or {}),
     )
 

@@ -12,6 +12,7 @@
 #   etcd kube-apiserver kube-controller-manager kube-scheduler
 #   kwok kuberay-operator kueue kustomize
 #   crds/ray.io_*.yaml  manifests/{kuberay,kueue,kwok}.yaml
+#   promtool kstatus (each with its own stamp; see their block)
 # The build is skipped when the stamp (hash of go.mod, go.sum, the wrapper
 # sources, this script) matches and every output exists.
 # Env: CLUSTER_BIN_DIR overrides the output folder; FORCE=1 rebuilds.
@@ -71,6 +72,26 @@ if [[ "$("$bin/kustomize" version 2>/dev/null || true)" != "$KUSTOMIZE_VERSION" 
   echo "building kustomize $KUSTOMIZE_VERSION into $bin"
   GOBIN="$bin" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION"
 fi
+
+# --- promtool and kstatus, for tests/monitoring and the status tests (observability issue) ---
+# promtool from the Prometheus Go module, without the service-discovery plugins it does not
+# need for `check rules` / `test rules` (build tag remove_all_sd: a much smaller build);
+# kstatus: tests/kstatus, a small command around sigs.k8s.io/cli-utils' kstatus (Flux's).
+PROMETHEUS_MODULE_VERSION=v0.316.0
+tool_stamp() { [[ "${FORCE:-0}" != 1 && -x "$bin/$1" && "$(cat "$bin/.$1.stamp" 2>/dev/null)" == "$2" ]]; }
+if ! tool_stamp promtool "$PROMETHEUS_MODULE_VERSION"; then
+  echo "building promtool ($PROMETHEUS_MODULE_VERSION) into $bin"
+  GOBIN="$bin" go install -trimpath -tags remove_all_sd -ldflags "-s -w" \
+    "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_MODULE_VERSION"
+  echo "$PROMETHEUS_MODULE_VERSION" > "$bin/.promtool.stamp"
+fi
+kstatus_key="$(cat "$here/../kstatus/go.mod" "$here/../kstatus/go.sum" "$here/../kstatus/main.go" | sha256sum | cut -d' ' -f1)"
+if ! tool_stamp kstatus "$kstatus_key"; then
+  echo "building kstatus (sigs.k8s.io/cli-utils) into $bin"
+  (cd "$here/../kstatus" && go build -trimpath -ldflags "-s -w" -o "$bin/kstatus" .)
+  echo "$kstatus_key" > "$bin/.kstatus.stamp"
+fi
+# --- end promtool and kstatus ---
 
 if up_to_date; then
   echo "cluster binaries up to date in $bin"

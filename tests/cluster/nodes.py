@@ -64,6 +64,7 @@ class FakeNode:
     gpu_labels: dict[str, str] = field(default_factory=dict)
     cpu: str = "192"
     memory: str = "2Ti"
+    pods: int = 110  # at most 254: kwok takes pod IPs from the node's /24
 
     @property
     def address(self) -> str:
@@ -78,7 +79,7 @@ class FakeNode:
 
     @property
     def resources(self) -> dict[str, str]:
-        out = {"cpu": self.cpu, "memory": self.memory, "pods": "110", "ephemeral-storage": "1Ti"}
+        out = {"cpu": self.cpu, "memory": self.memory, "pods": str(self.pods), "ephemeral-storage": "1Ti"}
         if self.gpus:
             out[GPU_RESOURCE] = str(self.gpus)
         return out

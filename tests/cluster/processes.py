@@ -49,7 +49,7 @@ _PRCTL = _libc_prctl()  # resolved before any fork: nothing may import in preexe
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """preexec_fn: own process group, and SIGKILL when the Python process dies (Linux)."""
     os.setsid()
     if _PRCTL is not None:
@@ -179,7 +179,7 @@ class Process:
                 cwd=self.cwd,
                 env=self.env,
                 start_new_session=self.detach,
-                preexec_fn=None if self.detach else _die_with_parent,
+                preexec_fn=None if self.detach else die_with_parent,
             )
         self.starts += 1
         return self

@@ -69,7 +69,9 @@ def process(
         cwd=workdir,
         env={
             "KUBECONFIG": str(kubeconfig),
-            "ROCMTRAIN_BIND_ADDRESS": address,
+            "ROCMTRAIN_METRICS_HOST": address,
+            "ROCMTRAIN_HEALTH_HOST": address,
+            "ROCMTRAIN_PROGRESS_HOST": address,
             "ROCMTRAIN_METRICS_PORT": str(free_port()),
             "ROCMTRAIN_HEALTH_PORT": str(health),
             "ROCMTRAIN_OPERATOR_NAMESPACE": NAMESPACE,

@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from cluster import control_plane, kuberay, kwok, nodes, runtime, scheduler
 from cluster.api import KubeCluster
 from cluster.kueue import NAMESPACE as KUEUE_NAMESPACE
@@ -138,6 +140,10 @@ class Scope:
         for name in self._namespaces:
             kwok.delete_scripts(self.cluster, name)
             self.cluster.delete({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+            # The namespace controller reaches the pods after ~5 s; a terminating namespace takes no new
+            # pods, so deleting them now frees their GPUs at once (kwok's pod-delete stage is immediate).
+            with contextlib.suppress(ApiException):
+                self.cluster.request("DELETE", f"/api/v1/namespaces/{name}/pods")
         for name in self._namespaces:
             self.cluster.wait_for(
                 lambda ns=name: not self.cluster.request("GET", f"/api/v1/namespaces/{ns}/pods")["items"],

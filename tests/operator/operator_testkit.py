@@ -1,8 +1,8 @@
-"""Helpers for the operator's control-plane tests: the admin's view of jobs and RayJobs,
-a fake KubeRay status writer, and the operator under KopfRunner.
+"""Helpers for the operator's tests: the admin's view of jobs and RayJobs, a KubeRay
+status writer for the lean cluster, and the operator under KopfRunner.
 
-No KubeRay controller runs in the test cluster: `Api.fake_kuberay` writes RayJob
-status the way KubeRay v1.5.1 does.
+No KubeRay controller runs in the lean cluster: `Api.fake_kuberay` writes RayJob
+status the way KubeRay v1.5.1 does, for the states that need a running Ray.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import pytest
 from kopf.testing import KopfRunner
 
 from cluster import rocmtrain_operator
-from cluster.kubecluster import BIN_DIR, KubeCluster, free_port
+from cluster.kubecluster import KubeCluster, free_port
 from cluster.rocmtrain_operator import kustomize
+from gotools import go_tool
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_NAMESPACE, OPERATOR_SA = rocmtrain_operator.NAMESPACE, rocmtrain_operator.ACCOUNT
@@ -26,8 +27,13 @@ JOBS = "/apis/rocmtrain.dev/v1alpha1/namespaces/{ns}/rocmtrainingjobs"
 RAYJOBS = "/apis/ray.io/v1/namespaces/{ns}/rayjobs"
 STALL_SECONDS = 3
 RETRY_SECONDS = 1
+# Seconds for what KubeRay, the scheduler and kwok do in a few seconds on an idle machine.
+WORLD_TIMEOUT = 60
 # Kinds that are applied for real; the Deployment and Service only as a server-side dry run (no kubelet).
-APPLIED_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+APPLIED_KINDS = {
+    "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+    "CustomResourceDefinition",
+}  # fmt: skip
 
 
 def wait_until(check: Callable[[], Any], timeout: float = 2.0, what: str = "condition", interval: float = 0.02) -> Any:
@@ -43,11 +49,12 @@ def wait_until(check: Callable[[], Any], timeout: float = 2.0, what: str = "cond
 
 
 def job_manifest(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
-    """A small valid job (two 8-GPU workers) with `spec` overrides."""
+    """A small valid job (two 8-GPU workers, checkpoints in an object store) with `spec` overrides."""
     base: dict[str, Any] = {
         "model": {"source": "distilbert/distilbert-base-uncased", "numLabels": 2},
         "data": {"train": {"uri": "s3://datasets/reviews/train.jsonl"}},
         "resources": {"workers": 2, "gpusPerWorker": 8},
+        "checkpoint": {"storagePath": f"s3://checkpoints/{namespace}/{name}"},
     }
     return {
         "apiVersion": "rocmtrain.dev/v1alpha1",
@@ -79,9 +86,22 @@ class Api:
                 return None
             raise
 
+    def create_job(self, ns: str, name: str, *, timeout: float = 10, **spec: Any) -> dict[str, Any]:
+        """Create a job (`job_manifest` with `spec`) and wait for its RayJob; the RayJob."""
+        self.kube.create(job_manifest(name, ns, **spec))
+        return wait_until(lambda: self.rayjob(ns, name), timeout=timeout, what=f"RayJob {ns}/{name}")
+
+    def status(self, ns: str, name: str) -> dict[str, Any]:
+        return (self.job(ns, name) or {}).get("status") or {}
+
+    def wait_status(
+        self, ns: str, name: str, what: str, check: Callable[[dict[str, Any]], Any], timeout: float = WORLD_TIMEOUT
+    ) -> dict[str, Any]:
+        """Wait until `check(status)` holds for job `name`; its status."""
+        return wait_until(lambda: check(s := self.status(ns, name)) and s, timeout=timeout, what=f"{ns}/{name}: {what}")
+
     def phase(self, ns: str, name: str) -> str | None:
-        job = self.job(ns, name) or {}
-        return (job.get("status") or {}).get("phase")
+        return self.status(ns, name).get("phase")
 
     def condition(self, ns: str, name: str, kind: str) -> dict[str, Any]:
         job = self.job(ns, name) or {}
@@ -89,12 +109,16 @@ class Api:
 
     def events(self, ns: str, name: str) -> list[tuple[str, str]]:
         """(type, reason) of the events on job `name`, oldest first."""
+        return [(type_, reason) for type_, reason, _ in self.event_messages(ns, name)]
+
+    def event_messages(self, ns: str, name: str) -> list[tuple[str, str, str]]:
+        """(type, reason, message) of the events on job `name`, oldest first."""
         items = self.kube.request(
             "GET", f"/api/v1/namespaces/{ns}/events", query={"fieldSelector": f"involvedObject.name={name}"}
         )["items"]
         items = [e for e in items if e["involvedObject"]["kind"] == "RocmTrainingJob"]
         items.sort(key=lambda e: int(e["metadata"]["resourceVersion"]))  # creation order
-        return [(e["type"], e["reason"]) for e in items]
+        return [(e["type"], e["reason"], e.get("message", "")) for e in items]
 
     def patch_job(self, ns: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         return self.kube.request(
@@ -113,10 +137,11 @@ class Api:
 
 
 class Operator:
-    """The operator under KopfRunner, restartable."""
+    """The operator under KopfRunner, restartable; `env`: more (or other) `ROCMTRAIN_*` variables."""
 
-    def __init__(self, kubeconfig: Path) -> None:
+    def __init__(self, kubeconfig: Path, env: dict[str, str] | None = None) -> None:
         self.kubeconfig = kubeconfig
+        self.extra_env = dict(env or {})
         self.metrics_port = free_port()
         self.health_port = free_port()
         self._runner: KopfRunner | None = None
@@ -129,6 +154,7 @@ class Operator:
             "ROCMTRAIN_RETRY_SECONDS": str(RETRY_SECONDS),
             "ROCMTRAIN_METRICS_PORT": str(self.metrics_port),
             "ROCMTRAIN_NAMESPACES": "",
+            **self.extra_env,
         }
         self._saved = {key: os.environ.get(key) for key in env}
         os.environ.update(env)
@@ -161,11 +187,30 @@ class Operator:
                     os.environ[key] = value
 
 
+# ---- the world ---------------------------------------------------------------------------------
+
+# Resources of a job that fits any world node and takes no GPU, for what does not depend on GPUs.
+SMALL = {
+    "workers": 1,
+    "gpusPerWorker": 0,
+    "cpusPerWorker": "500m",
+    "memoryPerWorker": "1Gi",
+    "sharedMemory": "256Mi",
+    "head": {"cpu": "500m", "memory": "1Gi"},
+}
+
+
+def submitting(status: dict[str, Any]) -> bool:
+    """KubeRay made the Ray cluster and started the submitter: `Initializing`, reason `Submitting`.
+
+    No Ray runs in the world, so KubeRay's RayJob is `Running` without a Ray job status
+    until the submitter pod ends.
+    """
+    ready = next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
+    return status.get("phase") == "Initializing" and ready.get("reason") == "Submitting"
+
+
 def kustomize_build(folder: Path) -> list[dict[str, Any]]:
     """`kustomize build folder`, as objects (YAML 1.2 numbers, `5e-05`, as kubectl reads them)."""
-    if not (BIN_DIR / "kustomize").is_file():
-        message = f"no kustomize in {BIN_DIR}; run `make cluster-binaries`"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    go_tool("kustomize")  # skips, or fails under CI, when it is not built
     return kustomize(folder)

@@ -11,8 +11,11 @@ from kubernetes import config as k8s_config
 from operator_testkit import OPERATOR_NAMESPACE, REPO, kustomize_build
 
 from cluster.kubecluster import KubeCluster, request
+from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.progress import tls
 from rocmtrain.progress.server import SERVICE_NAME, ProgressServerConfig
+from rocmtrain.render import render_rayjob
+from unit.samples import full_job
 
 CRDS = REPO / "crds"
 MANIFEST_CRDS = REPO / "manifests" / "crd"
@@ -63,6 +66,8 @@ def test_deployment_is_hardened(kustomized: list[dict[str, Any]]):
     assert (
         ports["metrics"] == int(env["ROCMTRAIN_METRICS_PORT"]) != ports["health"] == int(env["ROCMTRAIN_HEALTH_PORT"])
     )
+    # The operator listens on loopback unless told: the pod says so for the scrapes and probes.
+    assert env["ROCMTRAIN_METRICS_HOST"] == env["ROCMTRAIN_HEALTH_HOST"] == "0.0.0.0"  # noqa: S104
     assert container["image"].startswith("ghcr.io/rocm-train-operator/operator:")
     service = _one(kustomized, "Service", "rocm-train-operator-metrics")["spec"]
     assert service["ports"] == [{"name": "metrics", "port": ports["metrics"], "targetPort": "metrics"}]
@@ -73,6 +78,20 @@ def test_roles_name_every_verb_and_resource(kustomized: list[dict[str, Any]]):
     assert rules
     for rule in rules:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"], rule
+
+
+def test_network_policy_admits_reports_only_from_the_rendered_ray_pods(kustomized: list[dict[str, Any]]):
+    policy = _one(kustomized, "NetworkPolicy")["spec"]
+    deployment = _one(kustomized, "Deployment")["spec"]["template"]
+    assert policy["podSelector"]["matchLabels"].items() <= deployment["metadata"]["labels"].items()
+    assert policy["policyTypes"] == ["Ingress"]
+    ports = {p["name"] for p in deployment["spec"]["containers"][0]["ports"]}
+    (progress,) = [rule for rule in policy["ingress"] if {"port": "progress"} in rule["ports"]]
+    assert {p["port"] for rule in policy["ingress"] for p in rule["ports"]} == ports
+    (peer,) = progress["from"]
+    assert peer["namespaceSelector"] == {}, "jobs run in any namespace"
+    head = render_rayjob(RocmTrainingJob.model_validate(full_job()))["spec"]["rayClusterSpec"]["headGroupSpec"]
+    assert peer["podSelector"]["matchLabels"].items() <= head["template"]["metadata"]["labels"].items()
 
 
 def _cert_manager_overlay(folder: Path, namespace: str | None = None) -> list[dict[str, Any]]:
@@ -132,6 +151,11 @@ ALLOWED = [
     ("create", "", "events", ""),
     ("create", "authentication.k8s.io", "tokenreviews", ""),
     ("get", "", "pods", ""),
+    ("get", "ray.io", "rayclusters", ""),
+    ("list", "", "pods", ""),
+    ("watch", "", "pods", ""),
+    ("list", "kueue.x-k8s.io", "workloads", ""),
+    ("watch", "kueue.x-k8s.io", "workloads", ""),
 ]
 DENIED = [
     ("delete", "ray.io", "rayjobs", ""),
@@ -141,12 +165,16 @@ DENIED = [
     ("delete", "rocmtrain.dev", "rocmtrainingjobs", ""),
     ("get", "", "secrets", ""),
     ("create", "", "pods", ""),
-    ("list", "", "pods", ""),
+    ("delete", "", "pods", ""),
+    ("update", "kueue.x-k8s.io", "workloads", ""),
+    ("patch", "kueue.x-k8s.io", "workloads", "status"),
     ("get", "", "nodes", ""),
     ("patch", "", "nodes", ""),
     ("create", "apiextensions.k8s.io", "customresourcedefinitions", ""),
     ("create", "rbac.authorization.k8s.io", "clusterrolebindings", ""),
     ("patch", "", "events", ""),
+    ("list", "ray.io", "rayclusters", ""),
+    ("create", "ray.io", "rayclusters", ""),
 ]
 
 

@@ -16,6 +16,7 @@ import pytest
 from rocmtrain.api.models import RocmTrainingJobSpec
 from rocmtrain.status import (
     KUBERAY_NOT_INSTALLED,
+    NOT_ALLOWED,
     OWNED_FIELDS,
     Hold,
     HoldKind,
@@ -24,6 +25,7 @@ from rocmtrain.status import (
     invalid_status,
     last_rayjob_change,
     merge_conditions,
+    refused_create,
     status_patch,
     transition_events,
 )
@@ -53,8 +55,14 @@ def cluster(ready: int, desired: int = 2) -> dict[str, Any]:
     return {"readyWorkerReplicas": ready, "desiredWorkerReplicas": desired, "state": "ready" if ready else ""}
 
 
-def run(sequence: list[dict[str, Any] | None], job_spec: RocmTrainingJobSpec | None = None) -> list[dict[str, Any]]:
-    """Feed RayJob states in order (one second apart); return each status."""
+def run(
+    sequence: list[dict[str, Any] | None],
+    job_spec: RocmTrainingJobSpec | None = None,
+    *,
+    pods: list[list[dict[str, Any]]] | None = None,
+    workloads: list[dict[str, Any] | None] | None = None,
+) -> list[dict[str, Any]]:
+    """Feed RayJob states in order (one second apart), with the job's pods and Workload at each; each status."""
     current: dict[str, Any] = {}
     out = []
     for i, rj in enumerate(sequence):
@@ -65,6 +73,8 @@ def run(sequence: list[dict[str, Any] | None], job_spec: RocmTrainingJobSpec | N
             rayjob=rj,
             now=T0 + dt.timedelta(seconds=i),
             stall_after=900,
+            pods=pods[i] if pods else (),
+            workload=workloads[i] if workloads else None,
         )
         merged = {**current, **status_patch(current, compute_status(obs))}  # as the merge patch applies
         current = {k: v for k, v in merged.items() if v is not None}
@@ -120,17 +130,18 @@ def test_success_sequence_phases_conditions_and_fields():
     assert running["dashboardUrl"] == "job-head-svc.ns.svc:8265"
     assert running["startTime"] == "2026-01-02T03:04:05Z" and "completionTime" not in running
     assert conditions(done)["Succeeded"] == ("True", "Succeeded")
-    assert conditions(done)["Ready"] == ("False", "Succeeded")
+    assert conditions(done)["Ready"] == ("True", "Succeeded")  # where its spec asks it to be (kstatus: Current)
     assert done["completionTime"] == "2026-01-02T04:00:00Z" and done["restarts"] == 0
     assert statuses[2]["workersReady"] == 0 and statuses[3]["workersReady"] == 1
 
 
-def test_ready_keeps_transition_time_while_running():
+def test_ready_keeps_transition_time_while_running_and_after_success():
     statuses = run(SUCCESS)
     ready = [next(c for c in s["conditions"] if c["type"] == "Ready") for s in statuses]
     assert ready[6]["lastTransitionTime"] == "2026-01-02T03:04:11Z"  # turned True at step 6
     assert ready[7]["lastTransitionTime"] == ready[6]["lastTransitionTime"]
-    assert ready[8]["lastTransitionTime"] == "2026-01-02T03:04:13Z"
+    assert ready[8]["lastTransitionTime"] == ready[6]["lastTransitionTime"]  # still True when it succeeds
+    assert ready[8]["reason"] == "Succeeded"
     assert all(c["observedGeneration"] == 1 for s in statuses for c in s["conditions"])
 
 
@@ -180,8 +191,10 @@ def test_failures_carry_kuberay_reason_and_message(final, reason, message):
     assert conditions(last)["Failed"] == ("True", reason)
     assert next(c for c in last["conditions"] if c["type"] == "Failed")["message"] == message
     assert "completionTime" in last and last["restarts"] == 0
+    assert conditions(last)["Stalled"] == ("True", reason)  # kstatus reads Stalled=True as Failed
+    assert conditions(last)["Ready"] == ("False", reason)
     events = transition_events(statuses[-2], last)
-    assert events[0].type == "Warning" and events[0].reason == "Failed"
+    assert [(e.type, e.reason) for e in events] == [("Warning", "Failed")]  # one event, not one per condition
 
 
 def test_the_drivers_own_error_comes_first_in_the_failed_condition():
@@ -304,6 +317,8 @@ def test_user_suspend_and_resume_without_queue():
     ]
     assert "Admitted" not in conditions(statuses[0])
     assert "dashboardUrl" not in statuses[3] and "jobId" not in statuses[3]
+    # Suspended is what the spec asks for: Ready (kstatus: Current); resuming is not Ready until it runs.
+    assert [conditions(s)["Ready"][0] for s in statuses] == ["True", "True", "True", "True", "False", "False", "False"]
 
 
 def test_terminal_phase_is_sticky_even_when_the_rayjob_goes():
@@ -352,6 +367,33 @@ def test_a_name_conflict_holds_without_a_condition_of_its_own():
     assert conflict.retry_after(30) == 5 and KUBERAY_NOT_INSTALLED.retry_after(30) == 30
 
 
+def test_a_refused_rayjob_create_shows_the_api_servers_message_once():
+    message = 'rayjobs.ray.io "job" is forbidden: exceeded quota: rayjobs, requested: count/rayjobs.ray.io=1'
+    refused = refused_create(403, message)
+    held = observe(hold=refused)
+    assert held["phase"] == "Pending"
+    assert conditions(held)["Blocked"] == ("True", "RayJobForbidden")
+    blocked = next(c for c in held["conditions"] if c["type"] == "Blocked")
+    assert blocked["message"] == f"the API server refused the RayJob: {message}"
+    assert [(e.type, e.reason) for e in transition_events({}, held) if e.reason == "RayJobForbidden"] == [
+        ("Warning", "RayJobForbidden")
+    ]
+    again = observe(held, hold=refused)
+    assert not [e for e in transition_events(held, again) if e.reason == "RayJobForbidden"], "one event"
+    assert conditions(observe(again, rayjob(None)))["Blocked"] == ("False", "Unblocked")
+    assert refused_create(422, "x").reason == "RayJobInvalid"
+    long = refused_create(422, "y" * 5000)
+    assert len(long.message) == 1024 and long.message.endswith("…")
+
+
+def test_a_job_outside_the_allow_lists_fails_with_every_field():
+    problem = "spec.image: x is not from an allowed registry (y)"
+    failed = invalid_status({}, [problem], generation=1, now=T0, why=NOT_ALLOWED)
+    assert failed["phase"] == "Failed" and conditions(failed)["Failed"] == ("True", "NotAllowed")
+    ready = next(c for c in failed["conditions"] if c["type"] == "Ready")
+    assert ready["message"] == f"not allowed by the operator's settings: {problem}"
+
+
 def running_rayjob(last_write: dt.datetime) -> dict[str, Any]:
     rj = rayjob("Running", "RUNNING", **RUN)
     rj["metadata"]["managedFields"] = [
@@ -381,6 +423,7 @@ def test_invalid_spec_lists_every_field_path():
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
     assert "spec.model.source" in ready["message"] and "spec.resources.workers" in ready["message"]
+    assert conditions(status)["Stalled"] == ("True", "InvalidSpec")  # kstatus: Failed
 
 
 def test_merge_conditions_keeps_foreign_conditions_and_transition_times():
@@ -402,3 +445,152 @@ def test_status_patch_touches_only_owned_fields_and_clears_vanished_ones():
     assert patch == {"phase": "Suspended", "dashboardUrl": None}
     assert set(patch) <= set(OWNED_FIELDS)
     assert status_patch(new, new) == {}
+
+
+# ---- the Ray pods ---------------------------------------------------------------------------
+
+
+def ray_pod(name: str, *, cluster: str = "job-x7k2p", ready: bool = True, **status: Any) -> dict[str, Any]:
+    """A pod view (`pod_health.pod_view`) of a worker of Ray cluster `cluster`."""
+    return {
+        "metadata": {
+            "namespace": "ns",
+            "name": name,
+            "labels": {"rocmtrain.dev/job-name": "job", "ray.io/cluster": cluster, "ray.io/node-type": "worker"},
+            "deleting": False,
+        },
+        "phase": "Running",
+        "ready": ready,
+        "scheduled": status.pop("scheduled", {"status": "True"}),
+        "containers": status.pop("containers", []),
+    }
+
+
+UNSCHEDULED = {
+    "status": "False",
+    "reason": "Unschedulable",
+    "message": "0/4 nodes are available: 2 Insufficient amd.com/gpu.",
+}
+
+
+def test_pods_that_cannot_run_raise_a_condition_with_one_event_per_cause():
+    starting = rayjob("Initializing", **RUN, rayClusterStatus=cluster(0))
+    crash = [{"name": "ray-worker", "waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s"}}]
+    steps = [
+        (starting, [ray_pod("w-1"), ray_pod("w-2", ready=False, scheduled=UNSCHEDULED)]),
+        (starting, [ray_pod("w-1"), ray_pod("w-2", ready=False, scheduled={**UNSCHEDULED, "message": "0/5 nodes"})]),
+        (starting, [ray_pod("w-1"), ray_pod("w-2", ready=False, containers=crash)]),
+        (starting, [ray_pod("w-1"), ray_pod("w-2")]),
+        (rayjob("Running", "RUNNING", **RUN, rayClusterStatus=cluster(1)), [ray_pod("w-1"), ray_pod("w-2")]),
+    ]
+    statuses = run([rj for rj, _ in steps], pods=[pods for _, pods in steps])
+    pods_condition = [next(c for c in s["conditions"] if c["type"] == "RayPodsUnavailable") for s in statuses]
+    assert [(c["status"], c["reason"]) for c in pods_condition] == [
+        ("True", "Unschedulable"),
+        ("True", "Unschedulable"),
+        ("True", "CrashLoopBackOff"),
+        ("False", "RayPodsAvailable"),
+        ("False", "RayPodsAvailable"),
+    ]
+    assert pods_condition[0]["message"] == f"pod w-2: {UNSCHEDULED['message']}"
+    assert pods_condition[1]["message"] == "pod w-2: 0/5 nodes"  # the scheduler's latest words, no new event
+    assert statuses[0]["workersReady"] == 1
+    # The pods count, not KubeRay's copy in the RayJob (it lags while KubeRay cannot reach the dashboard).
+    assert statuses[4]["workersReady"] == 2 and "(2/2 workers ready)" in conditions_of(statuses[4])["Ready"]
+    events = [e for old, new in zip([{}, *statuses], statuses, strict=False) for e in transition_events(old, new)]
+    assert [(e.type, e.reason) for e in events if e.type == "Warning"] == [
+        ("Warning", "Unschedulable"),
+        ("Warning", "CrashLoopBackOff"),
+    ]
+
+
+def conditions_of(status: dict[str, Any]) -> dict[str, str]:
+    return {c["type"]: c["message"] for c in status["conditions"]}
+
+
+def test_pods_count_only_while_the_ray_cluster_should_run():
+    suspended = rayjob("Suspending", suspend=True, rayClusterName="job-x7k2p")
+    stuck = [ray_pod("w-1", ready=False, scheduled=UNSCHEDULED)]
+    statuses = run([rayjob("Initializing", **RUN), suspended], spec(suspend=True), pods=[stuck, stuck])
+    assert conditions(statuses[0])["RayPodsUnavailable"] == ("True", "Unschedulable")
+    assert statuses[1]["phase"] == "Suspended"
+    assert conditions(statuses[1])["RayPodsUnavailable"] == ("False", "NoRayPods")
+    # Pods of an earlier Ray cluster (before a retry) are not this one's.
+    earlier = ray_pod("w-1", cluster="job-old", scheduled=UNSCHEDULED)
+    (fresh,) = run([rayjob("Initializing", **RUN)], pods=[[earlier]])
+    assert "RayPodsUnavailable" not in conditions(fresh)
+
+
+# ---- Kueue's Workload -------------------------------------------------------------------------
+
+QUEUED = spec(scheduling={"queueName": "team-a"})
+WAITING = (
+    "couldn't assign flavors to pod set gpu: insufficient unused quota for amd.com/gpu in flavor mi300x, 8 more needed"
+)
+PREEMPTED = "Preempted to accommodate a workload (UID: 1, JobUID: 2) due to prioritization in the ClusterQueue"
+
+
+def kueue_view(*conds: tuple[str, str, str, str], flavor: str | None = None) -> dict[str, Any]:
+    """A Workload view (`kueue_workload.workload_view`)."""
+    return {
+        "metadata": {
+            "namespace": "ns",
+            "name": "rayjob-job-1",
+            "deleting": False,
+            "owner": {"name": "job", "uid": "u"},
+        },
+        "conditions": [{"type": t, "status": s, "reason": r, "message": m} for t, s, r, m in conds],
+        "clusterQueue": "team-a" if flavor else None,
+        "flavors": [{"amd.com/gpu": flavor}] if flavor else [],
+    }
+
+
+def test_kueue_s_words_while_queued_admitted_preempted_and_readmitted():
+    admitted = kueue_view(
+        ("QuotaReserved", "True", "QuotaReserved", ""), ("Admitted", "True", "Admitted", ""), flavor="mi300x"
+    )
+    steps = [
+        (rayjob("Suspended", suspend=True), kueue_view(("QuotaReserved", "False", "Pending", WAITING))),
+        (rayjob("Initializing", **RUN), admitted),
+        (
+            rayjob("Running", "RUNNING", **RUN),
+            kueue_view(
+                ("Evicted", "True", "Preempted", PREEMPTED), ("Admitted", "True", "Admitted", ""), flavor="mi300x"
+            ),
+        ),
+        (
+            rayjob("Suspended", suspend=True),
+            kueue_view(("QuotaReserved", "False", "Pending", WAITING), ("Evicted", "True", "Preempted", PREEMPTED)),
+        ),
+        (rayjob("Initializing", **RUN), admitted),
+    ]
+    statuses = run([rj for rj, _ in steps], QUEUED, workloads=[workload for _, workload in steps])
+    assert [s["phase"] for s in statuses] == ["Queued", "Initializing", "Running", "Queued", "Initializing"]
+    admitted_condition = [next(c for c in s["conditions"] if c["type"] == "Admitted") for s in statuses]
+    assert [(c["status"], c["reason"]) for c in admitted_condition] == [
+        ("False", "QueuedByKueue"),
+        ("True", "Admitted"),
+        ("False", "Preempted"),
+        ("False", "Preempted"),
+        ("True", "Admitted"),
+    ]
+    assert admitted_condition[0]["message"] == f"waiting in Kueue queue team-a: {WAITING}"
+    assert (
+        admitted_condition[1]["message"]
+        == "admitted by Kueue queue team-a (ClusterQueue team-a, amd.com/gpu flavor mi300x)"
+    )
+    assert admitted_condition[3]["message"] == f"{PREEMPTED}; waiting in Kueue queue team-a: {WAITING}"
+    assert conditions(statuses[3])["Ready"] == ("False", "Preempted")
+    events = [e for old, new in zip([{}, *statuses], statuses, strict=False) for e in transition_events(old, new)]
+    preempted = [e for e in events if e.reason == "Preempted"]
+    assert [e.type for e in preempted] == ["Warning"] and preempted[0].message.startswith(PREEMPTED)
+    assert [e.reason for e in events if e.reason == "Admitted"] == ["Admitted", "Admitted"]
+
+
+def test_a_namespace_s_default_queue_set_by_kueue_counts_as_the_job_s_queue():
+    labelled = rayjob("Suspended", suspend=True)
+    labelled["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "default"}
+    (status,) = run([labelled])
+    assert status["phase"] == "Queued"
+    assert conditions(status)["Admitted"] == ("False", "QueuedByKueue")
+    assert "queue default" in next(c for c in status["conditions"] if c["type"] == "Admitted")["message"]

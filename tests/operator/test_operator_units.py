@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 import pytest
 from kubernetes_asyncio import client
 from prometheus_client import generate_latest
 
 from rocmtrain import metrics
+from rocmtrain.api.contract import JOB_NAME_LABEL, RAY_CLUSTER_LABEL
 from rocmtrain.api.models import MUTABLE_FIELDS, RocmTrainingJob
+from rocmtrain.controller.informer import Informer
+from rocmtrain.controller.pod_watch import PodWatch
 from rocmtrain.controller.rayjob_watch import RayJobWatch
 from rocmtrain.controller.settings import ConfigError, OperatorConfig
-from rocmtrain.objects import controller_ref, job_view, mutable_patch, rayjob_view, requested_gpus
+from rocmtrain.kube import TimedApiClient
+from rocmtrain.objects import controller_ref, is_jobs_rayjob, job_view, mutable_patch, rayjob_view, requested_gpus
+from rocmtrain.pod_health import pod_view
+from rocmtrain.policy import Policy
 from rocmtrain.render.rayjob import MUTABLE_RAYJOB_DEFAULTS, mutable_rayjob_fields
 from unit.samples import full_job
 
@@ -21,12 +28,39 @@ def test_config_defaults_and_overrides():
     default = OperatorConfig.from_env({})
     assert (default.namespaces, default.metrics_port, default.health_port) == ((), 8080, 8081)
     assert default.stall_seconds == 900 and default.stall_check_seconds == 60
-    assert default.liveness_endpoint == "http://0.0.0.0:8081/healthz"
+    # Plain HTTP without authentication: loopback only, unless the Deployment says otherwise.
+    assert default.liveness_endpoint == "http://127.0.0.1:8081/healthz" and default.metrics_host == "127.0.0.1"
+    assert default.policy == Policy() and default.api_timeout_seconds == 15
     custom = OperatorConfig.from_env(
         {"ROCMTRAIN_NAMESPACES": "team-a, team-b", "ROCMTRAIN_STALL_SECONDS": "8", "ROCMTRAIN_HEALTH_PORT": "0"}
     )
     assert custom.namespaces == ("team-a", "team-b")
     assert custom.stall_check_seconds == 2 and custom.liveness_endpoint is None
+    assert default.pricing is None and default.metrics_max_jobs == 500
+    priced = OperatorConfig.from_env({"ROCMTRAIN_GPU_PRICES": "default=2.5", "ROCMTRAIN_COST_CURRENCY": "EUR"})
+    assert priced.pricing is not None and (priced.pricing.default, priced.pricing.currency) == (2.5, "EUR")
+    pod = OperatorConfig.from_env(
+        {
+            "ROCMTRAIN_METRICS_HOST": "0.0.0.0",  # noqa: S104 - what a Deployment sets
+            "ROCMTRAIN_HEALTH_HOST": "::",
+            "ROCMTRAIN_API_TIMEOUT_SECONDS": "5",
+            "ROCMTRAIN_ALLOWED_IMAGES": "ghcr.io/acme/, registry.local:5000/ml",
+            "ROCMTRAIN_ALLOWED_PRIORITY_CLASSES": "training",
+            "ROCMTRAIN_ALLOWED_KUEUE_PRIORITY_CLASSES": "low,high",
+        }
+    )
+    assert pod.metrics_host == "0.0.0.0"  # noqa: S104
+    assert pod.liveness_endpoint == "http://[::]:8081/healthz"
+    assert pod.api_timeout_seconds == 5 and pod.reconcile_deadline == 20
+    assert pod.policy == Policy(("ghcr.io/acme/", "registry.local:5000/ml"), ("training",), ("low", "high"))
+    assert default.render_options.submitter_retries == 2
+    # The progress endpoint (TLS, authenticated) listens on every address unless told where.
+    progress = {"ROCMTRAIN_OPERATOR_NAMESPACE": "rocm-train-system"}
+    assert OperatorConfig.from_env(progress).progress.host == "0.0.0.0"  # noqa: S104
+    assert OperatorConfig.from_env({**progress, "ROCMTRAIN_PROGRESS_HOST": "10.0.0.7"}).progress.host == "10.0.0.7"
+    with pytest.raises(ValueError, match="ROCMTRAIN_PROGRESS_HOST must be an IP address"):
+        OperatorConfig.from_env({**progress, "ROCMTRAIN_PROGRESS_HOST": "all"})
+    assert OperatorConfig.from_env({"ROCMTRAIN_SUBMITTER_RETRIES": "0"}).render_options.submitter_retries == 0
 
 
 @pytest.mark.parametrize(
@@ -36,6 +70,14 @@ def test_config_defaults_and_overrides():
         {"ROCMTRAIN_METRICS_PORT": "70000"},
         {"ROCMTRAIN_STALL_SECONDS": "0"},
         {"ROCMTRAIN_RETRY_SECONDS": "soon"},
+        {"ROCMTRAIN_METRICS_MAX_JOBS": "-1"},
+        {"ROCMTRAIN_GPU_PRICES": "AMD_Instinct_MI300X_OAM=cheap"},
+        {"ROCMTRAIN_GPU_PRICES": "default=2", "ROCMTRAIN_COST_CURRENCY": "euro"},
+        {"ROCMTRAIN_METRICS_HOST": "all"},
+        {"ROCMTRAIN_API_TIMEOUT_SECONDS": "0"},
+        {"ROCMTRAIN_ALLOWED_IMAGES": "ghcr.io/acme evil"},
+        {"ROCMTRAIN_ALLOWED_PRIORITY_CLASSES": "Training"},
+        {"ROCMTRAIN_SUBMITTER_RETRIES": "21"},
     ],
 )
 def test_config_refuses_bad_values(env):
@@ -104,8 +146,18 @@ def test_rayjob_view_keeps_status_and_status_write_times_only():
     assert controller_ref({"metadata": {"ownerReferences": [{"kind": "Other", "controller": True}]}}) == {}
 
 
+def _view(name: str, phase: str | None, gpus: int) -> dict:
+    return {
+        "metadata": {"namespace": "ns", "name": name},
+        "spec": {"resources": {"workers": 1, "gpusPerWorker": gpus}},
+        "status": {"phase": phase} if phase else {},
+        "gpus": gpus,
+    }
+
+
 def test_jobs_collector_counts_phases_and_gpus_of_unfinished_jobs():
-    metrics.JOBS.source = lambda: [("Running", 16), ("Running", 8), ("Succeeded", 8), (None, 4)]
+    views = [_view("a", "Running", 16), _view("b", "Running", 8), _view("c", "Succeeded", 8), _view("d", None, 4)]
+    metrics.JOBS.source = lambda: views
     try:
         text = generate_latest(metrics.REGISTRY).decode()
     finally:
@@ -115,6 +167,9 @@ def test_jobs_collector_counts_phases_and_gpus_of_unfinished_jobs():
     assert 'rocmtrain_jobs{phase="Unknown"} 1.0' in text
     assert 'rocmtrain_gpus_requested{phase="Running"} 24.0' in text
     assert 'rocmtrain_gpus_requested{phase="Succeeded"}' not in text
+    assert 'rocmtrain_job_phase{job_name="c",namespace="ns",phase="Succeeded"} 1.0' in text
+    assert 'rocmtrain_job_gpus{job_name="a",namespace="ns"} 16.0' in text
+    assert "rocmtrain_job_series_dropped 0.0" in text
 
 
 def test_observe_counts_unexpected_errors_only():
@@ -166,3 +221,103 @@ def test_rayjob_watch_relist_reports_differences_and_coalesces_per_object():
     assert ("DELETED", "two", "Running") in seen
     assert [s for s in seen if s[1] == "four"] == [("ADDED", "four", "New"), ("MODIFIED", "four", "Complete")]
     assert not [s for s in seen if s[1] in ("one", "three")]
+
+
+def _ray_pod(namespace: str, job: str, name: str, phase: str) -> dict:
+    labels = {JOB_NAME_LABEL: job, RAY_CLUSTER_LABEL: f"{job}-abcde"}
+    return {"metadata": {"namespace": namespace, "name": name, "labels": labels}, "status": {"phase": phase}}
+
+
+async def _until_idle(watch: Informer) -> None:
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if not watch._workers:
+            return
+
+
+@pytest.mark.parametrize("kind", ["RayJobs", "Ray pods"])
+def test_a_failed_handling_is_handed_over_again_until_it_goes_through(monkeypatch: pytest.MonkeyPatch, kind: str):
+    """A status write that failed (the API server down) is not lost: the change is handled again (every watch)."""
+    monkeypatch.setattr("rocmtrain.controller.informer.ERROR_BACKOFF_SECONDS", 0.01)
+    attempts: list[str] = []
+
+    async def handle(_: str, view: dict) -> None:
+        attempts.append(view["metadata"]["name"])
+        if len(attempts) < 3:
+            raise ConnectionError("status write failed")
+
+    async def scenario() -> None:
+        api = client.ApiClient(client.Configuration())
+        if kind == "RayJobs":
+            watch: Informer = RayJobWatch(api, handle, label_selector="x=y")
+            watch._apply("MODIFIED", rayjob_view(_rayjob("a", "one", "Running")))
+        else:
+            watch = PodWatch(api, handle)
+            watch._apply("MODIFIED", pod_view(_ray_pod("a", "bert", "bert-abcde-head-x1y2z", "Pending")))
+        await _until_idle(watch)
+        await watch.stop()
+        await api.close()
+
+    asyncio.run(scenario())
+    assert len(attempts) == 3 and len(set(attempts)) == 1
+
+
+def test_a_newer_change_replaces_a_failed_one_awaiting_its_retry(monkeypatch: pytest.MonkeyPatch):
+    """The retry hands over the group's latest change: a stale view is never written after a newer one."""
+    monkeypatch.setattr("rocmtrain.controller.informer.ERROR_BACKOFF_SECONDS", 0.2)
+    attempts: list[tuple[str, str]] = []
+
+    async def handle(_: str, view: dict) -> None:
+        attempts.append((view["metadata"]["name"], view["phase"]))
+        if len(attempts) == 1:
+            raise ConnectionError("status write failed")
+
+    async def scenario() -> None:
+        api = client.ApiClient(client.Configuration())
+        watch = PodWatch(api, handle)
+        watch._apply("ADDED", pod_view(_ray_pod("a", "bert", "bert-abcde-head-x1y2z", "Pending")))
+        await asyncio.sleep(0.05)  # failed, backing off
+        watch._apply("ADDED", pod_view(_ray_pod("a", "bert", "bert-abcde-gpu-worker-q1w2e", "Running")))
+        await _until_idle(watch)
+        assert len(watch.of_job("a", "bert")) == 2, "one group: the job's pods"
+        await watch.stop()
+        await api.close()
+
+    asyncio.run(scenario())
+    assert attempts == [("bert-abcde-head-x1y2z", "Pending"), ("bert-abcde-gpu-worker-q1w2e", "Running")]
+
+
+def test_only_the_rayjob_of_the_jobs_name_drives_its_status():
+    job = {"metadata": {"name": "bert", "namespace": "a", "uid": "u1"}}
+    own = _rayjob("a", "bert", "Running")
+    own["metadata"]["ownerReferences"] = [{"kind": "RocmTrainingJob", "name": "bert", "uid": "u1", "controller": True}]
+    assert is_jobs_rayjob(job, own)
+    impostor = {**own, "metadata": {**own["metadata"], "name": "impostor"}}
+    assert not is_jobs_rayjob(job, impostor), "a controller reference anyone may write is not enough"
+    elsewhere = {**own, "metadata": {**own["metadata"], "namespace": "b"}}
+    assert not is_jobs_rayjob(job, elsewhere)
+    other_uid = {**job, "metadata": {**job["metadata"], "uid": "u2"}}
+    assert not is_jobs_rayjob(other_uid, own), "a new job of the same name"
+
+
+def test_every_request_of_the_operators_clients_has_a_deadline():
+    """kubernetes_asyncio sends requests without one: an API server that never answers would hold the caller."""
+
+    async def scenario() -> float:
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await asyncio.sleep(30)  # accepts the connection, reads nothing, answers nothing
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        configuration = client.Configuration(host=f"http://127.0.0.1:{port}")
+        api = TimedApiClient(configuration, aiohttp.ClientTimeout(total=0.5))
+        start = asyncio.get_running_loop().time()
+        try:
+            with pytest.raises(TimeoutError):
+                await client.CoreV1Api(api).list_namespace()
+            return asyncio.get_running_loop().time() - start
+        finally:
+            await api.close()
+            server.close()
+
+    assert asyncio.run(scenario()) < 5

@@ -3,8 +3,9 @@
 The endpoint runs in-process (an asyncio loop in a thread), with the real
 TokenReview, pod authorisation and status patches against the test
 kube-apiserver. There is no kubelet and no KubeRay controller: the tests create
-the Ray head pod object themselves, with the labels KubeRay gives Ray pods, and
-it never runs. Tokens bound to it come from the real TokenRequest API.
+what KubeRay would (the job's RayJob when no operator runs, its RayCluster, the Ray
+pods with KubeRay's labels and controller references) themselves, and the pods
+never run. Tokens bound to them come from the real TokenRequest API.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kubernetes.client.exceptions import ApiException
 from kubernetes_asyncio import config as async_config
 
 from cluster.kubecluster import KubeCluster
@@ -34,7 +36,11 @@ from rocmtrain.api.contract import (
     RAY_CLUSTER_LABEL,
     progress_path,
 )
+from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.objects import owner_reference
+from rocmtrain.progress.auth import RAY_NODE_TYPE_LABEL
 from rocmtrain.progress.server import ProgressServer, ProgressServerConfig, start_progress_server
+from rocmtrain.render import render_rayjob
 
 T = TypeVar("T")
 
@@ -116,12 +122,13 @@ class Client:
 
 @dataclass
 class RayHead:
-    """A job, its Ray cluster name, and the (never running) head pod bound tokens are issued for."""
+    """A job, its Ray cluster, and the (never running) head pod bound tokens are issued for."""
 
     namespace: str
     job: str
     cluster: str
     pod: dict[str, Any]
+    raycluster: dict[str, Any]
 
     def job_object(self, kube: KubeCluster) -> dict[str, Any]:
         return kube.request("GET", self.job_path)
@@ -167,34 +174,76 @@ def create_job(
     return job
 
 
+def controlled_by(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """The controller reference KubeRay and the operator set: controller, blockOwnerDeletion."""
+    ref = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"]}
+    return [{**ref, "uid": obj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
+
+
+def _rayjob_of(kube: KubeCluster, namespace: str, job: str) -> dict[str, Any]:
+    """The job's RayJob: the operator's, or as it would render and own it."""
+    path = f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/{job}"
+    try:
+        return kube.request("GET", path)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    job_object = kube.request("GET", f"/apis/rocmtrain.dev/v1alpha1/namespaces/{namespace}/{PLURAL}/{job}")
+    rayjob = render_rayjob(RocmTrainingJob.model_validate(job_object))
+    rayjob["metadata"]["ownerReferences"] = [owner_reference(job_object)]
+    return kube.create(rayjob)
+
+
 def create_ray_head(kube: KubeCluster, namespace: str, job: str, cluster: str) -> RayHead:
-    """The head pod KubeRay would create for `cluster`: same labels, a service account, never scheduled."""
-    kube.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "ray-head", "namespace": namespace}})
-    pod = kube.create(
+    """What KubeRay makes for the job's RayJob: the RayCluster `cluster` and its head pod (never scheduled)."""
+    rayjob = _rayjob_of(kube, namespace, job)
+    raycluster = kube.create(
+        {
+            "apiVersion": "ray.io/v1",
+            "kind": "RayCluster",
+            "metadata": {"name": cluster, "namespace": namespace, "ownerReferences": controlled_by(rayjob)},
+            "spec": rayjob["spec"]["rayClusterSpec"],
+        }
+    )
+    head = RayHead(namespace, job, cluster, {}, raycluster)
+    head.pod = create_ray_pod(kube, head, "head")
+    return head
+
+
+def create_ray_pod(kube: KubeCluster, head: RayHead, node_type: str, *, owned: bool = True) -> dict[str, Any]:
+    """A pod of the job's Ray cluster as KubeRay labels it; `owned`: controlled by the RayCluster."""
+    kube.apply(
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "ray-head", "namespace": head.namespace}}
+    )
+    metadata: dict[str, Any] = {
+        "name": f"{head.cluster}-{node_type}-{uuid.uuid4().hex[:5]}",
+        "namespace": head.namespace,
+        "labels": {RAY_CLUSTER_LABEL: head.cluster, RAY_NODE_TYPE_LABEL: node_type, JOB_NAME_LABEL: head.job},
+    }
+    if owned:
+        metadata["ownerReferences"] = controlled_by(head.raycluster)
+    return kube.create(
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {
-                "name": f"{cluster}-head-{uuid.uuid4().hex[:5]}",
-                "namespace": namespace,
-                "labels": {RAY_CLUSTER_LABEL: cluster, "ray.io/node-type": "head", JOB_NAME_LABEL: job},
-            },
+            "metadata": metadata,
             "spec": {
                 "serviceAccountName": "ray-head",
                 "automountServiceAccountToken": False,
-                "containers": [{"name": "ray-head", "image": "rocm/ray:2.60.0"}],
+                "containers": [{"name": "ray", "image": "rocm/ray:2.60.0"}],
             },
         }
     )
-    return RayHead(namespace, job, cluster, pod)
 
 
-def bound_token(kube: KubeCluster, head: RayHead, audience: str = PROGRESS_AUDIENCE, seconds: int = 600) -> str:
-    """A TokenRequest token bound to the head pod (600 s is the API server's minimum lifetime)."""
-    meta = head.pod["metadata"]
+def bound_token_for(
+    kube: KubeCluster, namespace: str, pod: dict[str, Any], audience: str = PROGRESS_AUDIENCE, seconds: int = 600
+) -> str:
+    """A TokenRequest token bound to `pod` (600 s is the API server's minimum lifetime)."""
+    meta = pod["metadata"]
     review = kube.request(
         "POST",
-        f"/api/v1/namespaces/{head.namespace}/serviceaccounts/{head.pod['spec']['serviceAccountName']}/token",
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{pod['spec']['serviceAccountName']}/token",
         body={
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenRequest",
@@ -206,6 +255,11 @@ def bound_token(kube: KubeCluster, head: RayHead, audience: str = PROGRESS_AUDIE
         },
     )
     return review["status"]["token"]
+
+
+def bound_token(kube: KubeCluster, head: RayHead, audience: str = PROGRESS_AUDIENCE, seconds: int = 600) -> str:
+    """A TokenRequest token bound to the head pod."""
+    return bound_token_for(kube, head.namespace, head.pod, audience, seconds)
 
 
 def operator_kubeconfig(kube: KubeCluster, path: Path) -> Path:

@@ -176,6 +176,22 @@ async def test_flood_is_rate_limited(http: TestClient, jobs: Jobs):
     assert len(jobs.patches) == codes.count(204)
 
 
+async def test_one_address_is_limited_before_any_token_is_looked_at(jobs: Jobs):
+    seen: list[str] = []
+
+    async def counting(token: str) -> Identity:
+        seen.append(token)
+        return await authenticate(token)
+
+    app = make_app(
+        authenticate=counting, authorise=authorise, jobs=jobs, limiter=RateLimiter(100, 100), sources=RateLimiter(1, 3)
+    )
+    async with TestClient(TestServer(app)) as client:
+        answers = [await client.post(URL, json=REPORT, headers=bearer(f"junk-{i}")) for i in range(10)]
+        assert [r.status for r in answers] == [401] * 3 + [429] * 7
+        assert (await answers[-1].json()) == {"error": "source rate limited"} and len(seen) == 3
+
+
 async def test_conflicting_writes_are_retried_on_fresh_status(http: TestClient, jobs: Jobs):
     jobs.objects["team-a", "job1"]["status"] = {"phase": "Running", "history": [{"step": 1, "trainLoss": 2.0}]}
     jobs.conflicts = 2

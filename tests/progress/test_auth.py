@@ -1,17 +1,23 @@
-"""Reading TokenReview answers and matching pods to jobs (pure, no cluster)."""
+"""Screening tokens, reading TokenReview answers and matching pods to jobs (pure, no cluster)."""
 
 from __future__ import annotations
+
+import base64
+import json
 
 import pytest
 
 from rocmtrain.api.contract import JOB_NAME_LABEL, PROGRESS_AUDIENCE, RAY_CLUSTER_LABEL
 from rocmtrain.progress.auth import (
+    MAX_TOKEN_BYTES,
     POD_NAME_EXTRA,
     POD_UID_EXTRA,
+    RAY_NODE_TYPE_LABEL,
     Identity,
     TtlCache,
+    head_of_job,
     identity_from_review,
-    pod_belongs_to_job,
+    token_claims,
 )
 from rocmtrain.progress.errors import Forbidden, Unauthenticated
 
@@ -64,21 +70,121 @@ def test_tokens_not_bound_to_exactly_one_pod_are_forbidden(user: dict):
         identity_from_review({**BOUND, "user": user}, PROGRESS_AUDIENCE)
 
 
+def _jwt(claims: object, header: bytes = b'{"alg":"RS256"}') -> str:
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    return f"{b64(header)}.{b64(json.dumps(claims).encode())}.{b64(b'signature')}"
+
+
+NOW = 1_800_000_000.0
+CLAIMS = {"aud": [PROGRESS_AUDIENCE], "exp": NOW + 600, "sub": "system:serviceaccount:team-a:ray-head"}
+
+
+def test_well_formed_tokens_for_our_audience_go_to_tokenreview():
+    assert token_claims(_jwt(CLAIMS), PROGRESS_AUDIENCE, NOW) == CLAIMS
+    assert token_claims(_jwt({**CLAIMS, "aud": PROGRESS_AUDIENCE}), PROGRESS_AUDIENCE, NOW)
+
+
 @pytest.mark.parametrize(
-    ("labels", "cluster", "allowed"),
+    "token",
     [
-        ({RAY_CLUSTER_LABEL: "job1-abcde", JOB_NAME_LABEL: "job1"}, "job1-abcde", True),
-        ({RAY_CLUSTER_LABEL: "job1-abcde"}, "job1-abcde", True),
-        ({RAY_CLUSTER_LABEL: "job2-fghij", JOB_NAME_LABEL: "job2"}, "job1-abcde", False),
-        ({RAY_CLUSTER_LABEL: "job1-abcde", JOB_NAME_LABEL: "job2"}, "job1-abcde", False),
-        ({JOB_NAME_LABEL: "job1"}, "job1-abcde", False),
-        ({JOB_NAME_LABEL: "job1"}, None, True),
-        ({RAY_CLUSTER_LABEL: "job1-abcde"}, None, False),
-        ({}, None, False),
+        "",
+        "junk",
+        "a.b",
+        "a.b.c.d",
+        "a b.c.d",
+        _jwt(CLAIMS) + "=",
+        "x" * 10 + "." + "y" * (MAX_TOKEN_BYTES) + ".z",
+        "e30.!!!.e30",
+        "e30.bm90IGpzb24.e30",
+        _jwt(["a", "list"]),
+        _jwt({**CLAIMS, "aud": ["https://kubernetes.default.svc"]}),
+        _jwt({**CLAIMS, "aud": None}),
+        _jwt({key: value for key, value in CLAIMS.items() if key != "exp"}),
+        _jwt({**CLAIMS, "exp": NOW}),
+        _jwt({**CLAIMS, "exp": "tomorrow"}),
     ],
-)
-def test_pod_belongs_to_job(labels: dict, cluster: str | None, allowed: bool):
-    assert pod_belongs_to_job(labels, "job1", cluster) is allowed
+    ids=[
+        "empty", "word", "two-parts", "four-parts", "space", "padding", "too-long", "bad-base64", "not-json",
+        "not-object", "other-audience", "no-audience", "no-expiry", "expired", "expiry-text",
+    ],
+)  # fmt: skip
+def test_junk_is_refused_before_any_tokenreview(token: str):
+    with pytest.raises(Unauthenticated):
+        token_claims(token, PROGRESS_AUDIENCE, NOW)
+
+
+JOB = {
+    "metadata": {"name": "job1", "namespace": "team-a", "uid": "job-uid"},
+    "status": {"rayJobName": "job1", "rayClusterName": "job1-abcde"},
+}
+RAYJOB = {
+    "metadata": {
+        "name": "job1",
+        "uid": "rayjob-uid",
+        "ownerReferences": [{"kind": "RocmTrainingJob", "name": "job1", "uid": "job-uid", "controller": True}],
+    }
+}
+RAYCLUSTER = {
+    "metadata": {
+        "name": "job1-abcde",
+        "uid": "cluster-uid",
+        "ownerReferences": [{"kind": "RayJob", "name": "job1", "uid": "rayjob-uid", "controller": True}],
+    }
+}
+HEAD = {
+    "metadata": {
+        "name": "job1-abcde-head-x1y2z",
+        "uid": "pod-uid",
+        "labels": {RAY_CLUSTER_LABEL: "job1-abcde", RAY_NODE_TYPE_LABEL: "head", JOB_NAME_LABEL: "job1"},
+        "ownerReferences": [{"kind": "RayCluster", "name": "job1-abcde", "uid": "cluster-uid", "controller": True}],
+    }
+}
+
+
+def _with(obj: dict, **meta: object) -> dict:
+    return {**obj, "metadata": {**obj["metadata"], **meta}}
+
+
+def test_the_jobs_head_pod_may_report():
+    assert head_of_job(HEAD, RAYCLUSTER, RAYJOB, JOB) is None
+    unnamed = {**JOB, "status": {}}  # before the operator has copied the names into the status
+    assert head_of_job(HEAD, RAYCLUSTER, RAYJOB, unnamed) is None
+
+
+FORGED_LABELS = _with(HEAD, ownerReferences=[])
+WORKER = _with(HEAD, labels={**HEAD["metadata"]["labels"], RAY_NODE_TYPE_LABEL: "worker"})
+OTHER_CLUSTER_LABEL = _with(HEAD, labels={**HEAD["metadata"]["labels"], RAY_CLUSTER_LABEL: "x"})
+
+
+@pytest.mark.parametrize(
+    ("pod", "raycluster", "rayjob", "job", "words"),
+    [
+        (FORGED_LABELS, RAYCLUSTER, RAYJOB, JOB, "not controlled by the job's RayCluster"),
+        (WORKER, RAYCLUSTER, RAYJOB, JOB, "not a Ray head"),
+        (_with(HEAD, labels={RAY_CLUSTER_LABEL: "job1-abcde"}), RAYCLUSTER, RAYJOB, JOB, "not a Ray head"),
+        (
+            _with(HEAD, ownerReferences=[{**HEAD["metadata"]["ownerReferences"][0], "controller": False}]),
+            RAYCLUSTER, RAYJOB, JOB, "not controlled",
+        ),
+        (OTHER_CLUSTER_LABEL, RAYCLUSTER, RAYJOB, JOB, "not controlled"),
+        (HEAD, _with(RAYCLUSTER, uid="other"), RAYJOB, JOB, "not controlled"),
+        (HEAD, RAYCLUSTER, RAYJOB, {**JOB, "status": {"rayClusterName": "job1-zzzzz"}}, "another Ray cluster"),
+        (HEAD, _with(RAYCLUSTER, ownerReferences=[]), RAYJOB, JOB, "not the job's RayJob's"),
+        (HEAD, RAYCLUSTER, _with(RAYJOB, name="impostor"), JOB, "not the job's RayJob's"),
+        (HEAD, RAYCLUSTER, _with(RAYJOB, uid="other"), JOB, "not the job's RayJob's"),
+        (HEAD, RAYCLUSTER, RAYJOB, _with(JOB, uid="another-job"), "not this job's"),
+    ],
+    ids=[
+        "forged-labels", "worker", "no-node-type", "owner-not-controller", "other-cluster-label", "cluster-replaced",
+        "job-names-another-cluster", "cluster-not-from-a-rayjob", "rayjob-named-otherwise", "rayjob-replaced",
+        "rayjob-of-another-job",
+    ],
+)  # fmt: skip
+def test_only_the_head_of_the_jobs_own_ray_cluster_may_report(pod, raycluster, rayjob, job, words: str):
+    why = head_of_job(pod, raycluster, rayjob, job)
+    assert why is not None and words in why
 
 
 def test_ttl_cache_expires_and_stays_bounded():
@@ -92,3 +198,90 @@ def test_ttl_cache_expires_and_stays_bounded():
     assert cache.get("a") == 1
     now[0] = 10.0
     assert cache.get("a") is None and cache.get("c") is None
+
+
+def test_ttl_cache_never_keeps_an_entry_past_its_own_end():
+    now = [0.0]
+    cache: TtlCache[str, int] = TtlCache(ttl=60, size=2, clock=lambda: now[0])
+    cache.put("token", 1, until=5.0)
+    now[0] = 5.0
+    assert cache.get("token") is None
+
+
+@pytest.mark.parametrize("code", [404, 409, 500])
+async def test_any_tokenreview_failure_is_unavailable_never_a_crash(code: int):
+    """404 (the API not served) or 409 from TokenReview is the API server's trouble: 503, not a 500 and a traceback."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+    from kubernetes_asyncio import client
+
+    from rocmtrain.progress.auth import TokenReviewAuthenticator
+    from rocmtrain.progress.errors import Unavailable
+
+    async def answer(_: web.Request) -> web.Response:
+        return web.json_response({"kind": "Status", "code": code}, status=code)
+
+    app = web.Application()
+    app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", answer)
+    async with TestServer(app) as server:
+        api = client.ApiClient(client.Configuration(host=str(server.make_url(""))))
+        try:
+            authenticate = TokenReviewAuthenticator(api, wall_clock=lambda: NOW)
+            with pytest.raises(Unavailable):
+                await authenticate(_jwt(CLAIMS))
+        finally:
+            await api.close()
+
+
+async def test_reviews_are_cached_refusals_apart_and_kept_within_their_budget():
+    """Accepted and refused answers are cached apart (refusals never push out an accepted token), and
+    TokenReviews beyond the budget are refused as Busy before they are sent."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+    from kubernetes_asyncio import client
+
+    from rocmtrain.progress.auth import CACHE_ENTRIES, TokenReviewAuthenticator
+    from rocmtrain.progress.errors import Busy
+    from rocmtrain.progress.limits import RateLimiter
+
+    reviewed: list[str] = []
+    good = _jwt({**CLAIMS, "sub": "good"})
+
+    async def review(request: web.Request) -> web.Response:
+        token = (await request.json())["spec"]["token"]
+        reviewed.append(token)
+        status = BOUND if token == good else {"authenticated": False}
+        return web.json_response(
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": ""}, "status": status}
+        )
+
+    app = web.Application()
+    app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", review)
+    async with TestServer(app) as server:
+        api = client.ApiClient(client.Configuration(host=str(server.make_url(""))))
+        try:
+            generous = TokenReviewAuthenticator(api, wall_clock=lambda: NOW, reviews=RateLimiter(1e6, 10**6))
+            assert await generous(good) == await generous(good) and reviewed == [good]
+            refused = [_jwt({**CLAIMS, "sub": f"forged-{i}"}) for i in range(CACHE_ENTRIES + 100)]
+            for token in refused:
+                with pytest.raises(Unauthenticated):
+                    await generous(token)
+            with pytest.raises(Unauthenticated):
+                await generous(refused[-1])  # cached refusal: no review
+            with pytest.raises(Unauthenticated):
+                await generous("junk")  # no review at all
+            assert await generous(good) and len(reviewed) == 1 + len(refused), "the accepted token is still cached"
+            reviewed.clear()
+            clock = [0.0]
+            tight = TokenReviewAuthenticator(
+                api, wall_clock=lambda: NOW, reviews=RateLimiter(1.0, 3, clock=lambda: clock[0])
+            )
+            outcomes = []
+            for i in range(10):
+                try:
+                    await tight(_jwt({**CLAIMS, "sub": f"flood-{i}"}))
+                except (Busy, Unauthenticated) as exc:
+                    outcomes.append(type(exc).__name__)
+            assert outcomes == ["Unauthenticated"] * 3 + ["Busy"] * 7 and len(reviewed) == 3
+        finally:
+            await api.close()

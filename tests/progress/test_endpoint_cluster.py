@@ -1,10 +1,10 @@
 """The progress endpoint against the real control plane: who may write, and what is refused.
 
 Real parts: kube-apiserver (TokenRequest, TokenReview, the job's status
-subresource), the endpoint over TLS with the operator-managed CA. Not real: the
-Ray head pods are objects the tests create with KubeRay's labels (no KubeRay
-controller, no kubelet: they never run), and the operator's copy of
-`status.rayClusterName` is a status patch made here.
+subresource), the endpoint over TLS with the operator-managed certificate. Not
+real: the RayJob, RayCluster and Ray pods are objects the tests create as the
+operator and KubeRay would (no KubeRay controller, no kubelet: the pods never
+run), and the operator's copy of `status.rayClusterName` is a status patch made here.
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ from progress.endpoint import (
     RayHead,
     ServerThread,
     bound_token,
+    bound_token_for,
     create_job,
     create_ray_head,
+    create_ray_pod,
 )
 from rocmtrain.api.contract import PROGRESS_BURST, PROGRESS_RATE_PER_SECOND
 from rocmtrain.api.models import HISTORY_LENGTH, RocmTrainingJobStatus
@@ -99,10 +101,22 @@ def test_token_of_the_jobs_head_pod_updates_its_status(kube: KubeCluster, client
     assert (printed["Progress"], printed["Loss"], printed["ETA"]) == (25, 0.61, 60), "kubectl get shows them"
 
 
-def test_before_the_cluster_is_recorded_the_job_label_decides(kube: KubeCluster, client: Client, namespace: str):
+def test_before_the_cluster_is_recorded_the_owner_chain_decides(kube: KubeCluster, client: Client, namespace: str):
     head = new_head(kube, namespace, record_cluster=False)
     resp = client.post(head.namespace, head.job, REPORT, bound_token(kube, head))
     assert resp.status == 204, resp.body
+
+
+def test_a_pod_with_forged_labels_is_forbidden(kube: KubeCluster, client: Client, head: RayHead):
+    """Every label of the head pod, but not controlled by the job's RayCluster: anyone could make it."""
+    forged = create_ray_pod(kube, head, "head", owned=False)
+    assert_refused(kube, head, client, REPORT, bound_token_for(kube, head.namespace, forged), 403)
+
+
+def test_a_worker_pods_token_is_forbidden(kube: KubeCluster, client: Client, head: RayHead):
+    """A pod of the job's own Ray cluster, controlled by its RayCluster, that is not the head."""
+    worker = create_ray_pod(kube, head, "worker")
+    assert_refused(kube, head, client, REPORT, bound_token_for(kube, head.namespace, worker), 403)
 
 
 def test_token_of_another_jobs_pod_is_forbidden(kube: KubeCluster, client: Client, namespace: str, head: RayHead):
@@ -245,7 +259,7 @@ def _read_only_secret(kube: KubeCluster, loop: ServerThread, admin: Any, namespa
         loop.run(tls.load_serving_secret(admin, namespace, hosts, manage=False))
     issued = tls.plan_secret(None, hosts, dt.datetime.now(dt.UTC))
     assert issued is not None
-    issued.pop("ca.key")  # a CA Issuer's Secret: ca.crt, tls.crt, tls.key; never the CA key
+    assert set(issued) == {"ca.crt", "tls.crt", "tls.key"}  # as a CA Issuer's Secret: never the CA key
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -260,6 +274,6 @@ def _read_only_secret(kube: KubeCluster, loop: ServerThread, admin: Any, namespa
         issued["tls.crt"],
         issued["tls.key"],
     )
-    # The managing path would have added a CA key and rewritten the Secret; this one left it alone.
+    # The managing path would have rewritten the Secret (for the names it serves); this one left it alone.
     after = kube.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{tls.SECRET_NAME}")
     assert after["metadata"]["resourceVersion"] == version and "ca.key" not in after["data"]

@@ -58,8 +58,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def pki(tmp_path: Path) -> dict[str, Path]:
     now = dt.datetime.now(dt.UTC)
-    ca_crt, ca_key = tls.new_ca(now)
-    crt, key = tls.new_serving_cert(ca_crt, ca_key, ["localhost"], now)
+    ca_crt, crt, key = tls.new_serving_cert(["localhost"], now)
     paths = {"ca": tmp_path / "ca.crt", "crt": tmp_path / "tls.crt", "key": tmp_path / "tls.key"}
     for name, data in (("ca", ca_crt), ("crt", crt), ("key", key)):
         paths[name].write_bytes(data)

@@ -4,8 +4,8 @@ The operator's own configuration and handler functions run here, on one event lo
 as the operator's ServiceAccount (manifests/rbac.yaml), against kube-apiserver;
 kopf's event loop is not started, so this test never competes with the operator
 that tests/operator run. Not real: no KubeRay controller, so the test writes the
-RayJob's `status.rayClusterName` and creates the head pod from the rendered
-template as KubeRay would; no kubelet, so that pod never runs.
+RayJob's `status.rayClusterName` and creates the RayCluster and the head pod from
+the rendered template as KubeRay would; no kubelet, so that pod never runs.
 """
 
 from __future__ import annotations
@@ -18,12 +18,21 @@ import pytest
 from kubernetes_asyncio import config as async_config
 
 from cluster.kubecluster import KubeCluster, free_port
-from progress.endpoint import OPERATOR_NAMESPACE, Client, LoopThread, RayHead, bound_token, operator_kubeconfig
+from progress.endpoint import (
+    OPERATOR_NAMESPACE,
+    Client,
+    LoopThread,
+    RayHead,
+    bound_token,
+    controlled_by,
+    operator_kubeconfig,
+)
 from rocmtrain.api.contract import API_VERSION, KIND
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.controller import handlers
 from rocmtrain.controller.settings import OperatorConfig
 from rocmtrain.kube import Kube
+from rocmtrain.objects import owner_reference
 from rocmtrain.progress import tls
 from rocmtrain.render import render_rayjob
 
@@ -49,7 +58,9 @@ def loop() -> Iterator[LoopThread]:
     thread.close()
 
 
-def test_operator_serves_progress_for_the_jobs_it_renders(kube: KubeCluster, loop: LoopThread, tmp_path: Path):
+def test_operator_serves_progress_for_the_jobs_it_renders(
+    kube: KubeCluster, loop: LoopThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     port = free_port()
     config = OperatorConfig.from_env(
         {
@@ -61,6 +72,7 @@ def test_operator_serves_progress_for_the_jobs_it_renders(kube: KubeCluster, loo
     )
     assert config.progress is not None
     kubeconfig = operator_kubeconfig(kube, tmp_path / "kubeconfig")
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))  # the endpoint makes its own client, as in the operator
     api = loop.run(async_config.new_client_from_config(config_file=str(kubeconfig)))
     memo = kopf.Memo(config=config, kube=Kube(api))
     loop.run(handlers.progress_endpoint(memo=memo))
@@ -71,8 +83,10 @@ def test_operator_serves_progress_for_the_jobs_it_renders(kube: KubeCluster, loo
         )
         # What the `reconcile` handler does: publish the CA, then create the RayJob rendered with the
         # operator's render options (the Reconciler's own run needs kopf's context for its events).
-        loop.run(handlers.publish_progress_ca(memo, namespace))
-        kube.create(render_rayjob(RocmTrainingJob.model_validate(job), options=config.render_options))
+        assert loop.run(handlers.publish_progress_ca(memo, namespace)) is None
+        rendered = render_rayjob(RocmTrainingJob.model_validate(job), options=config.render_options)
+        rendered["metadata"]["ownerReferences"] = [owner_reference(job)]
+        rayjob_object = kube.create(rendered)
 
         ca = kube.request("GET", f"/api/v1/namespaces/{namespace}/configmaps/{tls.CA_CONFIGMAP}")["data"]["ca.crt"]
         rayjob = kube.request("GET", f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/{name}")
@@ -81,8 +95,16 @@ def test_operator_serves_progress_for_the_jobs_it_renders(kube: KubeCluster, loo
         url = f"https://localhost:{port}/v1/namespaces/{namespace}/rocmtrainingjobs/{name}/progress"
         assert env["ROCMTRAIN_PROGRESS_URL"] == url
 
-        # KubeRay's part: name the cluster in the RayJob's status and create the head pod from the template.
+        # KubeRay's part: the RayCluster, its name in the RayJob's status, the head pod from the template.
         cluster = f"{name}-b4x7z"
+        raycluster = kube.create(
+            {
+                "apiVersion": "ray.io/v1",
+                "kind": "RayCluster",
+                "metadata": {"name": cluster, "namespace": namespace, "ownerReferences": controlled_by(rayjob_object)},
+                "spec": rayjob["spec"]["rayClusterSpec"],
+            }
+        )
         kube.request(
             "PATCH",
             f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/{name}/status",
@@ -98,11 +120,16 @@ def test_operator_serves_progress_for_the_jobs_it_renders(kube: KubeCluster, loo
             {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"name": f"{cluster}-head-q9w8e", "namespace": namespace, "labels": labels},
+                "metadata": {
+                    "name": f"{cluster}-head-q9w8e",
+                    "namespace": namespace,
+                    "labels": labels,
+                    "ownerReferences": controlled_by(raycluster),
+                },
                 "spec": {**template["spec"], "serviceAccountName": "ray-head"},
             }
         )
-        head = RayHead(namespace, name, cluster, pod)
+        head = RayHead(namespace, name, cluster, pod, raycluster)
 
         client = Client(port, ca.encode())
         report = {"progress": {"step": 3, "totalSteps": 30, "percent": 10.0}, "metrics": {"trainLoss": 0.9}}

@@ -4,7 +4,8 @@
   nothing else of `rocmtrain`, never kopf, kubernetes, torch or ray;
 - the training package (`rocmtrain_train`) imports only `rocmtrain.api` of `rocmtrain`,
   and `rocmtrain` never imports the training package;
-- the pure core (`rocmtrain.render`, `status`, `preflight`, `objects`) does no I/O:
+- the pure core (`rocmtrain.render`, `status`, `preflight`, `objects`, `pod_health`, `kueue_workload`,
+  `policy`, `accounting`, `job_gauges`, `views`, `progress.status_patch`) does no I/O:
   no kopf, no Kubernetes client, no HTTP; kopf stays in `rocmtrain.controller`.
 """
 
@@ -25,7 +26,19 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCES = {"rocmtrain": ROOT / "operator" / "rocmtrain", "rocmtrain_train": ROOT / "training_image" / "rocmtrain_train"}
 HEAVY = {"kopf", "kubernetes", "kubernetes_asyncio", "torch", "ray", "transformers", "aiohttp"}
 CONTRACT_THIRD_PARTY = {"pydantic", "pydantic_core", "yaml"}
-PURE = ("rocmtrain.render", "rocmtrain.status", "rocmtrain.preflight", "rocmtrain.objects")
+PURE = (
+    "rocmtrain.render",
+    "rocmtrain.status",
+    "rocmtrain.preflight",
+    "rocmtrain.objects",
+    "rocmtrain.pod_health",
+    "rocmtrain.kueue_workload",
+    "rocmtrain.policy",
+    "rocmtrain.accounting",
+    "rocmtrain.job_gauges",
+    "rocmtrain.views",
+    "rocmtrain.progress.status_patch",
+)
 IMPORTERS = {"import_module", "__import__"}
 
 

@@ -158,7 +158,7 @@ def test_run_refuses_what_validate_refuses_with_the_same_messages(
 
 def test_run_trains_one_job_per_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = write(tmp_path, example("quickstart.yaml"), example("quickstart.yaml"))
-    assert run(capsys, "run", path) == (2, "", f"{path}: holds 2 jobs; rocmtrain run trains one\n")
+    assert run(capsys, "run", path) == (2, "", f"{path}: holds 2 jobs; rocmtrain run takes one\n")
 
 
 def test_run_is_the_training_package_s_command() -> None:

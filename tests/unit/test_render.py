@@ -124,6 +124,10 @@ def test_versions_entrypoint_and_submission(full: RocmTrainingJob) -> None:
     assert submitter["restartPolicy"] == "Never"
     assert [c["name"] for c in submitter["containers"]] == ["ray-job-submitter"]
     assert submitter["containers"][0]["image"] == full.spec.image
+    # KubeRay's default, written down; the operator's ROCMTRAIN_SUBMITTER_RETRIES changes it.
+    assert rayjob["spec"]["submitterConfig"] == {"backoffLimit": 2}
+    once = render_rayjob(full, options=RenderOptions(submitter_retries=0))
+    assert once["spec"]["submitterConfig"] == {"backoffLimit": 0}
 
 
 def test_no_container_has_a_command(full: RocmTrainingJob) -> None:
@@ -152,8 +156,9 @@ def test_worker_group_is_fixed_size_with_amd_gpus(full: RocmTrainingJob) -> None
     assert rayjob["spec"]["rayClusterSpec"]["enableInTreeAutoscaling"] is False
     assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (3, 3, 3)
     assert group["groupName"] == "gpu"
-    # KubeRay derives --num-gpus from any limit ending in "gpu", so no rayStartParams are needed.
-    assert "rayStartParams" not in group
+    # KubeRay derives --num-gpus from any limit ending in "gpu", so no rayStartParams are needed; the
+    # empty map is there for Kueue's webhook (tests/operator/test_operator_kueue.py shows why).
+    assert group["rayStartParams"] == {}
     amounts = {"cpu": "12500m", "memory": "96Gi", "amd.com/gpu": "2"}
     assert group["template"]["spec"]["containers"][0]["resources"] == {"limits": amounts, "requests": amounts}
 
@@ -165,7 +170,7 @@ def test_cpu_job_requests_no_gpus_and_gets_no_gpu_settings() -> None:
     group = worker_group(rayjob)
     assert group["groupName"] == "cpu"
     assert "amd.com/gpu" not in group["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert [var["name"] for var in env_of(group["template"])] == ["OMP_NUM_THREADS"]
+    assert [var["name"] for var in env_of(group["template"])] == ["HOME", "OMP_NUM_THREADS"]
     assert "supplementalGroups" not in group["template"]["spec"]["securityContext"]
 
 
@@ -192,6 +197,7 @@ def test_gpu_model_selection_becomes_required_node_affinity(full: RocmTrainingJo
 def test_worker_env_order_defaults_and_user_overrides(full: RocmTrainingJob) -> None:
     worker = worker_group(render_rayjob(full, options=OPTIONS))["template"]
     assert env_of(worker) == [
+        {"name": "HOME", "value": "/tmp"},
         {"name": "OMP_NUM_THREADS", "value": "12"},
         {"name": "HSA_FORCE_FINE_GRAIN_PCIE", "value": "1"},
         {"name": "HF_HUB_OFFLINE", "value": "1"},
@@ -204,6 +210,7 @@ def test_head_env_carries_the_job_and_the_progress_endpoint(full: RocmTrainingJo
     head = head_pod(render_rayjob(full, options=OPTIONS))
     names = [var["name"] for var in env_of(head)]
     assert names == [
+        "HOME",
         "OMP_NUM_THREADS",
         "HF_HUB_OFFLINE",
         "NCCL_DEBUG",
@@ -262,11 +269,11 @@ def test_shared_memory_is_an_in_memory_volume(full: RocmTrainingJob) -> None:
 def test_user_volumes_and_mounts_reach_head_and_workers(full: RocmTrainingJob) -> None:
     for role in ("head", "worker"):
         spec = pods(render_rayjob(full))[role]["spec"]
-        assert spec["volumes"][1:] == [
+        assert spec["volumes"][2:] == [
             {"name": "models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}},
             {"name": "ckpt", "persistentVolumeClaim": {"claimName": "checkpoints", "readOnly": False}},
         ]
-        assert spec["containers"][0]["volumeMounts"][1:] == [
+        assert spec["containers"][0]["volumeMounts"][2:] == [
             {"name": "models", "mountPath": "/models", "readOnly": True},
             {"name": "ckpt", "mountPath": "/checkpoints", "readOnly": False},
         ]
@@ -309,6 +316,8 @@ def test_progress_credentials_are_a_projected_volume_on_the_head_only(full: Rocm
         {"progress_ca_key": "a/b"},
         {"progress_token_audience": "two words"},
         {"gpu_device_groups": (-1,)},
+        {"submitter_retries": -1},
+        {"submitter_retries": 21},
     ],
 )
 def test_render_options_refuse_bad_values(kwargs: dict[str, Any]) -> None:
@@ -329,6 +338,7 @@ def test_every_pod_is_hardened_and_scheduled_alike(full: RocmTrainingJob) -> Non
             assert container["securityContext"] == {
                 "allowPrivilegeEscalation": False,
                 "capabilities": {"drop": ["ALL"]},
+                "readOnlyRootFilesystem": True,
                 "runAsNonRoot": True,
             }
             assert container["resources"]["limits"] == container["resources"]["requests"]
@@ -337,6 +347,17 @@ def test_every_pod_is_hardened_and_scheduled_alike(full: RocmTrainingJob) -> Non
         assert spec["tolerations"] == [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
         assert spec["priorityClassName"] == "training"
         assert spec["imagePullSecrets"] == [{"name": "registry"}]
+
+
+def test_read_only_containers_write_to_tmp_and_home_there(full: RocmTrainingJob) -> None:
+    """Ray's session directory (/tmp/ray) and HOME's caches (Hugging Face, MIOpen) need a writable /tmp."""
+    for role, template in pods(render_rayjob(full, options=OPTIONS)).items():
+        spec = template["spec"]
+        assert {"name": "rocmtrain-tmp", "emptyDir": {}} in spec["volumes"], role
+        for container in spec["containers"]:
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True
+            assert {"name": "rocmtrain-tmp", "mountPath": "/tmp"} in container["volumeMounts"], role
+            assert {"name": "HOME", "value": "/tmp"} in container["env"], role
 
 
 def test_minimal_job_leaves_optional_pod_fields_out() -> None:

@@ -169,6 +169,48 @@ def test_invalid_job_is_refused_at_its_field(edit: Edit, path: str, words: str) 
     assert [e for e in errors if e.path == path and words in e.message], errors
 
 
+# Every spelling of the operator's mount paths (and of the paths holding them) the runtime resolves alike.
+RESERVED_SPELLINGS = [
+    "/dev/shm",
+    "/dev/shm/",
+    "/dev//shm",
+    "/dev/./shm",
+    "//dev/shm",
+    "/dev/shm/ray",
+    "/dev",
+    "/",
+    "//",
+    "/.",
+    "/var/run/secrets/rocmtrain.dev/progress",
+    "/var/run/secrets/rocmtrain.dev//progress",
+    "/var/run/secrets/rocmtrain.dev/./progress/",
+    "/var/run/secrets/rocmtrain.dev/progress/token",
+    "/var/run/secrets",
+    "/var",
+    "/tmp",
+    "/./tmp/",
+    "/tmp/ray",
+]
+
+
+@pytest.mark.parametrize("path", RESERVED_SPELLINGS)
+def test_reserved_mount_paths_are_refused_however_spelled(path: str) -> None:
+    manifest = full_job()
+    put("spec.volumeMounts[1].mountPath", path)(manifest)
+    job, errors = validate_job(manifest)
+    assert job is None
+    assert [e for e in errors if e.path == "spec.volumeMounts[1].mountPath" and "reserved" in e.message], errors
+
+
+@pytest.mark.parametrize("path", ["/dev/shmem", "/tmpdata", "/var/run/secrets/other", "/var/run/rocmtrain", "/data"])
+def test_paths_beside_the_reserved_ones_are_fine(path: str) -> None:
+    manifest = full_job()
+    put("spec.volumeMounts[1].mountPath", path)(manifest)
+    put("spec.checkpoint.storagePath", path + "/ckpt")(manifest)
+    job, errors = validate_job(manifest)
+    assert job is not None, errors
+
+
 def test_table_is_large_enough() -> None:
     assert len(INVALID) >= 30
     assert len({case[0] for case in INVALID}) == len(INVALID)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rocmtrain.api.manifests import read_jobs
 from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.api.validate import Context
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -36,15 +37,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read_job(path: Path) -> RocmTrainingJob | None:
+def read_one_job(path: Path, context: Context = "local", command: str = "run") -> RocmTrainingJob | None:
     """The one valid job of the file, else None after printing why (as `rocmtrain validate` does)."""
     try:
-        jobs, errors = read_jobs(str(path), "local")
+        jobs, errors = read_jobs(str(path), context)
     except OSError as exc:
         print(f"error: cannot read {path}: {exc}", file=sys.stderr)
         return None
     if not errors and len(jobs) != 1:
-        errors = [f"{path}: holds {len(jobs)} jobs; rocmtrain run trains one"]
+        errors = [f"{path}: holds {len(jobs)} jobs; rocmtrain {command} takes one"]
     for line in errors:
         print(line, file=sys.stderr)
     return None if errors else jobs[0]
@@ -53,7 +54,7 @@ def _read_job(path: Path) -> RocmTrainingJob | None:
 def main(argv: list[str]) -> int:
     """train a job locally on Ray (`rocmtrain run --help`)"""
     args = _parser().parse_args(argv)
-    job = _read_job(args.job)
+    job = read_one_job(args.job)
     if job is None:
         return EXIT_CONFIG
     try:

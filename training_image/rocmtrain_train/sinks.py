@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol, TextIO
 
@@ -51,12 +53,22 @@ def summary_table(report: ProgressReport) -> str:
     return "\n".join([rule, *(f"{label:<{width}}  {value}" for label, value in rows), rule])
 
 
+# The bar: tqdm's own remaining-time guess is left out for the driver's ETA, which is in the postfix.
+BAR_FORMAT = "{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+
+
+def wants_progress_bar(stream: TextIO, environ: Mapping[str, str] = os.environ) -> bool:
+    """A live bar on an interactive terminal; plain lines in a pipe, a file, CI (`CI` set) or a dumb terminal."""
+    ci = environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+    return stream.isatty() and not ci and environ.get("TERM") != "dumb"
+
+
 class ConsoleSink:
-    """A progress bar on a terminal (one line per report elsewhere) and a summary table at the end."""
+    """A live progress bar on a terminal (one line per report elsewhere) and a summary table at the end."""
 
     def __init__(self, stream: TextIO | None = None, *, progress_bar: bool | None = None) -> None:
         self._stream = stream or sys.stderr
-        self._bar_wanted = self._stream.isatty() if progress_bar is None else progress_bar
+        self._bar_wanted = wants_progress_bar(self._stream) if progress_bar is None else progress_bar
         self._bar: tqdm | None = None
 
     def emit(self, report: ProgressReport) -> None:
@@ -66,10 +78,13 @@ class ConsoleSink:
             "lr": _fmt(m.learning_rate, ".2e"),
             "acc": _fmt(m.eval_accuracy, ".3f"),
             "samples/s": _fmt(m.samples_per_second, ".1f"),
+            "eta": "-" if p.eta_seconds is None else tqdm.format_interval(p.eta_seconds),
         }
         if self._bar_wanted:
             if self._bar is None:
-                self._bar = tqdm(total=p.total_steps, desc="training", unit="step", file=self._stream)
+                self._bar = tqdm(
+                    total=p.total_steps, desc="training", unit="step", file=self._stream, bar_format=BAR_FORMAT
+                )
             self._bar.update((p.step or 0) - self._bar.n)
             self._bar.set_postfix(status, refresh=True)
         elif not report.final:

@@ -7,7 +7,8 @@ both write belongs here. Sections:
 
 - the RocmTrainingJob API's identity;
 - the marks the operator puts on what it makes (labels, field manager);
-- KubeRay's RayJob API;
+- KubeRay's RayJob API, and the labels KubeRay puts on Ray pods;
+- Kueue: its labels and its Workload API;
 - AMD GPUs on Kubernetes;
 - the training image: its driver module, user, Ray version;
 - where models, data and checkpoints may live;
@@ -31,7 +32,7 @@ PLURAL: Final = "rocmtrainingjobs"
 # ---- what the operator makes --------------------------------------------------------------
 
 # The operator's name: field manager of its writes, source of its events, and the
-# managed-by label value its RayJob watch selects on.
+# managed-by label value its RayJob and Ray pod watches select on.
 OPERATOR_NAME: Final = "rocm-train-operator"
 MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
 APP_NAME_LABEL: Final = "app.kubernetes.io/name"
@@ -51,8 +52,23 @@ RAYJOB_VERSION: Final = "v1"
 RAYJOB_API_VERSION: Final = f"{RAYJOB_GROUP}/{RAYJOB_VERSION}"
 RAYJOB_KIND: Final = "RayJob"
 RAYJOB_PLURAL: Final = "rayjobs"
-# KubeRay labels every pod of a Ray cluster with the cluster's name.
+# KubeRay labels every pod of a Ray cluster with the cluster's name, and with its node type (head, worker).
 RAY_CLUSTER_LABEL: Final = "ray.io/cluster"
+RAY_NODE_TYPE_LABEL: Final = "ray.io/node-type"
+# The Ray pods (head and workers) of the operator's jobs: the labels of the rendered
+# templates (KubeRay keeps them) and KubeRay's cluster label, which the submitter pod lacks.
+RAY_PODS_SELECTOR: Final = f"{MANAGED_SELECTOR},{RAY_CLUSTER_LABEL}"
+
+# ---- Kueue --------------------------------------------------------------------------------
+
+# The LocalQueue and WorkloadPriorityClass of a RayJob (set by the renderer, or the queue by
+# Kueue's webhook in a namespace with a LocalQueue named `default`).
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL: Final = "kueue.x-k8s.io/priority-class"
+# Kueue's Workload: one per queued RayJob, owned by it, where Kueue says why it waits.
+WORKLOAD_GROUP: Final = "kueue.x-k8s.io"
+WORKLOAD_VERSION: Final = "v1beta2"
+WORKLOAD_PLURAL: Final = "workloads"
 
 # ---- AMD GPUs -----------------------------------------------------------------------------
 
@@ -120,8 +136,12 @@ SHM_VOLUME: Final = "dshm"
 SHM_PATH: Final = "/dev/shm"  # noqa: S108 (a mount point in the pod, not a file opened here)
 PROGRESS_VOLUME: Final = "rocmtrain-progress"
 PROGRESS_DIR: Final = f"/var/run/secrets/{GROUP}/progress"
-RESERVED_VOLUMES: Final = (SHM_VOLUME, PROGRESS_VOLUME)
-RESERVED_MOUNT_PATHS: Final = (SHM_PATH, PROGRESS_DIR)
+# The containers' root filesystem is read-only; Ray, the driver and the libraries they
+# load write below /tmp (Ray's session directory) and HOME (caches), which is /tmp too.
+TMP_VOLUME: Final = "rocmtrain-tmp"
+TMP_PATH: Final = "/tmp"  # noqa: S108 (a mount point in the pod, not a file opened here)
+RESERVED_VOLUMES: Final = (SHM_VOLUME, PROGRESS_VOLUME, TMP_VOLUME)
+RESERVED_MOUNT_PATHS: Final = (SHM_PATH, PROGRESS_DIR, TMP_PATH)
 
 # ---- the progress channel -----------------------------------------------------------------
 

@@ -60,6 +60,19 @@ PRINTER_COLUMNS = [
         "jsonPath": ".status.progress.etaSeconds",
         "description": "Estimated seconds until training ends.",
     },
+    {
+        "name": "GPU-Seconds",
+        "type": "number",
+        "jsonPath": ".status.gpuSeconds",
+        "description": "AMD GPU-seconds held so far.",
+        "priority": 1,
+    },
+    {
+        "name": "Cost",
+        "type": "number",
+        "jsonPath": ".status.cost.amount",
+        "description": "What the GPU-seconds cost, in status.cost.currency (ROCMTRAIN_COST_CURRENCY).",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
@@ -157,7 +170,9 @@ def openapi_schema() -> dict[str, Any]:
             "kind": {"type": "string", "description": "Kind: " + KIND + "."},
             "metadata": {"type": "object"},
             "spec": spec_schema,
-            "status": _structural(status, status.get("$defs", {})),
+            # A job the operator has not seen yet reads as generation 0 observed, so GitOps health
+            # checks (kstatus, Argo CD) wait for the operator instead of calling it current.
+            "status": {**_structural(status, status.get("$defs", {})), "default": {"observedGeneration": 0}},
         },
         "x-kubernetes-validations": [
             {

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from pydantic.alias_generators import to_camel, to_snake
 
 from rocmtrain.api.contract import GPU_NODE_LABELS, GPU_RESOURCE
+from rocmtrain.api.patterns import CURRENCY
 from rocmtrain.api.types import (
     AbsPath,
     ConfigKey,
@@ -684,6 +685,15 @@ class ProgressReport(ApiModel):
     )
 
 
+class Cost(ApiModel):
+    """What a job's GPU-seconds cost at the operator's prices."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    amount: float = Field(ge=0, le=1e15, description="Cost of gpuSeconds so far.")
+    currency: str = Field(pattern=CURRENCY, description="ISO 4217 currency code (ROCMTRAIN_COST_CURRENCY).")
+
+
 class RocmTrainingJobStatus(ApiModel):
     """The observed state, written by the operator."""
 
@@ -706,6 +716,22 @@ class RocmTrainingJobStatus(ApiModel):
     completion_time: str | None = Field(default=None, description="When the Ray job ended (RFC 3339).")
     restarts: int | None = Field(default=None, ge=0, description="Whole-job retries so far.")
     worker_failures: int | None = Field(default=None, ge=0, description=WORKER_FAILURES)
+    gpu_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        le=1e15,
+        allow_inf_nan=False,
+        description="AMD GPU-seconds held so far: ready Ray workers × GPUs per worker, summed over time.",
+    )
+    gpus_held: int | None = Field(
+        default=None, ge=0, description="AMD GPUs the job's ready Ray workers hold, as last observed."
+    )
+    accounted_until: str | None = Field(
+        default=None, description="Until when gpuSeconds and cost are counted (RFC 3339)."
+    )
+    cost: Cost | None = Field(
+        default=None, description="What gpuSeconds cost at the operator's price per GPU-hour (ROCMTRAIN_GPU_PRICES)."
+    )
     progress: Progress | None = Field(default=None, description="Training progress.")
     metrics: Metrics | None = Field(default=None, description="Latest training metrics.")
     history: list[HistoryPoint] = Field(

@@ -35,7 +35,12 @@ class DerivedName:
 
 def rayjob_name(job: RocmTrainingJob) -> str:
     """The RayJob's name: the job's own name."""
-    return job.metadata.name
+    return rayjob_name_of(job.metadata.name)
+
+
+def rayjob_name_of(job_name: str) -> str:
+    """The name of the RayJob of the job called `job_name`."""
+    return job_name
 
 
 def worker_group_name(job: RocmTrainingJob) -> str:

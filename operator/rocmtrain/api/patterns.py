@@ -41,6 +41,8 @@ LOCATION = (
 TRAVERSAL = r"(^|/)[.][.](/|$)"
 # Absolute path inside a container.
 ABS_PATH = r"^/[A-Za-z0-9._~%+=,@/-]*$"
+# ISO 4217 currency code.
+CURRENCY = r"^[A-Z]{3}$"
 # A field name in a data record.
 FIELD_NAME = r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
 # A key inside a Secret or ConfigMap.
@@ -69,6 +71,7 @@ PATTERN_DESCRIPTIONS = {
     CONFIG_KEY: "a Secret or ConfigMap key: letters, digits, '-', '_' or '.'",
     REL_PATH: "a relative path of letters, digits, '.', '_' and '-' segments",
     TEXT: "text without NUL characters",
+    CURRENCY: "an ISO 4217 currency code such as USD or EUR",
 }
 
 

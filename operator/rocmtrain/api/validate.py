@@ -222,10 +222,20 @@ def _check_locations(job: RocmTrainingJob, context: Context) -> Iterator[FieldEr
         )
 
 
+def normalize_path(path: str) -> str:
+    """An absolute path as the container runtime resolves it: no empty or `.` segments, no trailing '/'."""
+    return "/" + "/".join(part for part in path.split("/") if part not in ("", "."))
+
+
+def _under(path: str, root: str) -> bool:
+    """Whether normalised `path` is `root` or lies below it."""
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
 def _on_writable_mount(job: RocmTrainingJob, path: str) -> bool:
+    path = normalize_path(path)
     return any(
-        not mount.read_only and (path == mount.mount_path or path.startswith(mount.mount_path.rstrip("/") + "/"))
-        for mount in job.spec.volume_mounts
+        not mount.read_only and _under(path, normalize_path(mount.mount_path)) for mount in job.spec.volume_mounts
     )
 
 
@@ -240,9 +250,14 @@ def _check_volumes(job: RocmTrainingJob) -> Iterator[FieldError]:
         if volume.name in RESERVED_VOLUMES:
             yield FieldError(f"spec.volumes[{index}].name", f"{volume.name} is reserved for the operator's volumes")
     for index, mount in enumerate(job.spec.volume_mounts):
-        path = mount.mount_path.rstrip("/") or "/"
-        if any(path == reserved or path.startswith(reserved + "/") for reserved in RESERVED_MOUNT_PATHS):
-            yield FieldError(f"spec.volumeMounts[{index}].mountPath", f"{path} is reserved for the operator's mounts")
+        path = normalize_path(mount.mount_path)
+        # At, below or above a reserved path: above would hide the operator's mount.
+        if any(_under(path, reserved) or _under(reserved, path) for reserved in RESERVED_MOUNT_PATHS):
+            reserved = ", ".join(RESERVED_MOUNT_PATHS)
+            yield FieldError(
+                f"spec.volumeMounts[{index}].mountPath",
+                f"{mount.mount_path} is reserved: it is, contains or lies in a path the operator mounts ({reserved})",
+            )
 
 
 def _check_resources(job: RocmTrainingJob) -> Iterator[FieldError]:

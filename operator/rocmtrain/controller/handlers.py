@@ -3,8 +3,11 @@
 - jobs (every event; level-triggered, so kopf keeps no state in them): validate,
   pre-flight, create or update the RayJob, with retries while it is held;
 - RayJobs we made (any change, from `RayJobWatch` rather than kopf, which stops on a
-  404 when KubeRay's CRD is removed): map their state into the owning job's status,
+  404 when KubeRay's CRD is removed): map their state into the owning job's status
+  (only the job's own RayJob: the job controls it and it has the job's RayJob name),
   and recreate a RayJob deleted behind our back while its job has not finished;
+- the Ray pods of our jobs (`PodWatch`) and Kueue's Workloads of our RayJobs
+  (`WorkloadWatch`): recompute the job's status (pods that cannot run, Kueue's verdict);
 - running jobs: stall detection, by one periodic loop over the job index;
 - indexes of jobs and Nodes keep lookups off the API server.
 
@@ -24,15 +27,24 @@ import kopf
 
 from rocmtrain import metrics, preflight
 from rocmtrain.api.contract import GROUP, MANAGED_SELECTOR, PLURAL, VERSION
+from rocmtrain.api.names import rayjob_name_of
+from rocmtrain.controller.pod_watch import PodWatch
 from rocmtrain.controller.rayjob_watch import RayJobWatch
 from rocmtrain.controller.reconciler import Reconciler
 from rocmtrain.controller.settings import OperatorConfig, configure_kopf
-from rocmtrain.kube import Kube
-from rocmtrain.objects import controller_ref, job_view, requested_gpus
+from rocmtrain.controller.workload_watch import WorkloadWatch, rayjob_key
+from rocmtrain.kube import Kube, new_api_client
+from rocmtrain.objects import controller_ref, is_jobs_rayjob, job_view, requested_gpus
+from rocmtrain.pod_health import job_key
 from rocmtrain.progress.server import start_progress_server
-from rocmtrain.status import TERMINAL_PHASES
+from rocmtrain.progress.tls import ConfigMapTaken
+from rocmtrain.status import TERMINAL_PHASES, Hold, HoldKind
 
 JOB = (GROUP, VERSION, PLURAL)
+# The informers (RayJobs, Ray pods, Kueue Workloads) that share the watch client, and its
+# connections beyond their long requests (a list or watch being replaced, say).
+WATCHES = 3
+WATCH_SPARE_CONNECTIONS = 4
 
 logger = logging.getLogger(__name__)
 
@@ -41,29 +53,56 @@ logger = logging.getLogger(__name__)
 async def startup(
     settings: kopf.OperatorSettings, memo: kopf.Memo, jobs: kopf.Index, nodes: kopf.Index, **_: Any
 ) -> None:
-    """Read the configuration, configure kopf, connect, serve metrics, watch RayJobs and stalls."""
+    """Read the configuration, configure kopf, connect, serve metrics, watch RayJobs, pods, Workloads and stalls."""
     memo.config = config = OperatorConfig.from_env()
-    configure_kopf(settings)
-    memo.kube = await Kube.connect()
-    memo.metrics = await metrics.serve(config.metrics_port, config.bind_address) if config.metrics_port else None
-    metrics.JOBS.source = lambda: (
-        (job["status"].get("phase"), job["gpus"]) for store in list(jobs.values()) for job in store
-    )
+    configure_kopf(settings, namespaced=bool(config.namespaces))
+    memo.kube = await Kube.connect(timeout=config.api_timeout_seconds)
+    memo.metrics = await metrics.serve(config.metrics_port, config.metrics_host) if config.metrics_port else None
+    metrics.JOBS.source = lambda: (job for store in list(jobs.values()) for job in store)
+    metrics.JOBS.max_jobs = config.metrics_max_jobs
 
     async def handle(kind: str, rayjob: dict[str, Any]) -> None:
         await rayjob_changed(kind, rayjob, memo, jobs, nodes)
 
+    async def refresh(source: str, key: tuple[str, str] | None) -> None:
+        if key is not None:
+            with metrics.observe(f"{source}_event"):
+                await refresh_rayjob(*key, memo, jobs)
+
+    # The watches' own connections (one long request per watch and namespace), so that
+    # they never take the reconciler's.
+    memo.watch_api = await new_api_client(
+        WATCHES * (len(config.namespaces) or 1) + WATCH_SPARE_CONNECTIONS, config.api_timeout_seconds
+    )
     memo.rayjobs = RayJobWatch(
-        memo.kube.api,
+        memo.watch_api,
         handle,
         label_selector=MANAGED_SELECTOR,
         namespaces=config.namespaces,
         missing_retry_seconds=config.retry_seconds,
     )
-    memo.reconciler = Reconciler(
-        memo.kube, config, known=memo.rayjobs.get, before_render=lambda namespace: publish_progress_ca(memo, namespace)
+    memo.pods = PodWatch(
+        memo.watch_api,
+        lambda _, pod: refresh("pod", rayjob_of(job_key(pod))),
+        namespaces=config.namespaces,
+        retry_seconds=config.retry_seconds,
     )
-    memo.rayjobs.start()
+    memo.workloads = WorkloadWatch(
+        memo.watch_api,
+        lambda _, workload: refresh("workload", rayjob_key(workload)),
+        namespaces=config.namespaces,
+        retry_seconds=config.retry_seconds,
+    )
+    memo.reconciler = Reconciler(
+        memo.kube,
+        config,
+        known=memo.rayjobs.get,
+        before_render=lambda namespace: publish_progress_ca(memo, namespace),
+        pods=memo.pods.of_job,
+        workload=memo.workloads.of_rayjob,
+    )
+    for watch in (memo.rayjobs, memo.pods, memo.workloads):
+        watch.start()
     memo.stall_watch = asyncio.create_task(watch_stalls(memo, jobs), name="stall watch")
 
 
@@ -76,8 +115,9 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     """Stop the watches, the retries and the metrics, and close the API connection."""
-    if memo.get("rayjobs") is not None:
-        await memo.rayjobs.stop()
+    for watch in ("rayjobs", "pods", "workloads"):
+        if memo.get(watch) is not None:
+            await memo[watch].stop()
     if memo.get("reconciler") is not None:
         await memo.reconciler.stop()
     if memo.get("stall_watch") is not None:
@@ -87,6 +127,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     metrics.JOBS.source = tuple
     if memo.get("metrics") is not None:
         await memo.metrics.cleanup()
+    if memo.get("watch_api") is not None:
+        await memo.watch_api.close()
     if memo.get("kube") is not None:
         await memo.kube.close()
 
@@ -103,7 +145,7 @@ def nodes(body: kopf.Body, **_: Any) -> dict[str, preflight.NodeInfo] | None:
 
 @kopf.index(*JOB)  # type: ignore[arg-type]  # a namespaced resource: kopf passes `namespace` as a str
 def jobs(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    """Jobs by (namespace, name), with their GPU request for the metrics."""
+    """Jobs by (namespace, name), with their GPU request for the metrics (which read this index)."""
     view = job_view(body)
     view["gpus"] = requested_gpus(view)
     return {(namespace, name): view}
@@ -186,7 +228,7 @@ async def rayjob_changed(
     with metrics.observe("rayjob_event"):
         owner = controller_ref(rayjob)
         job = _one(jobs, (rayjob["metadata"]["namespace"], owner.get("name", "")), owner.get("uid"))
-        if job is None or "deletionTimestamp" in job["metadata"]:
+        if job is None or "deletionTimestamp" in job["metadata"] or not is_jobs_rayjob(job, rayjob):
             return
         if kind != "DELETED":
             await memo.reconciler.refresh(job, rayjob)
@@ -198,14 +240,34 @@ async def rayjob_changed(
             await sync(memo, job, jobs, nodes)
 
 
+def rayjob_of(job: tuple[str, str] | None) -> tuple[str, str] | None:
+    """(namespace, RayJob name) of the job `(namespace, name)`."""
+    return (job[0], rayjob_name_of(job[1])) if job is not None else None
+
+
+async def refresh_rayjob(namespace: str, name: str, memo: kopf.Memo, jobs: kopf.Index) -> None:
+    """Recompute the status of the job owning RayJob `namespace/name` (its pods or its Workload changed)."""
+    rayjob = memo.rayjobs.get(namespace, name)
+    if rayjob is None:  # not seen yet: its own event recomputes the status
+        return
+    owner = controller_ref(rayjob)
+    job = _one(jobs, (namespace, owner.get("name", "")), owner.get("uid"))
+    if job is not None and "deletionTimestamp" not in job["metadata"] and is_jobs_rayjob(job, rayjob):
+        await memo.reconciler.refresh(job, rayjob)
+
+
 # ---- progress endpoint: training drivers push ProgressReports (rocmtrain.progress) ------------
 
 
 @kopf.on.startup()
 async def progress_endpoint(memo: kopf.Memo, **_: Any) -> None:
-    """Serve the progress endpoint, when configured (after `startup`: it shares its config and API client)."""
+    """Serve the progress endpoint, when configured (after `startup`: it reads its config).
+
+    The endpoint talks to the API server through a small client of its own, so a flood
+    of reports never takes the connections that reconciles and the watches use.
+    """
     cfg = memo.config.progress
-    memo.progress = await start_progress_server(cfg, memo.kube.api) if cfg is not None else None
+    memo.progress = await start_progress_server(cfg) if cfg is not None else None
 
 
 @kopf.on.cleanup()
@@ -215,7 +277,15 @@ async def stop_progress_endpoint(memo: kopf.Memo, **_: Any) -> None:
         await memo.progress.stop()
 
 
-async def publish_progress_ca(memo: kopf.Memo, namespace: str) -> None:
-    """Put the endpoint's CA into a job's namespace before its RayJob is rendered (the head pod mounts it)."""
-    if memo.get("progress") is not None:
-        await memo.progress.publish_ca(namespace)
+async def publish_progress_ca(memo: kopf.Memo, namespace: str) -> Hold | None:
+    """Put the endpoint's CA into a job's namespace before its RayJob is rendered (the head pod mounts it).
+
+    A ConfigMap of that name that is not the operator's is left alone, and holds the job.
+    """
+    if memo.get("progress") is None:
+        return None
+    try:
+        await memo.progress.publish_ca(namespace, memo.kube.api)
+    except ConfigMapTaken as exc:
+        return Hold(HoldKind.BLOCKED, "ProgressCAConflict", str(exc))
+    return None

@@ -8,13 +8,22 @@ one way everywhere here: `validate_job` in the cluster context.
 Level-triggered: `sync` is called for every observed state of a job and does
 nothing once the job's current generation is in line (its RayJob created or
 updated, or the spec refused); a job that is held (KubeRay missing, no node fits,
-a name conflict) or that met an error is tried again after a delay. The
-operator keeps no bookkeeping in the job object: after a restart, each job is
-checked once more, and creating its RayJob again finds the existing one.
+a name conflict, the API server refusing its RayJob) or that met an error is
+tried again after a delay. The operator keeps no bookkeeping in the job object:
+after a restart, each job is checked once more, and creating its RayJob again
+finds the existing one.
+
+A reconcile holds one of `ACTIVE_RECONCILES` slots, for at most the config's
+`reconcile_deadline` (every request also has its own deadline), so a hung API
+server delays jobs but never keeps a slot.
+
+Every status is computed from everything known about the job: its RayJob, its Ray
+pods and Kueue's Workload (the watches' views, handed in as lookups), whichever
+of them changed.
 
 All status writes of one job go through one asyncio lock, and the operator keeps
 the status it last wrote per job, so that two paths (the job's own and the
-RayJob watch) never write an older view over a newer one, and a transition is
+watches') never write an older view over a newer one, and a transition is
 announced by exactly one event.
 """
 
@@ -23,16 +32,19 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rocmtrain import preflight, status
-from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain import metrics, preflight, status
+from rocmtrain.accounting import Price
+from rocmtrain.api.models import RocmTrainingJob, RocmTrainingJobSpec
 from rocmtrain.api.validate import FieldError, validate_job
 from rocmtrain.controller.settings import OperatorConfig
-from rocmtrain.kube import JOBS, RAYJOBS, ApiMissing, Kube
-from rocmtrain.objects import controller_ref, job_document, mutable_patch, owner_reference, rayjob_view
+from rocmtrain.job_gauges import queue_wait
+from rocmtrain.kube import JOBS, RAYJOBS, ApiMissing, Kube, Refused
+from rocmtrain.objects import controller_ref, job_document, mutable_patch, owner_reference, queued, rayjob_view
 from rocmtrain.render import render_rayjob
 from rocmtrain.status import Hold, HoldKind
 
@@ -45,6 +57,9 @@ CONFLICT_RETRY_SECONDS = 5
 # holding rendered RayJobs and open requests for all of them (memory, and the API
 # server's CPU); 16 keeps the client's connections busy.
 ACTIVE_RECONCILES = 16
+# Uids of deleted jobs remembered, so that a sync still running when its job goes
+# does not bring the job's state back (uids are never reused).
+FORGOTTEN_UIDS = 4096
 
 
 def _now() -> dt.datetime:
@@ -75,20 +90,35 @@ class Reconciler:
         kube: Kube,
         config: OperatorConfig,
         known: Callable[[str, str], Mapping[str, Any] | None],
-        before_render: Callable[[str], Awaitable[None]] | None = None,
+        before_render: Callable[[str], Awaitable[Hold | None]] | None = None,
+        pods: Callable[[str, str], Sequence[Mapping[str, Any]]] = lambda namespace, job: (),
+        workload: Callable[[Mapping[str, Any]], Mapping[str, Any] | None] = lambda rayjob: None,
     ) -> None:
         """`known(namespace, name)`: the watched view of a RayJob, if any (saves a read);
-        `before_render(namespace)`: awaited before a job there is rendered (the progress CA)."""
+        `before_render(namespace)`: awaited before a job there is rendered (the progress CA),
+        it returns what holds the RayJob back, if anything does;
+        `pods(namespace, job)`: the job's Ray pods; `workload(rayjob)`: Kueue's Workload of a RayJob."""
         self._kube = kube
         self._config = config
         self._known = known
         self._before_render = before_render
+        self._pods = pods
+        self._workload = workload
         self._states: dict[str, JobState] = {}
+        self._forgotten: OrderedDict[str, None] = OrderedDict()
         self._slots = asyncio.Semaphore(ACTIVE_RECONCILES)
         self._retries: set[asyncio.Task[None]] = set()
+        metrics.JOBS_REMEMBERED.set_function(lambda: len(self._states))
+
+    def remembers(self, uid: str) -> bool:
+        """Whether the reconciler keeps state for the job `uid`."""
+        return uid in self._states
 
     def forget(self, uid: str) -> None:
-        """Drop what is remembered about a deleted job, and its scheduled retry."""
+        """Drop what is remembered about a deleted job, and its scheduled retry, for good."""
+        self._forgotten[uid] = None
+        while len(self._forgotten) > FORGOTTEN_UIDS:
+            self._forgotten.popitem(last=False)
         state = self._states.pop(uid, None)
         if state is not None and state.retry is not None:
             state.retry.cancel()
@@ -99,6 +129,8 @@ class Reconciler:
 
     def retry_later(self, uid: str, delay: float, again: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run `again()` in `delay` seconds (replacing a retry already scheduled for the job)."""
+        if uid in self._forgotten:
+            return
         state = self._state(uid)
         if state.retry is not None:
             state.retry.cancel()
@@ -120,13 +152,45 @@ class Reconciler:
             task.cancel()
         await asyncio.gather(*self._retries, return_exceptions=True)
 
+    def _price(self, spec: RocmTrainingJobSpec) -> Price | None:
+        pricing = self._config.pricing
+        return pricing.price_for(spec) if pricing is not None else None
+
     def _state(self, uid: str) -> JobState:
+        """The job's state; a deleted job's is a throwaway, never stored again."""
+        if uid in self._forgotten:
+            return JobState()
         return self._states.setdefault(uid, JobState())
 
     @staticmethod
     def _current(state: JobState, job: Mapping[str, Any]) -> dict[str, Any]:
         """The job's status as the operator knows it: its own last write over the observed one."""
         return {**(job.get("status") or {}), **(state.written or {})}
+
+    def _observe(
+        self,
+        job: Mapping[str, Any],
+        valid: RocmTrainingJob,
+        current: Mapping[str, Any],
+        *,
+        generation: int | None,
+        rayjob: Mapping[str, Any] | None,
+        hold: Hold | None = None,
+    ) -> status.Observation:
+        """What the job's status is computed from: its RayJob (a view), Ray pods and Kueue Workload, now."""
+        meta = job["metadata"]
+        return status.Observation(
+            spec=valid.spec,
+            generation=generation,
+            current=current,
+            rayjob=rayjob,
+            now=_now(),
+            stall_after=self._config.stall_seconds,
+            hold=hold,
+            price=self._price(valid.spec),
+            pods=self._pods(meta["namespace"], meta["name"]),
+            workload=self._workload(rayjob) if rayjob is not None else None,
+        )
 
     # ---- job side -------------------------------------------------------------------
 
@@ -142,24 +206,25 @@ class Reconciler:
         if state.synced == generation or (state.retry is not None and state.tried == generation):
             return None  # in line, or a retry of this very generation is already scheduled
         state.tried = generation
-        async with self._slots:
-            if self._before_render is not None:
-                await self._before_render(meta["namespace"])
-            delay = await self._ensure(job, nodes, state)
+        async with self._slots, asyncio.timeout(self._config.reconcile_deadline):
+            with metrics.RECONCILES_IN_FLIGHT.track_inprogress():
+                blocked = await self._before_render(meta["namespace"]) if self._before_render else None
+                delay = await self._ensure(job, nodes, state, blocked)
         if delay is None:
             state.synced = generation
         return delay
 
     async def _ensure(
-        self, job: Mapping[str, Any], nodes: Iterable[preflight.NodeInfo], state: JobState
+        self, job: Mapping[str, Any], nodes: Iterable[preflight.NodeInfo], state: JobState, blocked: Hold | None
     ) -> float | None:
         meta = job["metadata"]
         valid, errors = _validated(job)
+        why, refused = (status.INVALID_SPEC, errors) if valid is None else (status.NOT_ALLOWED, self._policy(valid))
         async with state.lock:
             current = self._current(state, job)
-            if valid is None:
-                problems = [str(e) for e in errors]
-                new = status.invalid_status(current, problems, generation=meta.get("generation"), now=_now())
+            if valid is None or refused:
+                problems = [str(e) for e in refused]
+                new = status.invalid_status(current, problems, generation=meta.get("generation"), now=_now(), why=why)
                 await self._write(job, state, current, new)
                 logger.warning("refused %s/%s: %s", meta["namespace"], meta["name"], "; ".join(problems))
                 return None  # nothing to retry: the user changes the spec, or deletes the job
@@ -167,34 +232,35 @@ class Reconciler:
             if current.get("phase") in status.TERMINAL_PHASES:
                 rayjob = await self._read_rayjob(meta["namespace"], meta["name"])
             else:
-                rayjob, hold = await self._apply_rayjob(job, valid, nodes)
+                rayjob, hold = await self._apply_rayjob(job, valid, nodes, blocked)
+            view = rayjob_view(rayjob) if rayjob is not None else None
             new = status.compute_status(
-                status.Observation(
-                    spec=valid.spec,
-                    generation=meta.get("generation"),
-                    current=current,
-                    rayjob=rayjob_view(rayjob) if rayjob is not None else None,
-                    now=_now(),
-                    stall_after=self._config.stall_seconds,
-                    hold=hold,
-                )
+                self._observe(job, valid, current, generation=meta.get("generation"), rayjob=view, hold=hold)
             )
             await self._write(job, state, current, new)
         return None if hold is None else hold.retry_after(self._config.retry_seconds)
+
+    def _policy(self, valid: RocmTrainingJob) -> list[FieldError]:
+        """What the operator's allow-lists refuse in the job."""
+        return self._config.policy.check(valid.spec)
 
     async def _read_rayjob(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The RayJob as the watch last saw it, else as the API server has it."""
         return self._known(namespace, name) or await self._kube.get(RAYJOBS, namespace, name)
 
     async def _apply_rayjob(
-        self, job: Mapping[str, Any], valid: RocmTrainingJob, nodes: Iterable[preflight.NodeInfo]
+        self,
+        job: Mapping[str, Any],
+        valid: RocmTrainingJob,
+        nodes: Iterable[preflight.NodeInfo],
+        blocked: Hold | None,
     ) -> tuple[Mapping[str, Any] | None, Hold | None]:
         """Create the RayJob or carry the mutable fields over: the RayJob, or what holds it back."""
         meta = job["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         rendered = render_rayjob(valid, options=self._config.render_options)
         rendered["metadata"]["ownerReferences"] = [owner_reference(job)]
-        hold = preflight.check(valid.spec, nodes)
+        hold = blocked or preflight.check(valid.spec, nodes)
         if hold is None:
             live = self._known(namespace, name)  # not seen yet: the create below finds out
         else:  # held: carry the fields over to a RayJob that already exists, create none
@@ -206,6 +272,9 @@ class Reconciler:
                 created = await self._kube.create(RAYJOBS, rendered)
             except ApiMissing:
                 return None, status.KUBERAY_NOT_INSTALLED
+            except Refused as exc:
+                logger.warning("RayJob %s/%s refused: %s", namespace, name, exc)
+                return None, status.refused_create(exc.status, exc.message)
             if created is not None:
                 logger.info("created RayJob %s/%s", namespace, name)
                 return created, None
@@ -215,7 +284,8 @@ class Reconciler:
         if controller_ref(live).get("uid") != meta["uid"]:
             conflict = f"a RayJob named {name} exists and is not this job's"
             return None, Hold(HoldKind.CONFLICT, "RayJobConflict", conflict, retry_seconds=CONFLICT_RETRY_SECONDS)
-        patch = mutable_patch(rendered["spec"], live.get("spec") or {}, queued=bool(valid.spec.scheduling.queue_name))
+        kueue = bool(valid.spec.scheduling.queue_name) or queued(live)
+        patch = mutable_patch(rendered["spec"], live.get("spec") or {}, queued=kueue)
         if patch:
             live = await self._kube.patch(RAYJOBS, namespace, name, {"spec": patch}) or live
             logger.info("updated RayJob %s/%s: %s", namespace, name, sorted(patch))
@@ -232,16 +302,8 @@ class Reconciler:
             valid, _ = _validated(job)
             if valid is None:
                 return  # a spec the job handler refuses; it owns that status
-            new = status.compute_status(
-                status.Observation(
-                    spec=valid.spec,
-                    generation=current.get("observedGeneration") or meta.get("generation"),
-                    current=current,
-                    rayjob=rayjob,
-                    now=_now(),
-                    stall_after=self._config.stall_seconds,
-                )
-            )
+            generation = current.get("observedGeneration") or meta.get("generation")
+            new = status.compute_status(self._observe(job, valid, current, generation=generation, rayjob=rayjob))
             await self._write(job, state, current, new)
 
     async def _write(
@@ -255,6 +317,8 @@ class Reconciler:
         if await self._kube.patch_status(JOBS, meta["namespace"], meta["name"], patch, uid=meta["uid"]) is None:
             return
         state.written = {key: new.get(key) for key in status.OWNED_FIELDS}
+        if (waited := queue_wait(current, new, _now())) is not None:
+            metrics.QUEUE_WAIT_SECONDS.observe(waited)
         for event in status.transition_events(current, new):
             logger.info("%s/%s %s: %s", meta["namespace"], meta["name"], event.reason, event.message)
             await self._kube.post_event(job, type=event.type, reason=event.reason, message=event.message)

@@ -1,13 +1,22 @@
 """Operator configuration: environment variables, and the kopf settings derived from them.
 
-| variable                   | default | meaning                                                      |
-|----------------------------|---------|--------------------------------------------------------------|
-| ROCMTRAIN_NAMESPACES       | (all)   | comma-separated namespaces to watch; empty watches all       |
-| ROCMTRAIN_METRICS_PORT     | 8080    | Prometheus `/metrics` port; 0 turns the endpoint off         |
-| ROCMTRAIN_HEALTH_PORT      | 8081    | liveness probe port (`/healthz`); 0 turns it off             |
-| ROCMTRAIN_STALL_SECONDS    | 900     | a Running job without progress for this long is Stalled      |
-| ROCMTRAIN_RETRY_SECONDS    | 30      | re-check interval of a held job (KubeRay, nodes) or failure  |
-| ROCMTRAIN_BIND_ADDRESS     | 0.0.0.0 | address the metrics, liveness and progress servers listen on |
+| variable                                 | default   | meaning                                              |
+|------------------------------------------|-----------|------------------------------------------------------|
+| ROCMTRAIN_NAMESPACES                     | (all)     | comma-separated namespaces to watch; empty: all      |
+| ROCMTRAIN_METRICS_PORT                   | 8080      | Prometheus `/metrics` port; 0 turns it off           |
+| ROCMTRAIN_METRICS_HOST                   | 127.0.0.1 | address `/metrics` listens on (plain HTTP)           |
+| ROCMTRAIN_HEALTH_PORT                    | 8081      | liveness probe port (`/healthz`); 0 turns it off     |
+| ROCMTRAIN_HEALTH_HOST                    | 127.0.0.1 | address `/healthz` listens on (plain HTTP)           |
+| ROCMTRAIN_STALL_SECONDS                  | 900       | a Running job without progress this long is Stalled  |
+| ROCMTRAIN_RETRY_SECONDS                  | 30        | re-check interval of a held job or after a failure   |
+| ROCMTRAIN_API_TIMEOUT_SECONDS            | 15        | deadline of one API request                          |
+| ROCMTRAIN_SUBMITTER_RETRIES              | 2         | retries of a RayJob's submitter pod (submitterConfig)|
+| ROCMTRAIN_ALLOWED_IMAGES                 | (any)     | comma-separated image prefixes jobs may use          |
+| ROCMTRAIN_ALLOWED_PRIORITY_CLASSES       | (any)     | PriorityClass names jobs may use                     |
+| ROCMTRAIN_ALLOWED_KUEUE_PRIORITY_CLASSES | (any)     | Kueue WorkloadPriorityClass names jobs may use       |
+| ROCMTRAIN_METRICS_MAX_JOBS               | 500       | jobs with per-job metric series; 0 turns them off    |
+| ROCMTRAIN_GPU_PRICES                     | (none)    | price per GPU-hour by product: `NAME=PRICE,default=` |
+| ROCMTRAIN_COST_CURRENCY                  | USD       | ISO 4217 currency of those prices (`status.cost`)    |
 
 The progress endpoint is on when `ROCMTRAIN_OPERATOR_NAMESPACE` is set (the
 Deployment sets it from the downward API); its other `ROCMTRAIN_PROGRESS_*`
@@ -24,10 +33,13 @@ from dataclasses import dataclass, field
 
 import kopf
 
+from rocmtrain.accounting import Pricing, parse_currency, parse_pricing
 from rocmtrain.api.contract import OPERATOR_NAME
-from rocmtrain.api.patterns import DNS_LABEL
-from rocmtrain.progress.server import ProgressServerConfig, bind_address
+from rocmtrain.api.patterns import DNS_LABEL, DNS_SUBDOMAIN, IMAGE
+from rocmtrain.policy import Policy
+from rocmtrain.progress.server import ProgressServerConfig, listen_host
 from rocmtrain.render import RenderOptions
+from rocmtrain.render.options import MAX_SUBMITTER_RETRIES
 
 
 class ConfigError(ValueError):
@@ -43,12 +55,45 @@ def _int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -
     return int(raw)
 
 
-def _namespaces(env: Mapping[str, str]) -> tuple[str, ...]:
-    names = tuple(n.strip() for n in env.get("ROCMTRAIN_NAMESPACES", "").split(",") if n.strip())
+def _names(env: Mapping[str, str], variable: str, pattern: str, what: str) -> tuple[str, ...]:
+    """A comma-separated list of names, each matching `pattern`."""
+    names = tuple(n.strip() for n in env.get(variable, "").split(",") if n.strip())
     for name in names:
-        if not re.fullmatch(DNS_LABEL, name):
-            raise ConfigError(f"ROCMTRAIN_NAMESPACES: {name!r} is not a namespace name")
+        if not re.fullmatch(pattern, name):
+            raise ConfigError(f"{variable}: {name!r} is not {what}")
     return names
+
+
+def _pricing(env: Mapping[str, str]) -> Pricing | None:
+    try:
+        currency = parse_currency(env.get("ROCMTRAIN_COST_CURRENCY", ""))
+    except ValueError as exc:
+        raise ConfigError(f"ROCMTRAIN_COST_CURRENCY: {exc}") from None
+    prices = env.get("ROCMTRAIN_GPU_PRICES", "").strip()
+    try:
+        return parse_pricing(prices, currency) if prices else None
+    except ValueError as exc:
+        raise ConfigError(f"ROCMTRAIN_GPU_PRICES: {exc}") from None
+
+
+def _host(env: Mapping[str, str], variable: str) -> str:
+    try:
+        return listen_host(env, variable, LOOPBACK)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _policy(env: Mapping[str, str]) -> Policy:
+    image_prefix = IMAGE.removesuffix("$") + "[/:@]?$"  # a reference, or a registry or repository path
+    return Policy(
+        images=_names(env, "ROCMTRAIN_ALLOWED_IMAGES", image_prefix, "an image prefix"),
+        priority_classes=_names(env, "ROCMTRAIN_ALLOWED_PRIORITY_CLASSES", DNS_SUBDOMAIN, "a class name"),
+        kueue_priority_classes=_names(env, "ROCMTRAIN_ALLOWED_KUEUE_PRIORITY_CLASSES", DNS_SUBDOMAIN, "a class name"),
+    )
+
+
+# Metrics and health are plain HTTP without authentication: only loopback unless a Deployment says otherwise.
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -56,11 +101,16 @@ class OperatorConfig:
     """Everything the operator reads from its environment."""
 
     namespaces: tuple[str, ...] = ()
-    bind_address: str = "0.0.0.0"  # noqa: S104 - a pod serves on all its interfaces
     metrics_port: int = 8080
+    metrics_host: str = LOOPBACK
     health_port: int = 8081
+    health_host: str = LOOPBACK
     stall_seconds: int = 900
     retry_seconds: int = 30
+    api_timeout_seconds: int = 15
+    policy: Policy = field(default_factory=Policy)
+    metrics_max_jobs: int = 500
+    pricing: Pricing | None = None  # None: no prices, no status.cost
     render_options: RenderOptions = field(default_factory=RenderOptions)
     progress: ProgressServerConfig | None = None  # None: the progress endpoint is off
 
@@ -68,14 +118,20 @@ class OperatorConfig:
     def from_env(cls, env: Mapping[str, str] = os.environ) -> OperatorConfig:
         """Read and check the `ROCMTRAIN_*` variables."""
         progress = ProgressServerConfig.from_env(env)
+        render = RenderOptions(submitter_retries=_int(env, "ROCMTRAIN_SUBMITTER_RETRIES", 2, 0, MAX_SUBMITTER_RETRIES))
         return cls(
-            namespaces=_namespaces(env),
-            bind_address=bind_address(env),
+            namespaces=_names(env, "ROCMTRAIN_NAMESPACES", DNS_LABEL, "a namespace name"),
             metrics_port=_int(env, "ROCMTRAIN_METRICS_PORT", 8080, 0, 65535),
+            metrics_host=_host(env, "ROCMTRAIN_METRICS_HOST"),
             health_port=_int(env, "ROCMTRAIN_HEALTH_PORT", 8081, 0, 65535),
+            health_host=_host(env, "ROCMTRAIN_HEALTH_HOST"),
             stall_seconds=_int(env, "ROCMTRAIN_STALL_SECONDS", 900, 1, 30 * 86400),
             retry_seconds=_int(env, "ROCMTRAIN_RETRY_SECONDS", 30, 1, 3600),
-            render_options=progress.render_options(RenderOptions()) if progress else RenderOptions(),
+            api_timeout_seconds=_int(env, "ROCMTRAIN_API_TIMEOUT_SECONDS", 15, 1, 300),
+            policy=_policy(env),
+            metrics_max_jobs=_int(env, "ROCMTRAIN_METRICS_MAX_JOBS", 500, 0, 100_000),
+            pricing=_pricing(env),
+            render_options=progress.render_options(render) if progress else render,
             progress=progress,
         )
 
@@ -87,12 +143,24 @@ class OperatorConfig:
     @property
     def liveness_endpoint(self) -> str | None:
         """kopf's liveness endpoint URL, if enabled."""
-        return f"http://{self.bind_address}:{self.health_port}/healthz" if self.health_port else None
+        host = f"[{self.health_host}]" if ":" in self.health_host else self.health_host
+        return f"http://{host}:{self.health_port}/healthz" if self.health_port else None
+
+    @property
+    def reconcile_deadline(self) -> float:
+        """How long one reconcile may hold its slot: a few request deadlines (each call gives up after one)."""
+        return 4.0 * self.api_timeout_seconds
 
 
-def configure_kopf(settings: kopf.OperatorSettings) -> None:
-    """Tune kopf for this operator: one standalone replica; its handlers keep no state in the objects."""
+def configure_kopf(settings: kopf.OperatorSettings, *, namespaced: bool = False) -> None:
+    """Tune kopf for this operator: one standalone replica; its handlers keep no state in the objects.
+
+    `namespaced` (ROCMTRAIN_NAMESPACES is set): kopf serves exactly those namespaces and
+    the resources it finds at start-up, so the operator needs no cluster-wide right to
+    list namespaces (kopf would otherwise retry that for a minute before falling back).
+    """
     settings.peering.standalone = True
+    settings.scanning.disabled = namespaced
     # Only warnings and errors of kopf's own per-object logs become Kubernetes events;
     # the operator posts its transition events explicitly.
     settings.posting.level = logging.WARNING
@@ -100,7 +168,7 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
     # the operator logs what it does (RayJob created or updated, job refused) itself.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     settings.posting.reporting_component = OPERATOR_NAME
-    # Renew watches every 5 minutes. (RayJobs are not watched by kopf: see `rayjob_watch`.)
+    # Renew watches every 5 minutes. (RayJobs, Ray pods and Workloads are not watched by kopf: see `informer`.)
     settings.watching.reconnect_backoff = 1.0
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330

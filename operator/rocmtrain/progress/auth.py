@@ -1,21 +1,32 @@
-"""Who may push progress for a job: TokenReview authentication, pod-based authorisation.
+"""Who may push progress for a job: cheap checks first, TokenReview, then the pod's place in the job.
 
 A report carries a projected service-account token with the audience
-`rocmtrain.dev/progress`, bound to the Ray head pod that sends it. The
-API server's TokenReview says whether the token is valid (signature, expiry,
-audience, and that the bound pod still exists with the same uid) and names the
-pod. The pod must then belong to the very job it reports for: same namespace,
-same uid as the token says, `ray.io/cluster` equal to the job's Ray cluster, and
-no `rocmtrain.dev/job-name` label naming another job.
+`rocmtrain.dev/progress`, bound to the Ray head pod that sends it. Before the API
+server is asked anything, a token must look like one (`token_claims`: a JWT of
+bounded size whose unverified claims name our audience and have not expired) and
+fit the budget of TokenReviews (a token bucket over all sources, and at most a few
+reviews at once). The API server's TokenReview then says whether it is valid
+(signature, expiry, audience, and that the bound pod still exists with the same
+uid) and names the pod. Answers are cached by a hash of the token, accepted ones
+and refused ones apart (a flood of refused tokens never evicts an accepted one),
+so a driver's reports cost one review per cache period; tokens themselves are
+never stored or logged.
 
-Results are cached for a few seconds (as the API server caches its own token
-authentication), keyed by a hash of the token, so a burst of reports costs one
-TokenReview and one pod read; tokens themselves are never stored or logged.
+The pod must then be the head of the very job's Ray cluster (`head_of_job`): a
+chain of controller references from the pod to a RayCluster, from it to the
+job's RayJob (by name), and from that to the job (by uid), with KubeRay's head
+label. Labels alone prove nothing: anyone who can create pods in the namespace
+can set them, on worker, submitter or unrelated pods alike.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import binascii
 import hashlib
+import json
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -25,21 +36,40 @@ from typing import Any, Generic, TypeVar
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from rocmtrain import metrics
 from rocmtrain.api.contract import (
-    JOB_NAME_LABEL,
+    KIND,
     PROGRESS_AUDIENCE,
     RAY_CLUSTER_LABEL,
     RAYJOB_GROUP,
+    RAYJOB_KIND,
     RAYJOB_PLURAL,
     RAYJOB_VERSION,
 )
-from rocmtrain.progress.errors import Forbidden, Unauthenticated, checked
+from rocmtrain.api.names import rayjob_name_of
+from rocmtrain.progress.errors import Busy, Forbidden, Unauthenticated, checked
+from rocmtrain.progress.limits import RateLimiter
 
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 SA_PREFIX = "system:serviceaccount:"
-CACHE_TTL_SECONDS = 10.0
+# KubeRay's node-type label and value of a head pod, and the kind that owns Ray pods.
+RAY_NODE_TYPE_LABEL = "ray.io/node-type"
+HEAD_NODE_TYPE = "head"
+RAYCLUSTER_KIND = "RayCluster"
+RAYCLUSTER_PLURAL = "rayclusters"
+ACCEPTED_TTL_SECONDS = 60.0
+REFUSED_TTL_SECONDS = 60.0
 CACHE_ENTRIES = 1024
+REFUSED_CACHE_ENTRIES = 4096
+# Projected service-account tokens are JWTs of about 1 KiB.
+MAX_TOKEN_BYTES = 8 * 1024
+_JWT = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")
+# TokenReviews the endpoint may send: a rate over all sources, bursts, and at once.
+REVIEW_RATE_PER_SECOND = 20.0
+REVIEW_BURST = 40
+REVIEWS_AT_ONCE = 8
+REVIEW_QUEUE_SECONDS = 1.0
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -53,6 +83,33 @@ class Identity:
     service_account: str
     pod_name: str
     pod_uid: str
+
+
+def _b64_json(segment: str) -> Any:
+    return json.loads(base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4)))
+
+
+def token_claims(token: str, audience: str, now: float) -> dict[str, Any]:
+    """The unverified claims of a token that could be a valid projected token for `audience`.
+
+    Raise Unauthenticated for anything else (not a JWT, too long, another audience,
+    expired), so that junk never costs a TokenReview. Passing says nothing about validity.
+    """
+    if len(token) > MAX_TOKEN_BYTES or not _JWT.match(token):
+        raise Unauthenticated("not a service-account token")
+    try:
+        claims = _b64_json(token.split(".")[1])
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        raise Unauthenticated("not a service-account token") from None
+    if not isinstance(claims, dict):
+        raise Unauthenticated("not a service-account token")
+    audiences = claims.get("aud")
+    if audiences != audience and not (isinstance(audiences, list) and audience in audiences):
+        raise Unauthenticated("token not accepted")
+    expires = claims.get("exp")
+    if not isinstance(expires, int | float) or expires <= now:
+        raise Unauthenticated("token not accepted")
+    return claims
 
 
 def _single(extra: Mapping[str, Any], key: str) -> str | None:
@@ -76,23 +133,51 @@ def identity_from_review(status: Mapping[str, Any], audience: str) -> Identity:
     return Identity(namespace=namespace, service_account=service_account, pod_name=pod_name, pod_uid=pod_uid)
 
 
-def pod_belongs_to_job(labels: Mapping[str, str], job_name: str, ray_cluster_name: str | None) -> bool:
-    """Whether a pod with `labels` is part of the job's Ray cluster.
+def _controller(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    """The controller owner reference of `obj` if it is of `kind`, else {}."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == kind:
+            return ref
+    return {}
 
-    With the cluster name known, `ray.io/cluster` must equal it; before KubeRay
-    has named the cluster, the pod must carry `rocmtrain.dev/job-name: <job>`.
-    A job-name label naming another job always refuses.
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _controlled(child: Mapping[str, Any], kind: str, parent: Mapping[str, Any]) -> bool:
+    """Whether `parent` (of `kind`) is `child`'s controller, by uid."""
+    uid = _meta(parent).get("uid")
+    return uid is not None and _controller(child, kind).get("uid") == uid
+
+
+def head_of_job(
+    pod: Mapping[str, Any], raycluster: Mapping[str, Any], rayjob: Mapping[str, Any], job: Mapping[str, Any]
+) -> str | None:
+    """Why `pod` is not the Ray head of `job` (through `raycluster` and `rayjob`), or None when it is.
+
+    The pod carries KubeRay's head label and cluster label, and the RayCluster is its
+    controller (by uid); the RayCluster's controller is the job's RayJob (by name and
+    uid); the RayJob's controller is the job (by uid); the job, once it names its Ray
+    cluster in status, names this one.
     """
-    job_label = labels.get(JOB_NAME_LABEL)
-    if job_label is not None and job_label != job_name:
-        return False
-    if ray_cluster_name:
-        return labels.get(RAY_CLUSTER_LABEL) == ray_cluster_name
-    return job_label == job_name
+    labels, cluster, status = _meta(pod).get("labels") or {}, _meta(raycluster).get("name"), job.get("status") or {}
+    if labels.get(RAY_NODE_TYPE_LABEL) != HEAD_NODE_TYPE:
+        return "token's pod is not a Ray head pod"
+    if labels.get(RAY_CLUSTER_LABEL) != cluster or not _controlled(pod, RAYCLUSTER_KIND, raycluster):
+        return "token's pod is not controlled by the job's RayCluster"
+    if status.get("rayClusterName") not in (None, cluster):
+        return "token's pod belongs to another Ray cluster than the job's"
+    rayjob_name = status.get("rayJobName") or rayjob_name_of(_meta(job).get("name", ""))
+    if _meta(rayjob).get("name") != rayjob_name or not _controlled(raycluster, RAYJOB_KIND, rayjob):
+        return "token's pod's RayCluster is not the job's RayJob's"
+    if not _controlled(rayjob, KIND, job):
+        return "the RayJob is not this job's"
+    return None
 
 
 class TtlCache(Generic[K, V]):
-    """A small LRU map whose entries expire after `ttl` seconds."""
+    """A small LRU map whose entries expire after `ttl` seconds (or at the time given to `put`)."""
 
     def __init__(self, ttl: float, size: int, clock: Callable[[], float]) -> None:
         self._ttl, self._size, self._clock = ttl, size, clock
@@ -107,58 +192,92 @@ class TtlCache(Generic[K, V]):
         self._items.move_to_end(key)
         return item[1]
 
-    def put(self, key: K, value: V) -> None:
-        """Store `value` for `ttl` seconds, evicting the least recently used entry when full."""
-        self._items[key] = (self._clock() + self._ttl, value)
+    def put(self, key: K, value: V, until: float | None = None) -> None:
+        """Store `value` for `ttl` seconds (at most until `until`), evicting the least recently used when full."""
+        expiry = self._clock() + self._ttl
+        self._items[key] = (expiry if until is None else min(expiry, until), value)
         self._items.move_to_end(key)
         while len(self._items) > self._size:
             self._items.popitem(last=False)
 
 
 class TokenReviewAuthenticator:
-    """Authenticate bearer tokens with the API server's TokenReview."""
+    """Authenticate bearer tokens with the API server's TokenReview, within a budget of reviews."""
 
     def __init__(
         self,
         api: client.ApiClient,
         audience: str = PROGRESS_AUDIENCE,
         *,
-        ttl: float = CACHE_TTL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        reviews: RateLimiter | None = None,
+        reviews_at_once: int = REVIEWS_AT_ONCE,
     ) -> None:
         self._authn = client.AuthenticationV1Api(api)
         self._serialize = api.sanitize_for_serialization
         self._audience = audience
-        self._cache: TtlCache[bytes, Identity] = TtlCache(ttl, CACHE_ENTRIES, clock)
+        self._clock, self._wall_clock = clock, wall_clock
+        self._accepted: TtlCache[bytes, Identity] = TtlCache(ACCEPTED_TTL_SECONDS, CACHE_ENTRIES, clock)
+        self._refused: TtlCache[bytes, Unauthenticated] = TtlCache(REFUSED_TTL_SECONDS, REFUSED_CACHE_ENTRIES, clock)
+        self._reviews = reviews or RateLimiter(REVIEW_RATE_PER_SECOND, REVIEW_BURST, clock=clock)
+        self._at_once = asyncio.Semaphore(reviews_at_once)
 
     async def __call__(self, token: str) -> Identity:
-        """The pod identity of `token`; raise Unauthenticated, Forbidden or Unavailable."""
+        """The pod identity of `token`; raise Unauthenticated, Forbidden, Busy or Unavailable."""
         key = hashlib.sha256(token.encode()).digest()
-        if (cached := self._cache.get(key)) is not None:
+        if (cached := self._accepted.get(key)) is not None:
             return cached
-        body: Any = {  # the client takes plain dicts as well as its model classes
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenReview",
-            "spec": {"token": token, "audiences": [self._audience]},
-        }
-        review = await checked("TokenReview", self._authn.create_token_review(body))
-        identity = identity_from_review(self._serialize(review).get("status") or {}, self._audience)
-        self._cache.put(key, identity)
+        if (refused := self._refused.get(key)) is not None:
+            raise refused
+        try:
+            claims = token_claims(token, self._audience, self._wall_clock())
+        except Unauthenticated as exc:
+            self._refused.put(key, exc)
+            raise
+        identity = await self._review(key, token)
+        # Never trust the cache past the token's own expiry.
+        self._accepted.put(key, identity, until=self._clock() + claims["exp"] - self._wall_clock())
         return identity
+
+    async def _review(self, key: bytes, token: str) -> Identity:
+        wait = self._reviews.acquire("")
+        if wait > 0:
+            raise Busy(wait)
+        try:
+            await asyncio.wait_for(self._at_once.acquire(), REVIEW_QUEUE_SECONDS)
+        except TimeoutError:
+            raise Busy(REVIEW_QUEUE_SECONDS) from None
+        try:
+            body: Any = {  # the client takes plain dicts as well as its model classes
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenReview",
+                "spec": {"token": token, "audiences": [self._audience]},
+            }
+            metrics.TOKEN_REVIEWS.inc()
+            review = await checked("TokenReview", self._authn.create_token_review(body), passing=())
+        finally:
+            self._at_once.release()
+        try:
+            return identity_from_review(self._serialize(review).get("status") or {}, self._audience)
+        except Unauthenticated as exc:
+            self._refused.put(key, exc)
+            raise
 
 
 class PodAuthoriser:
-    """Allow a token's pod to report only for the job whose Ray cluster it belongs to."""
+    """Allow a token's pod to report only for the job whose Ray head it is (`head_of_job`)."""
 
     def __init__(
         self,
         api: client.ApiClient,
         *,
-        ttl: float = CACHE_TTL_SECONDS,
+        ttl: float = ACCEPTED_TTL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._core = client.CoreV1Api(api)
         self._custom = client.CustomObjectsApi(api)
+        self._serialize = api.sanitize_for_serialization
         self._cache: TtlCache[tuple[str, str, str], bool] = TtlCache(ttl, CACHE_ENTRIES, clock)
 
     async def __call__(self, identity: Identity, job: Mapping[str, Any]) -> None:
@@ -167,31 +286,29 @@ class PodAuthoriser:
         namespace, name = meta.get("namespace", ""), meta.get("name", "")
         if identity.namespace != namespace:
             raise Forbidden("token is for another namespace")
-        cluster = status.get("rayClusterName") or await self._ray_cluster_name(
-            namespace, status.get("rayJobName") or name
-        )
-        key = (identity.pod_uid, str(meta.get("uid", "")), cluster or "")
+        key = (identity.pod_uid, str(meta.get("uid", "")), status.get("rayClusterName") or "")
         if self._cache.get(key):
             return
-        try:
-            pod = await checked("pod lookup", self._core.read_namespaced_pod(identity.pod_name, namespace))
-        except ApiException:
-            raise Forbidden("token's pod no longer exists") from None
-        if pod.metadata.uid != identity.pod_uid:
+        pod = self._serialize(await self._read("pod", self._core.read_namespaced_pod(identity.pod_name, namespace)))
+        if (pod.get("metadata") or {}).get("uid") != identity.pod_uid:
             raise Forbidden("token's pod was replaced")
-        if not pod_belongs_to_job(pod.metadata.labels or {}, name, cluster):
-            raise Forbidden("token's pod is not part of this job's Ray cluster")
+        cluster = _controller(pod, RAYCLUSTER_KIND).get("name")
+        if not cluster:
+            raise Forbidden("token's pod is not controlled by a RayCluster")
+        raycluster = await self._read("RayCluster", self._ray(namespace, RAYCLUSTER_PLURAL, cluster))
+        rayjob_name = status.get("rayJobName") or rayjob_name_of(name)
+        rayjob = await self._read("RayJob", self._ray(namespace, RAYJOB_PLURAL, rayjob_name))
+        if (why := head_of_job(pod, raycluster, rayjob, job)) is not None:
+            raise Forbidden(why)
         self._cache.put(key, True)
 
-    async def _ray_cluster_name(self, namespace: str, rayjob: str) -> str | None:
-        """The cluster KubeRay created for the RayJob, before the operator has copied it to the job."""
+    def _ray(self, namespace: str, plural: str, name: str) -> Any:
+        return self._custom.get_namespaced_custom_object(RAYJOB_GROUP, RAYJOB_VERSION, namespace, plural, name)
+
+    @staticmethod
+    async def _read(what: str, call: Any) -> Any:
+        """An object the chain needs; Forbidden when it does not exist."""
         try:
-            obj = await checked(
-                "RayJob lookup",
-                self._custom.get_namespaced_custom_object(
-                    RAYJOB_GROUP, RAYJOB_VERSION, namespace, RAYJOB_PLURAL, rayjob
-                ),
-            )
+            return await checked(f"{what} lookup", call, passing=(404,))
         except ApiException:
-            return None
-        return (obj.get("status") or {}).get("rayClusterName") or None
+            raise Forbidden(f"no such {what} for this token") from None

@@ -4,10 +4,21 @@
 `ProgressReport` body and `Authorization: Bearer <projected SA token>` merges the
 report into the job's status, and posts an event on the job when the report
 counts a new worker failure that training recovered from. Answers: 204 written;
-400 malformed, non-finite or off-schema; 401 no or bad token; 403 the token's
-pod is not part of this job; 404 no such job; 413 body over 16 KiB; 429 over the
-job's rate (Retry-After); 503 the API server did not answer. `GET /healthz`
-answers 200.
+400 malformed, non-finite or off-schema; 401 no or bad token; 403 the token's pod
+is not this job's Ray head; 404 no such job; 413 body over 16 KiB; 429 over the
+job's rate, the source's rate or the endpoint's TokenReview budget (Retry-After);
+503 the API server did not answer. `GET /healthz` answers 200.
+
+Anyone who reaches the port can send requests before proving anything, so what a
+request without a valid token may cost is bounded, in this order: at most
+`max_connections` connections, each closed when its request headers do not arrive
+within `header_timeout` (aiohttp's keep-alive timer, which also runs before the
+first request) or its TLS handshake within `handshake_timeout`; a token bucket per
+source address; a token that is not a well-formed, unexpired JWT for our audience
+is refused without a TokenReview; TokenReviews are rate-limited and bounded in
+number at once, and their answers cached, refusals included (`auth`). A handler
+is cancelled when its client goes away. The endpoint talks to the API server
+through a small client of its own, with request deadlines.
 
 `make_app` builds the aiohttp application from injected parts (authenticator,
 authoriser, job store, rate limiter), so it runs without kopf or a cluster.
@@ -42,12 +53,14 @@ from typing import Any, Protocol
 from aiohttp import web
 from kubernetes_asyncio import client
 
+from rocmtrain import metrics
 from rocmtrain.api.contract import PROGRESS_AUDIENCE, PROGRESS_BURST, PROGRESS_PATH, PROGRESS_RATE_PER_SECOND
 from rocmtrain.api.models import ProgressReport
 from rocmtrain.api.patterns import DNS_LABEL
+from rocmtrain.kube import new_api_client
 from rocmtrain.progress import tls
-from rocmtrain.progress.auth import Identity, PodAuthoriser, TokenReviewAuthenticator
-from rocmtrain.progress.errors import Conflict, Forbidden, Gone, Unauthenticated, Unavailable
+from rocmtrain.progress.auth import MAX_TOKEN_BYTES, Identity, PodAuthoriser, TokenReviewAuthenticator
+from rocmtrain.progress.errors import Busy, Conflict, Forbidden, Gone, Unauthenticated, Unavailable
 from rocmtrain.progress.limits import MAX_BODY_BYTES, RateLimiter, ReportError, parse_report
 from rocmtrain.progress.status_patch import progress_patch, recovery_events
 from rocmtrain.progress.store import KubeJobStore
@@ -57,8 +70,11 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "rocmtrain-progress"
 CONTAINER_PORT = 8443
-MAX_TOKEN_BYTES = 16 * 1024
+ALL_ADDRESSES = "0.0.0.0"  # noqa: S104 - TLS and authenticated: a pod serves it on all its interfaces
 PATCH_ATTEMPTS = 3
+# Requests per second from one source address before any authentication (a driver sends one per 10 s).
+SOURCE_RATE_PER_SECOND = 5.0
+SOURCE_BURST = 20
 _LABEL = re.compile(DNS_LABEL)
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 _RETRY_LATER = {"Retry-After": "5"}
@@ -84,9 +100,15 @@ def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+# Refusals anyone can cause without a token: logged at DEBUG, so that a flood does not become a log flood.
+_UNAUTHENTICATED = frozenset({HTTPStatus.UNAUTHORIZED, HTTPStatus.TOO_MANY_REQUESTS})
+
+
 def _refuse(status: int, namespace: str, name: str, reason: str, **headers: str) -> web.HTTPException:
     """An HTTP error answer with a short reason; logged without token or body."""
-    log.info("progress for %s/%s refused: %d %s", namespace, name, status, reason)
+    level = logging.DEBUG if status in _UNAUTHENTICATED else logging.INFO
+    log.log(level, "progress for %s/%s refused: %d %s", namespace, name, status, reason)
+    metrics.PROGRESS_REFUSALS.labels(str(int(status))).inc()
     error = web.HTTPException(
         text=json.dumps({"error": reason}), content_type="application/json", headers=headers or None
     )
@@ -94,13 +116,14 @@ def _refuse(status: int, namespace: str, name: str, reason: str, **headers: str)
     return error
 
 
-async def _read_bounded(request: web.Request, limit: int) -> bytes | None:
-    """The body, or None as soon as it proves longer than `limit` bytes."""
+async def _read_bounded(request: web.Request, limit: int, timeout: float) -> bytes | None:
+    """The body, or None as soon as it proves longer than `limit` bytes; TimeoutError after `timeout` s."""
     body = bytearray()
-    while chunk := await request.content.read(limit + 1 - len(body)):
-        body += chunk
-        if len(body) > limit:
-            return None
+    async with asyncio.timeout(timeout):
+        while chunk := await request.content.read(limit + 1 - len(body)):
+            body += chunk
+            if len(body) > limit:
+                return None
     return bytes(body)
 
 
@@ -138,21 +161,31 @@ async def _record(
     raise Conflict
 
 
+def _retry_after(seconds: float) -> dict[str, str]:
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
 def make_app(
     *,
     authenticate: Authenticate,
     authorise: Authorise,
     jobs: JobStore,
     limiter: RateLimiter,
+    sources: RateLimiter | None = None,
+    body_timeout: float = 10.0,
     now: Callable[[], dt.datetime] = _utcnow,
 ) -> web.Application:
-    """The endpoint's aiohttp application, built from its parts."""
+    """The endpoint's aiohttp application, built from its parts (`sources`: the per-address limit)."""
+    sources = sources or RateLimiter(SOURCE_RATE_PER_SECOND, SOURCE_BURST)
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
     async def admit(request: web.Request, namespace: str, name: str) -> dict[str, Any]:
-        """The job, once the request is small enough and its token may write this job."""
+        """The job, once the request is small enough, within its source's rate, and its token may write it."""
+        wait = sources.acquire(request.remote or "")
+        if wait > 0:
+            raise _refuse(HTTPStatus.TOO_MANY_REQUESTS, namespace, name, "source rate limited", **_retry_after(wait))
         if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
             raise _refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, namespace, name, "body too large")
         token = _bearer(request)
@@ -170,6 +203,10 @@ def make_app(
             raise _refuse(HTTPStatus.UNAUTHORIZED, namespace, name, str(exc), **_CHALLENGE) from None
         except Forbidden as exc:
             raise _refuse(HTTPStatus.FORBIDDEN, namespace, name, str(exc)) from None
+        except Busy as exc:
+            raise _refuse(
+                HTTPStatus.TOO_MANY_REQUESTS, namespace, name, "busy", **_retry_after(exc.retry_after)
+            ) from None
         except Unavailable as exc:
             raise _refuse(HTTPStatus.SERVICE_UNAVAILABLE, namespace, name, str(exc), **_RETRY_LATER) from None
         return job
@@ -181,9 +218,11 @@ def make_app(
         job = await admit(request, namespace, name)
         wait = limiter.acquire(f"{namespace}/{name}")
         if wait > 0:
-            retry = str(max(1, math.ceil(wait)))
-            raise _refuse(HTTPStatus.TOO_MANY_REQUESTS, namespace, name, "rate limited", **{"Retry-After": retry})
-        body = await _read_bounded(request, MAX_BODY_BYTES)
+            raise _refuse(HTTPStatus.TOO_MANY_REQUESTS, namespace, name, "rate limited", **_retry_after(wait))
+        try:
+            body = await _read_bounded(request, MAX_BODY_BYTES, body_timeout)
+        except TimeoutError:
+            raise _refuse(HTTPStatus.REQUEST_TIMEOUT, namespace, name, "body too slow") from None
         if body is None:
             raise _refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, namespace, name, "body too large")
         try:
@@ -201,6 +240,7 @@ def make_app(
             ) from None
         for event in recovery_events(report, before.get("status")):
             await jobs.post_event(before, type=event.type, reason=event.reason, message=event.message)
+        metrics.PROGRESS_REPORTS.inc()
         return web.Response(status=204)
 
     app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -209,13 +249,13 @@ def make_app(
     return app
 
 
-def bind_address(env: Mapping[str, str]) -> str:
-    """`ROCMTRAIN_BIND_ADDRESS`: where the operator's servers listen (all addresses by default)."""
-    raw = env.get("ROCMTRAIN_BIND_ADDRESS", "").strip() or "0.0.0.0"  # noqa: S104 - a pod serves on all its interfaces
+def listen_host(env: Mapping[str, str], variable: str, default: str) -> str:
+    """The IP address a server of the operator listens on, from ``variable`` (``default`` when unset)."""
+    raw = env.get(variable, "").strip() or default
     try:
         ipaddress.ip_address(raw)
     except ValueError:
-        raise ValueError(f"ROCMTRAIN_BIND_ADDRESS must be an IP address, not {raw!r}") from None
+        raise ValueError(f"{variable} must be an IP address to listen on, not {raw!r}") from None
     return raw
 
 
@@ -228,13 +268,22 @@ def _port(env: Mapping[str, str], name: str, default: int) -> int:
     return int(raw)
 
 
+def _number(env: Mapping[str, str], name: str, default: float, high: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or not 1 <= int(raw) <= high:
+        raise ValueError(f"{name} must be an integer from 1 to {int(high)}, not {raw!r}")
+    return float(raw)
+
+
 @dataclass(frozen=True)
 class ProgressServerConfig:
     """Where the endpoint listens, how jobs reach it, and its limits."""
 
     namespace: str
     service: str = SERVICE_NAME
-    host: str = "0.0.0.0"  # noqa: S104 - a pod serves on all its interfaces
+    host: str = ALL_ADDRESSES
     port: int = CONTAINER_PORT
     # How training pods reach the endpoint; the Service by default.
     advertise_host: str | None = None
@@ -244,16 +293,31 @@ class ProgressServerConfig:
     burst: int = PROGRESS_BURST
     manage_tls: bool = True
     refresh_seconds: float = 3600.0
+    # How long a new CA is trusted (published) before the certificate it signed is served.
+    ca_overlap_seconds: float = tls.CA_OVERLAP.total_seconds()
+    # Bounds on what unauthenticated clients may hold (see the module docstring).
+    max_connections: int = 256
+    header_timeout: float = 15.0
+    handshake_timeout: float = 10.0
+    body_timeout: float = 10.0
+    source_rate_per_second: float = SOURCE_RATE_PER_SECOND
+    source_burst: int = SOURCE_BURST
+    # The endpoint's own API client: its connections and each request's deadline.
+    api_connections: int = 12
+    api_timeout: float = 5.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ProgressServerConfig | None:
         """Settings from the operator Deployment's environment; None when the endpoint is off.
 
         `ROCMTRAIN_OPERATOR_NAMESPACE` (from the downward API) turns it on;
-        `ROCMTRAIN_BIND_ADDRESS` (where it listens: all addresses by default),
+        `ROCMTRAIN_PROGRESS_HOST` (the address it listens on; all by default: it is TLS
+        and authenticated),
         `ROCMTRAIN_PROGRESS_PORT` (0 turns it off), `ROCMTRAIN_PROGRESS_ADVERTISE_HOST`
         and `ROCMTRAIN_PROGRESS_ADVERTISE_PORT` (how jobs reach it, by default the
-        Service), `ROCMTRAIN_PROGRESS_MANAGE_TLS=false` (cert-manager provides the Secret).
+        Service), `ROCMTRAIN_PROGRESS_MANAGE_TLS=false` (cert-manager provides the Secret),
+        `ROCMTRAIN_PROGRESS_CA_OVERLAP_SECONDS` (how long a new CA is published before it is
+        served; default 3600) and `ROCMTRAIN_PROGRESS_MAX_CONNECTIONS` (default 256).
         """
         namespace = env.get("ROCMTRAIN_OPERATOR_NAMESPACE", "").strip()
         port = _port(env, "ROCMTRAIN_PROGRESS_PORT", CONTAINER_PORT)
@@ -263,11 +327,15 @@ class ProgressServerConfig:
             raise ValueError(f"ROCMTRAIN_OPERATOR_NAMESPACE is not a namespace name: {namespace!r}")
         return cls(
             namespace=namespace,
-            host=bind_address(env),
+            host=listen_host(env, "ROCMTRAIN_PROGRESS_HOST", ALL_ADDRESSES),
             port=port,
             advertise_host=env.get("ROCMTRAIN_PROGRESS_ADVERTISE_HOST", "").strip() or None,
             advertise_port=_port(env, "ROCMTRAIN_PROGRESS_ADVERTISE_PORT", 443),
             manage_tls=env.get("ROCMTRAIN_PROGRESS_MANAGE_TLS", "true").strip().lower() != "false",
+            ca_overlap_seconds=_number(
+                env, "ROCMTRAIN_PROGRESS_CA_OVERLAP_SECONDS", cls.ca_overlap_seconds, 86400 * 30
+            ),
+            max_connections=int(_number(env, "ROCMTRAIN_PROGRESS_MAX_CONNECTIONS", cls.max_connections, 100000)),
         )
 
     @property
@@ -295,81 +363,150 @@ class ProgressServerConfig:
         return f"https://{host}" if self.advertise_port == 443 else f"https://{host}:{self.advertise_port}"
 
 
-class ProgressServer:
-    """The running endpoint: its aiohttp runner, TLS material, and CA publishing."""
+class _Refused(asyncio.Protocol):
+    """A connection over the cap: closed as soon as it is made."""
 
-    def __init__(self, cfg: ProgressServerConfig, api: client.ApiClient, material: tls.TlsMaterial) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
+def capped(factory: web.Server, limit: int) -> Callable[[], asyncio.BaseProtocol]:
+    """`factory` (aiohttp's protocol factory) refusing connections beyond `limit` open ones."""
+
+    def make() -> asyncio.BaseProtocol:
+        return _Refused() if len(factory.connections) >= limit else factory()
+
+    return make
+
+
+class ProgressServer:
+    """The running endpoint: its listener, TLS material, CA publishing, and its own API client."""
+
+    def __init__(
+        self, cfg: ProgressServerConfig, api: client.ApiClient, material: tls.TlsMaterial, *, own_api: bool
+    ) -> None:
         self.config = cfg
         self._api = api
+        self._own_api = own_api
         self._material = material
         self._ssl = material.server_context()
         self._published: set[str] = set()
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
         self._refresher: asyncio.Task[None] | None = None
+        self.authenticator: TokenReviewAuthenticator | None = None
 
     @property
     def ca_crt(self) -> bytes:
-        """The CA certificate (PEM) clients verify the endpoint with."""
+        """The CA bundle (PEM) clients verify the endpoint with."""
         return self._material.ca_crt
 
-    async def publish_ca(self, namespace: str) -> None:
-        """Create or update `rocmtrain-progress-ca` in a job namespace; call before rendering a job there."""
-        await tls.publish_ca(self._api, namespace, self._material.ca_crt)
+    async def publish_ca(self, namespace: str, api: client.ApiClient | None = None) -> None:
+        """Create or update `rocmtrain-progress-ca` in a job namespace; call before rendering a job there.
+
+        `api`: the client to write with (the reconciler's own), by default the endpoint's.
+        Raise `tls.ConfigMapTaken` when a ConfigMap of that name is not the operator's.
+        """
+        await tls.publish_ca(api or self._api, namespace, self._material.ca_crt)
         self._published.add(namespace)
 
     async def start(self, app: web.Application) -> None:
-        """Serve `app` over TLS and start the certificate refresher."""
-        self._runner = web.AppRunner(app, access_log=None)
+        """Serve `app` over TLS within the connection bounds, and start the certificate refresher."""
+        cfg = self.config
+        self._runner = web.AppRunner(
+            app, access_log=None, handler_cancellation=True, keepalive_timeout=cfg.header_timeout
+        )
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.config.host, self.config.port, ssl_context=self._ssl).start()
+        assert self._runner.server is not None
+        self._listener = await asyncio.get_running_loop().create_server(
+            capped(self._runner.server, cfg.max_connections),
+            cfg.host,
+            cfg.port,
+            ssl=self._ssl,
+            ssl_handshake_timeout=cfg.handshake_timeout,
+            reuse_address=True,
+        )
         self._refresher = asyncio.create_task(self._refresh_forever())
-        log.info("progress endpoint serving on %s:%s", self.config.host, self.config.port)
+        log.info("progress endpoint serving on %s:%s", cfg.host, cfg.port)
 
-    async def refresh(self) -> None:
-        """Renew or reload the serving certificate; republish the CA if it changed."""
+    async def refresh(self, now: dt.datetime | None = None) -> None:
+        """Renew, promote or reload the serving certificate; republish the CA bundle if it changed."""
         material = await tls.load_serving_secret(
-            self._api, self.config.namespace, self.config.hosts, manage=self.config.manage_tls
+            self._api,
+            self.config.namespace,
+            self.config.hosts,
+            manage=self.config.manage_tls,
+            now=now,
+            overlap=dt.timedelta(seconds=self.config.ca_overlap_seconds),
         )
         if material == self._material:
             return
-        material.load_into(self._ssl)
         ca_changed = material.ca_crt != self._material.ca_crt
+        if material.tls_crt != self._material.tls_crt:
+            material.load_into(self._ssl)
         self._material = material
-        log.info("progress endpoint certificate reloaded (CA changed: %s)", ca_changed)
+        log.info("progress endpoint certificate reloaded (CA bundle changed: %s)", ca_changed)
         if ca_changed:
             for namespace in sorted(self._published):
-                await self.publish_ca(namespace)
+                try:
+                    await self.publish_ca(namespace)
+                except tls.ConfigMapTaken as exc:
+                    log.warning("%s", exc)
+
+    def _next_refresh(self) -> float:
+        """Seconds until the next refresh: the refresh interval, or sooner when a successor is due."""
+        due = self._material.promote_at
+        if due is None:
+            return self.config.refresh_seconds
+        return min(self.config.refresh_seconds, max(0.5, (due - _utcnow()).total_seconds()))
 
     async def _refresh_forever(self) -> None:
         while True:
-            await asyncio.sleep(self.config.refresh_seconds)
+            await asyncio.sleep(self._next_refresh())
             try:
                 await self.refresh()
             except Exception:
                 log.exception("progress endpoint certificate refresh failed; retrying later")
 
     async def stop(self) -> None:
-        """Stop serving (the API client stays open: it is the caller's)."""
+        """Stop serving; close the API client if it is the endpoint's own."""
         if self._refresher is not None:
             self._refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresher
+        if self._listener is not None:
+            self._listener.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._own_api:
+            await self._api.close()
 
 
-async def start_progress_server(cfg: ProgressServerConfig, api: client.ApiClient) -> ProgressServer:
+async def start_progress_server(cfg: ProgressServerConfig, api: client.ApiClient | None = None) -> ProgressServer:
     """Load or create the TLS Secret and serve the endpoint; stop it with `stop()`.
 
-    `api` stays the caller's: the server uses it until stopped and never closes it.
+    Without `api`, the endpoint makes a small client of its own (closed by `stop()`);
+    a given `api` stays the caller's.
     """
-    material = await tls.load_serving_secret(api, cfg.namespace, cfg.hosts, manage=cfg.manage_tls)
-    server = ProgressServer(cfg, api, material)
+    own = api is None
+    api = api or await new_api_client(cfg.api_connections, cfg.api_timeout)
+    try:
+        material = await tls.load_serving_secret(
+            api, cfg.namespace, cfg.hosts, manage=cfg.manage_tls, overlap=dt.timedelta(seconds=cfg.ca_overlap_seconds)
+        )
+    except BaseException:
+        if own:
+            await api.close()
+        raise
+    server = ProgressServer(cfg, api, material, own_api=own)
+    server.authenticator = TokenReviewAuthenticator(api, cfg.audience)
     app = make_app(
-        authenticate=TokenReviewAuthenticator(api, cfg.audience),
+        authenticate=server.authenticator,
         authorise=PodAuthoriser(api),
         jobs=KubeJobStore(api),
         limiter=RateLimiter(cfg.rate_per_second, cfg.burst),
+        sources=RateLimiter(cfg.source_rate_per_second, cfg.source_burst),
+        body_timeout=cfg.body_timeout,
     )
     await server.start(app)
     return server

@@ -53,14 +53,16 @@ def history_point(report: ProgressReport, previous_metrics: Mapping[str, Any]) -
     )
 
 
-def extend_history(history: Sequence[Mapping[str, Any]], point: HistoryPoint) -> list[dict[str, Any]]:
-    """The history with `point` added, bounded to the last `HISTORY_LENGTH` points."""
+def extend_history(
+    history: Sequence[Mapping[str, Any]], point: HistoryPoint, limit: int | None = HISTORY_LENGTH
+) -> list[dict[str, Any]]:
+    """The history with `point` added, bounded to the last `limit` points (None: unbounded)."""
     kept = [dict(p) for p in history if isinstance(p.get("step"), int) and p["step"] <= point.step]
     if kept and kept[-1]["step"] == point.step:
         kept[-1] = {**kept[-1], **point.dump()}
     else:
         kept.append(point.dump())
-    return kept[-HISTORY_LENGTH:]
+    return kept if limit is None else kept[-limit:]
 
 
 def progress_patch(report: ProgressReport, status: Mapping[str, Any] | None, now: dt.datetime) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from rocmtrain.api.contract import GPU_RESOURCE
 from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.render import env, volumes
 
 HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
@@ -22,10 +23,12 @@ SUBMITTER_MEMORY = "512Mi"
 
 
 def container_security_context() -> dict[str, Any]:
-    """Restricted Pod Security: no privilege escalation, no capabilities, never root."""
+    """Restricted Pod Security: no privilege escalation, no capabilities, never root; a read-only
+    root filesystem (writes go to the /tmp, /dev/shm and user volumes)."""
     return {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
     }
 
@@ -64,6 +67,8 @@ def submitter_container(job: RocmTrainingJob) -> dict[str, Any]:
         "name": SUBMITTER_CONTAINER,
         "image": job.spec.image,
         "imagePullPolicy": job.spec.image_pull_policy,
+        "env": [env.home()],
         "resources": guaranteed_resources(SUBMITTER_CPU, SUBMITTER_MEMORY),
         "securityContext": container_security_context(),
+        "volumeMounts": [volumes.tmp_mount()],
     }

@@ -19,6 +19,7 @@ from rocmtrain.api.contract import (
     PROGRESS_CA_ENV,
     PROGRESS_TOKEN_ENV,
     PROGRESS_URL_ENV,
+    TMP_PATH,
     progress_path,
 )
 from rocmtrain.api.models import MUTABLE_FIELDS, RocmTrainingJob
@@ -61,6 +62,12 @@ def _var(name: str, value: str) -> dict[str, Any]:
     return {"name": name, "value": value}
 
 
+def home() -> dict[str, Any]:
+    """HOME on the writable /tmp: the root filesystem is read-only, and Hugging Face, MIOpen and
+    Ray keep their caches under HOME."""
+    return _var("HOME", TMP_PATH)
+
+
 def runtime_defaults(cpus: str, gpus: int) -> list[dict[str, Any]]:
     """Defaults for one Ray container with `cpus` CPUs and `gpus` AMD GPUs.
 
@@ -68,7 +75,7 @@ def runtime_defaults(cpus: str, gpus: int) -> list[dict[str, Any]]:
     CPU limit rather than the node's core count (Ray would otherwise pick 1 for actors
     that request no CPUs).
     """
-    env = [_var("OMP_NUM_THREADS", str(whole_cpus(cpus)))]
+    env = [home(), _var("OMP_NUM_THREADS", str(whole_cpus(cpus)))]
     if gpus:
         env += [_var(name, value) for name, value in GPU_ENV]
     return env

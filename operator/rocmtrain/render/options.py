@@ -9,6 +9,7 @@ from rocmtrain.api.contract import PROGRESS_AUDIENCE
 from rocmtrain.api.patterns import CONFIG_KEY, DNS_SUBDOMAIN
 
 _HTTPS_URL = r"^https://[A-Za-z0-9.-]+(:[0-9]{1,5})?$"
+MAX_SUBMITTER_RETRIES = 20
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class RenderOptions:
         non-root Ray user needs the host's `video`/`render` group to open /dev/kfd and
         /dev/dri (not needed where the container runtime sets device ownership from
         the security context).
+    submitter_retries: retries of the submitter Job before the RayJob fails with
+        SubmissionFailed (`submitterConfig.backoffLimit`; 2 is KubeRay's default).
     """
 
     progress_base_url: str | None = None
@@ -32,6 +35,7 @@ class RenderOptions:
     progress_ca_key: str = "ca.crt"
     progress_token_audience: str = PROGRESS_AUDIENCE
     gpu_device_groups: tuple[int, ...] = ()
+    submitter_retries: int = 2
 
     def __post_init__(self) -> None:
         if self.progress_base_url is not None and not re.fullmatch(_HTTPS_URL, self.progress_base_url):
@@ -47,3 +51,5 @@ class RenderOptions:
             raise ValueError("progress_token_audience must be a non-empty string without whitespace")
         if any(not 0 <= gid <= 2**31 - 1 for gid in self.gpu_device_groups):
             raise ValueError("gpu_device_groups must be group ids between 0 and 2^31-1")
+        if not 0 <= self.submitter_retries <= MAX_SUBMITTER_RETRIES:
+            raise ValueError(f"submitter_retries must be 0 to {MAX_SUBMITTER_RETRIES}")

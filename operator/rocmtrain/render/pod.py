@@ -82,8 +82,12 @@ def head_template(job: RocmTrainingJob, options: RenderOptions, labels: dict[str
     """The head pod: runs the driver (`ROCMTRAIN_JOB`), reports progress, trains nothing."""
     res = job.spec.resources
     # The head trains nothing; its /dev/shm is no larger than its memory.
-    pod_volumes = [volumes.shm_volume(_smaller(res.shared_memory, res.head.memory)), *volumes.user_volumes(job)]
-    mounts = [volumes.shm_mount(), *volumes.user_mounts(job)]
+    pod_volumes = [
+        volumes.shm_volume(_smaller(res.shared_memory, res.head.memory)),
+        volumes.tmp_volume(),
+        *volumes.user_volumes(job),
+    ]
+    mounts = [volumes.shm_mount(), volumes.tmp_mount(), *volumes.user_mounts(job)]
     if options.progress_base_url:
         pod_volumes.append(volumes.progress_volume(options))
         mounts.append(volumes.progress_mount())
@@ -105,12 +109,12 @@ def worker_template(job: RocmTrainingJob, options: RenderOptions, labels: dict[s
         name=container.WORKER_CONTAINER,
         resources=container.guaranteed_resources(res.cpus_per_worker, res.memory_per_worker, res.gpus_per_worker),
         env=env.container_env(job, env.runtime_defaults(res.cpus_per_worker, res.gpus_per_worker), []),
-        mounts=[volumes.shm_mount(), *volumes.user_mounts(job)],
+        mounts=[volumes.shm_mount(), volumes.tmp_mount(), *volumes.user_mounts(job)],
     )
     spec = _pod_spec(
         job,
         [worker],
-        volumes_=[volumes.shm_volume(res.shared_memory), *volumes.user_volumes(job)],
+        volumes_=[volumes.shm_volume(res.shared_memory), volumes.tmp_volume(), *volumes.user_volumes(job)],
         affinity=gpu_affinity(res.gpu),
         supplemental_groups=options.gpu_device_groups if res.gpus_per_worker else (),
     )
@@ -119,6 +123,6 @@ def worker_template(job: RocmTrainingJob, options: RenderOptions, labels: dict[s
 
 def submitter_template(job: RocmTrainingJob, labels: dict[str, str]) -> dict[str, Any]:
     """The submitter Job's pod: `ray job submit` with the fixed entrypoint, as KubeRay writes it."""
-    spec = _pod_spec(job, [container.submitter_container(job)])
+    spec = _pod_spec(job, [container.submitter_container(job)], volumes_=[volumes.tmp_volume()])
     spec["restartPolicy"] = "Never"
     return _template(labels, spec)

@@ -11,12 +11,20 @@ Design choices (KubeRay v1.5.1, Ray 2.60.0):
   Train's controller asks for 0 CPUs and is pinned to the driver's node, so it fits.
 - GPUs: KubeRay turns any limit whose name ends in "gpu" (utils.IsGPUResourceKey), so
   `amd.com/gpu`, into `--num-gpus`, and CPU and memory limits into `--num-cpus` and
-  `--memory`; no rayStartParams are needed on the workers.
+  `--memory`; the workers need no rayStartParams, but get an empty map: Kueue's
+  webhook, when it mutates a RayJob (suspending it, or naming a namespace's default
+  LocalQueue), writes `rayStartParams: null` where the field is absent, which the
+  CRD refuses.
 - One worker group with replicas = minReplicas = maxReplicas and the autoscaler off:
   data-parallel training wants a fixed world size, and Kueue requires it.
 - Queued jobs (spec.scheduling.queueName) get Kueue's labels and are created
   suspended; Kueue unsuspends the RayJob on admission and owns `spec.suspend` from
   then on, so the operator must not re-apply that field on a queued RayJob.
+- The submitter Job (K8sJobMode) is retried `options.submitter_retries` times
+  (`submitterConfig.backoffLimit`, KubeRay's own default 2 unless the operator is
+  told otherwise): KubeRay's submitter first asks `ray job status`, so a retried
+  submitter follows the same Ray job instead of submitting it again; the RayJob
+  fails with SubmissionFailed (and `jobRetries` starts a new Ray cluster) only after them.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from rocmtrain.api import names
 from rocmtrain.api.contract import (
     DRIVER_MODULE,
     JOB_NAME_LABEL,
+    KUEUE_PRIORITY_LABEL,
+    KUEUE_QUEUE_LABEL,
     MANAGED_LABELS,
     RAY_VERSION,
     RAYJOB_API_VERSION,
@@ -44,8 +54,6 @@ SUBMISSION_MODE = "K8sJobMode"
 # KubeRay's value of each RayJob spec field that follows the job after creation (see
 # `mutable_rayjob_fields`) where the field is unset: unset and default are the same state.
 MUTABLE_RAYJOB_DEFAULTS = {"suspend": False, "shutdownAfterJobFinishes": False, "ttlSecondsAfterFinished": 0}
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 
 
 def job_labels(job: RocmTrainingJob) -> dict[str, str]:
@@ -91,6 +99,7 @@ def ray_cluster_spec(job: RocmTrainingJob, options: RenderOptions) -> dict[str, 
                 "replicas": workers,
                 "minReplicas": workers,
                 "maxReplicas": workers,
+                "rayStartParams": {},
                 "template": pod.worker_template(job, options, labels),
             }
         ],
@@ -105,6 +114,7 @@ def render_rayjob(job: RocmTrainingJob, *, options: RenderOptions | None = None)
         "entrypoint": ENTRYPOINT,
         "submissionMode": SUBMISSION_MODE,
         "submitterPodTemplate": pod.submitter_template(job, job_labels(job)),
+        "submitterConfig": {"backoffLimit": options.submitter_retries},
         "backoffLimit": spec.fault_tolerance.job_retries,
         "rayClusterSpec": ray_cluster_spec(job, options),
         **mutable_rayjob_fields(job),

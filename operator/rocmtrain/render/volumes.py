@@ -1,4 +1,4 @@
-"""Pod volumes and container mounts: /dev/shm, the user's volumes, the progress credentials.
+"""Pod volumes and container mounts: /dev/shm, /tmp, the user's volumes, the progress credentials.
 
 The operator's own volume names and mount paths are in `rocmtrain.api.contract`, where
 validation finds them too (spec.volumes and spec.volumeMounts may not use them).
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rocmtrain.api.contract import PROGRESS_DIR, PROGRESS_VOLUME, SHM_PATH, SHM_VOLUME
+from rocmtrain.api.contract import PROGRESS_DIR, PROGRESS_VOLUME, SHM_PATH, SHM_VOLUME, TMP_PATH, TMP_VOLUME
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.render.options import RenderOptions
 
@@ -26,6 +26,17 @@ def shm_volume(size: str) -> dict[str, Any]:
 def shm_mount() -> dict[str, Any]:
     """The /dev/shm mount for a Ray container."""
     return {"name": SHM_VOLUME, "mountPath": SHM_PATH}
+
+
+def tmp_volume() -> dict[str, Any]:
+    """The writable scratch space of a container whose root filesystem is read-only (node disk, like
+    the container's own layer was)."""
+    return {"name": TMP_VOLUME, "emptyDir": {}}
+
+
+def tmp_mount() -> dict[str, Any]:
+    """The /tmp mount: Ray's session directory, HOME and its caches."""
+    return {"name": TMP_VOLUME, "mountPath": TMP_PATH}
 
 
 def user_volumes(job: RocmTrainingJob) -> list[dict[str, Any]]:

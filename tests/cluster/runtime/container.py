@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.processes import _die_with_parent
+from cluster.processes import die_with_parent
 from cluster.runtime.podspec import ConfigError
 from cluster.runtime.volumes import Mount
 
@@ -106,6 +106,8 @@ def mount_script(layout: Layout, mounts: Sequence[Mount]) -> list[str]:
         commands.append(f"{make} && mount --bind {source} {target}")
         if mount.read_only:
             commands.append(f"mount -o remount,bind,ro {target}")
+    # /tmp may be a volume by now (the operator's Ray pods mount an emptyDir there): Ray's folder made in it.
+    commands.append(f"mkdir -p {RAY_TMP}")
     private = ((layout.ray_tmp, RAY_TMP), (layout.hosts, "/etc/hosts"), (layout.resolv_conf, "/etc/resolv.conf"))
     commands += [f"mount --bind {shlex.quote(str(source))} {target}" for source, target in private]
     return commands
@@ -183,7 +185,7 @@ class Running:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=dict(env),
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         return cls(name, popen)
 

@@ -1,0 +1,38 @@
+"""The Ray pods (head and workers) of the operator's jobs, followed by an `Informer`, grouped by job.
+
+Selected by label on the API server (`RAY_PODS_SELECTOR`: the labels of the rendered
+templates, which KubeRay keeps, plus KubeRay's cluster label), kept as
+`pod_health.pod_view`s, and handed over one job at a time: a burst of pod changes of
+one job (eight workers turning Ready) makes one status update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kubernetes_asyncio import client
+
+from rocmtrain import pod_health
+from rocmtrain.api.contract import RAY_PODS_SELECTOR
+from rocmtrain.controller.informer import Handler, Informer, View, pods
+
+
+class PodWatch(Informer):
+    """The Ray pods of every job, by (namespace, job name)."""
+
+    def __init__(
+        self, api: client.ApiClient, handle: Handler, *, namespaces: Iterable[str] = (), retry_seconds: float = 30.0
+    ) -> None:
+        super().__init__(
+            pods(api, label_selector=RAY_PODS_SELECTOR),
+            pod_health.pod_view,
+            handle,
+            what="Ray pods",
+            group=pod_health.job_key,
+            namespaces=namespaces,
+            missing_retry_seconds=retry_seconds,
+        )
+
+    def of_job(self, namespace: str, job: str) -> list[View]:
+        """The Ray pods of one job, of any of its Ray clusters."""
+        return self.members((namespace, job))

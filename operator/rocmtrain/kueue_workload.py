@@ -1,0 +1,90 @@
+"""What Kueue's Workload of a queued RayJob says (pure): admitted where, or why it waits or was evicted.
+
+Kueue (v1beta2 Workloads) makes one Workload per queued RayJob, owned by it, and
+writes its verdict there: `QuotaReserved=False` with what is missing in which flavor
+("couldn't assign flavors to pod set gpu: insufficient unused quota for amd.com/gpu
+in flavor mi300x, 8 more needed"), `Admitted=True` with the flavors in
+`status.admission`, `Evicted=True` with why it took the quota back (reason
+`Preempted`, `PodsReadyTimeout`, ...; `False` again once readmitted). `workload_view`
+keeps that much of a Workload; `admission` reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rocmtrain.api.contract import GPU_RESOURCE, RAYJOB_API_VERSION, RAYJOB_KIND
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Kueue's verdict on one Workload.
+
+    `waiting`: Kueue's message while no quota is reserved (None when admitted or not said);
+    `evicted`: (reason, message) of an eviction not yet undone by a readmission;
+    `flavors`: the flavors assigned to the GPUs (to every resource when no GPU is asked for).
+    """
+
+    admitted: bool
+    cluster_queue: str | None = None
+    flavors: tuple[str, ...] = ()
+    waiting: str | None = None
+    evicted: tuple[str, str] | None = None
+
+
+def rayjob_owner(workload: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The owner reference to the RayJob a Workload was made for, or None for other Workloads."""
+    refs: list[Mapping[str, Any]] = (workload.get("metadata") or {}).get("ownerReferences") or []
+    return next((r for r in refs if r.get("kind") == RAYJOB_KIND and r.get("apiVersion") == RAYJOB_API_VERSION), None)
+
+
+def workload_view(workload: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a Workload the operator keeps in memory: its RayJob, conditions and admission."""
+    meta = workload.get("metadata") or {}
+    status = workload.get("status") or {}
+    owner = rayjob_owner(workload) or {}
+    admission = status.get("admission") or {}
+    return {
+        "metadata": {
+            "namespace": meta.get("namespace"),
+            "name": meta.get("name"),
+            "creationTimestamp": meta.get("creationTimestamp"),
+            "deleting": "deletionTimestamp" in meta,
+            "owner": {"name": owner.get("name"), "uid": owner.get("uid")},
+        },
+        "conditions": [
+            {key: c.get(key) for key in ("type", "status", "reason", "message")} for c in status.get("conditions") or []
+        ],
+        "clusterQueue": admission.get("clusterQueue"),
+        "flavors": [dict(a.get("flavors") or {}) for a in admission.get("podSetAssignments") or []],
+    }
+
+
+def _condition(view: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    return next((c for c in view.get("conditions") or [] if c.get("type") == kind), {})
+
+
+def _flavors(view: Mapping[str, Any]) -> tuple[str, ...]:
+    assignments = view.get("flavors") or []
+    gpu = {a[GPU_RESOURCE] for a in assignments if GPU_RESOURCE in a}
+    return tuple(sorted(gpu or {flavor for a in assignments for flavor in a.values()}))
+
+
+def admission(view: Mapping[str, Any]) -> Admission:
+    """Kueue's verdict on the Workload `view` (a `workload_view`)."""
+    evicted = _condition(view, "Evicted")
+    eviction = None
+    if evicted.get("status") == "True":
+        eviction = (evicted.get("reason") or "Evicted", evicted.get("message") or "")
+    # Kueue marks the eviction before it withdraws the admission: an evicted Workload is not admitted.
+    admitted = _condition(view, "Admitted").get("status") == "True" and eviction is None
+    reserved = _condition(view, "QuotaReserved")
+    return Admission(
+        admitted=admitted,
+        cluster_queue=view.get("clusterQueue") if admitted else None,
+        flavors=_flavors(view) if admitted else (),
+        waiting=(reserved.get("message") or None) if reserved.get("status") == "False" else None,
+        evicted=eviction,
+    )

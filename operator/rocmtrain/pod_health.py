@@ -1,0 +1,163 @@
+"""What the Ray pods of a job say about it (pure): how many workers are ready, and why a pod cannot run.
+
+The operator follows the Ray pods (head and workers) KubeRay makes from the job's
+templates (`pod_view` keeps the little it reads of each). `assess` looks at the pods
+of the job's current Ray cluster and finds the first of four ways a pod can be stuck,
+in the order a pod meets them, with the scheduler's or the kubelet's own words:
+
+| reason             | the pod                                                  | message                      |
+|--------------------|----------------------------------------------------------|------------------------------|
+| `Unschedulable`    | `PodScheduled=False`                                     | the scheduler's              |
+| `ImagePullBackOff` | a container waits in ErrImagePull, ImagePullBackOff, ... | the kubelet's                |
+| `CrashLoopBackOff` | a container waits in CrashLoopBackOff                    | the kubelet's, last exit code|
+| `ContainerFailed`  | a container terminated with a non-zero exit code         | exit code, kubelet's reason  |
+
+Each message starts with the pods it concerns (`pod NAME` or `pods A, B and 2 more`).
+Pods being deleted and pods of an earlier Ray cluster of the job (a retry) do not count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rocmtrain.api.contract import JOB_NAME_LABEL, RAY_CLUSTER_LABEL, RAY_NODE_TYPE_LABEL
+
+UNSCHEDULABLE = "Unschedulable"
+IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
+CRASH_LOOP_BACK_OFF = "CrashLoopBackOff"
+CONTAINER_FAILED = "ContainerFailed"
+# The kubelet's waiting reasons of an image that cannot be pulled.
+IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
+NAMED_PODS = 3  # pods named in a message; the rest are counted
+
+
+@dataclass(frozen=True)
+class PodProblem:
+    """Why some Ray pods cannot run: a reason from the table above and its message."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class RayPods:
+    """What the pods of one Ray cluster show: ready workers, and the first problem (None when none)."""
+
+    ready_workers: int
+    problem: PodProblem | None
+
+
+def pod_view(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a Ray pod the operator keeps in memory (its pod watch)."""
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    scheduled = conditions.get("PodScheduled") or {}
+    return {
+        "metadata": {
+            "namespace": meta.get("namespace"),
+            "name": meta.get("name"),
+            "labels": {k: labels[k] for k in (JOB_NAME_LABEL, RAY_CLUSTER_LABEL, RAY_NODE_TYPE_LABEL) if k in labels},
+            "deleting": "deletionTimestamp" in meta,
+        },
+        "phase": status.get("phase"),
+        "ready": (conditions.get("Ready") or {}).get("status") == "True",
+        "scheduled": {key: scheduled.get(key) for key in ("status", "reason", "message") if scheduled.get(key)},
+        "containers": [_container_view(c) for c in status.get("containerStatuses") or []],
+    }
+
+
+def _container_view(status: Mapping[str, Any]) -> dict[str, Any]:
+    state = status.get("state") or {}
+    last = (status.get("lastState") or {}).get("terminated") or {}
+    view: dict[str, Any] = {"name": status.get("name", "")}
+    for kind in ("waiting", "terminated"):
+        if state.get(kind) is not None:
+            view[kind] = {k: state[kind][k] for k in ("reason", "message", "exitCode") if k in state[kind]}
+    if "exitCode" in last:
+        view["lastExitCode"] = last["exitCode"]
+    return view
+
+
+def job_key(view: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(namespace, job name) of a pod view, from the job label the rendered templates carry."""
+    meta = view["metadata"]
+    job = meta["labels"].get(JOB_NAME_LABEL)
+    return (meta["namespace"], job) if job else None
+
+
+# ---- problems ------------------------------------------------------------------------------
+
+
+def _pod_problem(view: Mapping[str, Any]) -> PodProblem | None:
+    """The first problem of one pod (its message without the pod's name)."""
+    scheduled = view.get("scheduled") or {}
+    if scheduled.get("status") == "False":
+        return PodProblem(UNSCHEDULABLE, scheduled.get("message") or scheduled.get("reason") or "not scheduled")
+    containers = view.get("containers") or []
+    for reason in (IMAGE_PULL_BACK_OFF, CRASH_LOOP_BACK_OFF, CONTAINER_FAILED):
+        for container in containers:
+            message = _container_problem(container, reason)
+            if message is not None:
+                return PodProblem(reason, message)
+    return None
+
+
+def _container_problem(container: Mapping[str, Any], reason: str) -> str | None:
+    name = container.get("name", "")
+    waiting = container.get("waiting") or {}
+    waiting_reason = waiting.get("reason", "")
+    if reason == IMAGE_PULL_BACK_OFF and waiting_reason in IMAGE_PULL_REASONS:
+        return f"container {name} {waiting_reason}: {waiting.get('message') or 'cannot pull the image'}"
+    if reason == CRASH_LOOP_BACK_OFF and waiting_reason == CRASH_LOOP_BACK_OFF:
+        last = container.get("lastExitCode")
+        exit_code = f" (last exit code {last})" if last is not None else ""
+        return f"container {name} {waiting_reason}: {waiting.get('message') or 'back-off restarting'}{exit_code}"
+    terminated = container.get("terminated") or {}
+    code = terminated.get("exitCode")
+    if reason == CONTAINER_FAILED and isinstance(code, int) and code != 0:
+        detail = ": ".join(part for part in (terminated.get("reason"), terminated.get("message")) if part)
+        return f"container {name} exited with code {code}" + (f" ({detail})" if detail else "")
+    return None
+
+
+_ORDER = (UNSCHEDULABLE, IMAGE_PULL_BACK_OFF, CRASH_LOOP_BACK_OFF, CONTAINER_FAILED)
+
+
+def _named(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:NAMED_PODS])
+    more = f" and {len(names) - NAMED_PODS} more" if len(names) > NAMED_PODS else ""
+    return f"pod {shown}" if len(names) == 1 else f"pods {shown}{more}"
+
+
+def _first_problem(pods: Sequence[Mapping[str, Any]]) -> PodProblem | None:
+    """The problem of the earliest kind among `pods`, naming every pod that has it (head first)."""
+    found = [(view, problem) for view in pods if (problem := _pod_problem(view)) is not None]
+    if not found:
+        return None
+    reason = min((problem.reason for _, problem in found), key=_ORDER.index)
+    same = [(view, problem) for view, problem in found if problem.reason == reason]
+    same.sort(key=lambda item: (item[0]["metadata"]["labels"].get(RAY_NODE_TYPE_LABEL) != "head", _name(item[0])))
+    names = [_name(view) for view, _ in same]
+    return PodProblem(reason, f"{_named(names)}: {same[0][1].message}")
+
+
+def _name(view: Mapping[str, Any]) -> str:
+    return str(view["metadata"]["name"])
+
+
+def assess(pods: Iterable[Mapping[str, Any]], cluster: str) -> RayPods | None:
+    """What the pods of Ray cluster `cluster` show; None when none of them is known."""
+    current = [
+        view
+        for view in pods
+        if view["metadata"]["labels"].get(RAY_CLUSTER_LABEL) == cluster and not view["metadata"]["deleting"]
+    ]
+    if not current:
+        return None
+    workers = [view for view in current if view["metadata"]["labels"].get(RAY_NODE_TYPE_LABEL) == "worker"]
+    ready = sum(1 for view in workers if view["ready"])
+    return RayPods(ready_workers=ready, problem=_first_problem(current))

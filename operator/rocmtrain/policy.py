@@ -1,0 +1,93 @@
+"""The cluster admin's allow-lists: which images and priority classes jobs may use (pure).
+
+Creating a RocmTrainingJob makes the operator create pods in the job's namespace
+with the job's image, volumes and priority class, so it carries the authority to
+run any image there. `Policy` narrows that: image references must start with an
+allowed registry or repository prefix, and priority classes (Kubernetes
+`PriorityClass`, Kueue `WorkloadPriorityClass`) must be listed. An empty list
+allows everything. The operator reads them from `ROCMTRAIN_ALLOWED_IMAGES`,
+`ROCMTRAIN_ALLOWED_PRIORITY_CLASSES` and `ROCMTRAIN_ALLOWED_KUEUE_PRIORITY_CLASSES`
+(`rocmtrain.controller.settings`) and refuses a job outside them with reason
+`NotAllowed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from rocmtrain.api.models import RocmTrainingJobSpec
+from rocmtrain.api.validate import FieldError
+
+# Where an image name ends and its tag or digest begins, or where a repository path continues.
+_BOUNDARIES = ("/", ":", "@")
+DEFAULT_REGISTRY = "docker.io"
+
+
+def _is_registry(component: str) -> bool:
+    return "." in component or ":" in component or component == "localhost"
+
+
+def normalize_image(reference: str) -> str:
+    """An image reference with its registry spelled out, as the container runtime reads it.
+
+    `ubuntu:24.04` is `docker.io/library/ubuntu:24.04`, `rocm/pytorch` is
+    `docker.io/rocm/pytorch`; a first component with a '.' or ':', or `localhost`, is a registry.
+    """
+    first, slash, _ = reference.partition("/")
+    if slash and _is_registry(first):
+        return reference
+    return f"{DEFAULT_REGISTRY}/{reference}" if slash else f"{DEFAULT_REGISTRY}/library/{reference}"
+
+
+def normalize_prefix(prefix: str) -> str:
+    """An allow-list entry as `normalize_image` spells references.
+
+    An entry without '/' that is a host (with a '.', or `localhost`) and maybe a port names a
+    whole registry: `registry.local` and `registry.local:5000` allow everything they serve.
+    """
+    host, _, port = prefix.partition(":")
+    if "/" not in prefix and ("." in host or host == "localhost") and (not port or port.isdigit()):
+        return prefix + "/"
+    return normalize_image(prefix)
+
+
+def image_allowed(reference: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether `reference` lies under one of `prefixes` (registry or repository paths), or no prefix is set.
+
+    A prefix matches whole path components only: `ghcr.io/acme` allows `ghcr.io/acme/x:1`
+    and `ghcr.io/acme:1`, never `ghcr.io/acme-evil/x`.
+    """
+    if not prefixes:
+        return True
+    image = normalize_image(reference)
+    for prefix in map(normalize_prefix, prefixes):
+        if image == prefix:
+            return True
+        if image.startswith(prefix) and (prefix.endswith(_BOUNDARIES) or image[len(prefix)] in _BOUNDARIES):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The allow-lists; an empty tuple allows everything."""
+
+    images: tuple[str, ...] = ()
+    priority_classes: tuple[str, ...] = ()
+    kueue_priority_classes: tuple[str, ...] = ()
+
+    def check(self, spec: RocmTrainingJobSpec) -> list[FieldError]:
+        """Every field of `spec` the allow-lists refuse."""
+        return list(self._problems(spec))
+
+    def _problems(self, spec: RocmTrainingJobSpec) -> Iterator[FieldError]:
+        if not image_allowed(spec.image, self.images):
+            yield FieldError("spec.image", f"{spec.image} is not from an allowed registry ({', '.join(self.images)})")
+        scheduling = spec.scheduling
+        for path, name, allowed in (
+            ("spec.scheduling.priorityClassName", scheduling.priority_class_name, self.priority_classes),
+            ("spec.scheduling.kueuePriorityClass", scheduling.kueue_priority_class, self.kueue_priority_classes),
+        ):
+            if name is not None and allowed and name not in allowed:
+                yield FieldError(path, f"{name} is not an allowed priority class ({', '.join(allowed)})")

@@ -1,0 +1,135 @@
+"""One job on one screen (`rocmtrain status`): phase, conditions, a progress bar, metrics, GPUs, events."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rocmtrain.accounting import gpu_seconds_at
+from rocmtrain.api.contract import GPU_NODE_LABELS
+from rocmtrain.api.timestamps import parse_time
+from rocmtrain.views.pool import pod_gpus
+from rocmtrain.views.table import table
+
+BAR_WIDTH = 30
+EVENTS_SHOWN = 10
+# (label, status.metrics key, format)
+METRIC_ROWS = (
+    ("train loss", "trainLoss", ".4f"),
+    ("eval loss", "evalLoss", ".4f"),
+    ("eval accuracy", "evalAccuracy", ".4f"),
+    ("eval macro-F1", "evalF1", ".4f"),
+    ("eval MSE", "evalMse", ".4f"),
+    ("learning rate", "learningRate", ".2e"),
+    ("samples/s", "samplesPerSecond", ".1f"),
+    ("tokens/s", "tokensPerSecond", ".0f"),
+    ("train seconds", "trainSeconds", ".1f"),
+    ("eval seconds", "evalSeconds", ".1f"),
+    ("GPU utilisation %", "gpuUtilizationPercent", ".0f"),
+    ("GPU memory peak", "gpuMemoryPeakBytes", ","),
+)
+
+
+def duration(seconds: float) -> str:
+    """A short human duration: 45s, 12m05s, 3h20m, 2d04h."""
+    whole = int(max(seconds, 0))
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def progress_bar(percent: float | None, width: int = BAR_WIDTH) -> str:
+    """`[#######-------]  45%`; an empty bar when nothing is known."""
+    if percent is None:
+        return "[" + " " * width + "]    -"
+    filled = round(width * min(max(percent, 0.0), 100.0) / 100)
+    return "[" + "#" * filled + "-" * (width - filled) + f"] {percent:3.0f}%"
+
+
+def _age(moment: object, now: dt.datetime) -> str:
+    parsed = parse_time(moment)
+    return duration((now - parsed).total_seconds()) if parsed else "-"
+
+
+def _progress_line(status: Mapping[str, Any]) -> str:
+    progress = status.get("progress") or {}
+    parts = [progress_bar(progress.get("percent"))]
+    if progress.get("step") is not None:
+        parts.append(f"step {progress['step']}/{progress.get('totalSteps', '?')}")
+    if progress.get("epoch") is not None:
+        parts.append(f"epoch {progress['epoch']:.2f}")
+    if progress.get("etaSeconds") is not None:
+        parts.append(f"ETA {duration(progress['etaSeconds'])}")
+    return "  ".join(parts)
+
+
+def _gpu_line(job: Mapping[str, Any], now: dt.datetime) -> str:
+    status = job.get("status") or {}
+    resources = (job.get("spec") or {}).get("resources") or {}
+    workers, per_worker = resources.get("workers", 1), resources.get("gpusPerWorker", 1)
+    parts = [f"{workers * per_worker} requested ({workers} workers x {per_worker})"]
+    if status.get("gpusHeld") is not None:
+        parts.append(f"{status['gpusHeld']} held")
+    if "gpuSeconds" in status:
+        parts.append(f"{gpu_seconds_at(status, now) / 3600:.2f} GPU-hours")
+    if cost := status.get("cost"):
+        parts.append(f"cost {cost['amount']:.2f} {cost['currency']}")
+    return ", ".join(parts)
+
+
+def job_text(
+    job: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    events: Sequence[Mapping[str, Any]],
+    node_labels: Mapping[str, Mapping[str, str]],
+    now: dt.datetime,
+) -> str:
+    """The screen of `rocmtrain status` for `job`, its pods, its events and the labels of its nodes."""
+    meta, status = job.get("metadata") or {}, job.get("status") or {}
+    conditions = status.get("conditions") or []
+    ready: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
+    headline = f"{meta.get('namespace')}/{meta.get('name')}   {status.get('phase') or 'not yet seen by the operator'}"
+    if ready.get("message"):
+        headline += f"   {ready['message']}"
+    metrics = status.get("metrics") or {}
+    shown = [(label, format(metrics[key], spec)) for label, key, spec in METRIC_ROWS if metrics.get(key) is not None]
+    sections = [
+        headline,
+        "progress   " + _progress_line(status),
+        "GPUs       " + _gpu_line(job, now),
+    ]
+    if shown:
+        sections.append("metrics    " + "   ".join(f"{label} {value}" for label, value in shown))
+    if conditions:
+        rows = [
+            [c.get("type"), c.get("status"), c.get("reason"), _age(c.get("lastTransitionTime"), now), c.get("message")]
+            for c in conditions
+        ]
+        sections.append(table(["CONDITION", "STATUS", "REASON", "AGE", "MESSAGE"], rows))
+    if pods:
+        product = GPU_NODE_LABELS["product_name"]
+        rows = [
+            [
+                (p.get("metadata") or {}).get("name"),
+                (p.get("status") or {}).get("phase"),
+                pod_gpus(p),
+                node := (p.get("spec") or {}).get("nodeName"),
+                (node_labels.get(node or "") or {}).get(product),
+            ]
+            for p in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", ""))
+        ]
+        sections.append(table(["POD", "PHASE", "GPUS", "NODE", "GPU MODEL"], rows))
+    if events:
+        latest = sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")[-EVENTS_SHOWN:]
+        rows = [
+            [_age(e.get("lastTimestamp") or e.get("eventTime"), now), e.get("type"), e.get("reason"), e.get("message")]
+            for e in latest
+        ]
+        sections.append(table(["AGE", "TYPE", "REASON", "MESSAGE"], rows))
+    return "\n\n".join(sections) + "\n"

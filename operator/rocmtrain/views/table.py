@@ -1,0 +1,12 @@
+"""Aligned text tables, as kubectl prints them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Columns padded to their widest cell, separated by three spaces; `-` for None."""
+    cells = [[str(h) for h in headers], *([("-" if c is None else str(c)) for c in row] for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("   ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)

@@ -1,0 +1,159 @@
+"""A flood of reports with junk tokens does not slow the operator down, and costs few TokenReviews.
+
+Real parts: kube-apiserver, etcd, the controller-manager; the operator as its own process
+with its progress endpoint on (its metrics count the TokenReviews it sends); a flood client
+process (`faults.flood`) posting from 16 loopback addresses. Faked: KubeRay's status writes.
+
+Measured side by side: 50 jobs created at once, the time from each create to its RayJob
+and Pending status (reconcile), then from a RayJob status write to the job's phase
+(status), before the flood, during it, and after it; "without the flood" is the worse of
+before and after, so that a change in the machine's other load is not blamed on the flood.
+The figures are printed (`-s`) and in README.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from operator_testkit import OPERATOR_NAMESPACE, Api, job_manifest, wait_until
+
+from cluster.kubecluster import KubeCluster, free_port
+from cluster.processes import die_with_parent
+from faults.operator_process import OperatorProcess
+from rocmtrain.api.contract import progress_path
+from rocmtrain.progress.auth import REVIEW_BURST, REVIEW_RATE_PER_SECOND
+
+pytestmark = pytest.mark.cluster
+
+JOBS = 50
+JOBS_PATH = "/apis/rocmtrain.dev/v1alpha1/namespaces/{ns}/rocmtrainingjobs"
+TESTS_DIR = Path(__file__).resolve().parents[1]
+REVIEWS = "rocmtrain_progress_token_reviews_total"
+FLOOD_REQUESTS = 2500  # at least; the flood goes on until the measurement during it is done
+
+
+def _p(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
+
+
+def _until_all(kube: KubeCluster, ns: str, since: dict[str, float], done: object) -> dict[str, float]:
+    """Seconds from `since[name]` to the first time the job's status passed `done`, for every job."""
+    seen: dict[str, float] = {}
+    deadline = time.monotonic() + 120
+    while len(seen) < len(since):
+        now = time.monotonic()
+        for job in kube.request("GET", JOBS_PATH.format(ns=ns))["items"]:
+            name = job["metadata"]["name"]
+            if name in since and name not in seen and done(job.get("status") or {}):  # type: ignore[operator]
+                seen[name] = now - since[name]
+        assert time.monotonic() < deadline, f"{len(seen)}/{len(since)} jobs done"
+        time.sleep(0.05)
+    return seen
+
+
+def measure(kube: KubeCluster, api: Api, ns: str) -> dict[str, float]:
+    """Reconcile and status latencies (p50, p95, seconds) of JOBS new jobs in `ns`."""
+    names = [f"job-{i:02d}" for i in range(JOBS)]
+    created: dict[str, float] = {}
+
+    def create(name: str) -> None:
+        kube.create(job_manifest(name, ns))
+        created[name] = time.monotonic()
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(create, names))
+    reconcile = _until_all(kube, ns, created, lambda s: s.get("phase") == "Pending" and s.get("rayJobName"))
+    written: dict[str, float] = {}
+
+    def run(name: str) -> None:
+        api.fake_kuberay(ns, name, {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"})
+        written[name] = time.monotonic()
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(run, names))
+    status = _until_all(kube, ns, written, lambda s: s.get("phase") == "Running")
+    return {
+        "reconcile_p50": _p(list(reconcile.values()), 50),
+        "reconcile_p95": _p(list(reconcile.values()), 95),
+        "status_p50": _p(list(status.values()), 50),
+        "status_p95": _p(list(status.values()), 95),
+    }
+
+
+def within_twice(flood: float, base: float) -> bool:
+    """At most twice the figure without the flood; 0.1 s is below the poll's resolution here."""
+    return flood <= 2 * base + 0.1
+
+
+def test_an_invalid_token_flood_leaves_reconciles_and_status_alone(
+    kube: KubeCluster, api: Api, operator_kubeconfig: Path, tmp_path: Path
+):
+    quiet, flooded, after = kube.new_namespace("quiet"), kube.new_namespace("flooded"), kube.new_namespace("after")
+    port = free_port()
+    operator = OperatorProcess(
+        operator_kubeconfig,
+        tmp_path,
+        [quiet, flooded, after],
+        env={
+            "ROCMTRAIN_OPERATOR_NAMESPACE": OPERATOR_NAMESPACE,
+            "ROCMTRAIN_PROGRESS_PORT": str(port),
+            "ROCMTRAIN_PROGRESS_ADVERTISE_HOST": "localhost",
+            "ROCMTRAIN_PROGRESS_ADVERTISE_PORT": str(port),
+        },
+    )
+    counts_file = tmp_path / "flood.json"
+    flood = None
+    try:
+        operator.start()
+        before = measure(kube, api, quiet)
+        url = f"https://127.0.0.1:{port}{progress_path(flooded, 'job-00')}"
+        started, reviews_before = time.monotonic(), operator.metric(REVIEWS)
+        flood = subprocess.Popen(
+            [sys.executable, "-m", "faults.flood", url, str(counts_file)],
+            env={**os.environ, "PYTHONPATH": str(TESTS_DIR)},
+            preexec_fn=die_with_parent,
+        )
+
+        def sent() -> int:
+            return sum(json.loads(counts_file.read_text() or "{}").values()) if counts_file.is_file() else 0
+
+        wait_until(
+            lambda: sent() > 200,
+            timeout=30,
+            what="the flood under way",
+        )
+        during = measure(kube, api, flooded)
+        wait_until(lambda: sent() >= FLOOD_REQUESTS, timeout=60, what=f"{FLOOD_REQUESTS} flood requests")
+        flood.send_signal(signal.SIGTERM)
+        flood.wait(30)
+        seconds, reviews = time.monotonic() - started, operator.metric(REVIEWS) - reviews_before
+        later = measure(kube, api, after)
+    finally:
+        if flood is not None and flood.poll() is None:
+            flood.kill()
+        operator.stop()
+    counts = json.loads(counts_file.read_text())
+    base = {figure: max(value, later[figure]) for figure, value in before.items()}
+    figures = {
+        "before": before,
+        "after": later,
+        "during": during,
+        "flood": counts,
+        "seconds": seconds,
+        "tokenreviews": reviews,
+    }
+    print("\nflood figures:", json.dumps(figures, indent=1))
+    assert sum(counts.values()) >= FLOOD_REQUESTS, "a few thousand requests"
+    assert set(counts) <= {"401", "429", "error"}, "nothing without a valid token gets further"
+    for figure, value in during.items():
+        assert within_twice(value, base[figure]), f"{figure}: {value:.3f}s during the flood, {base[figure]:.3f}s before"
+    assert reviews <= REVIEW_BURST + REVIEW_RATE_PER_SECOND * seconds, "TokenReviews stay within their budget"

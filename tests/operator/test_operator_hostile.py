@@ -1,0 +1,206 @@
+"""Hostile and unlucky specs against the real control plane: every refusal is a condition and one event.
+
+Real parts: kube-apiserver's admission (a ResourceQuota, a ValidatingAdmissionPolicy), RBAC,
+the operator under KopfRunner as its ServiceAccount with its progress endpoint on and the
+allow-lists set. Faked, as in the other lean-cluster operator tests: KubeRay's status writes.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+from operator_testkit import OPERATOR_NAMESPACE, RAYJOBS, Api, Operator, job_manifest, wait_until
+
+from cluster.kubecluster import KubeCluster, free_port
+from rocmtrain.progress import tls
+from unit.test_validate import RESERVED_SPELLINGS
+
+pytestmark = pytest.mark.cluster
+
+ALLOWED_IMAGES = "ghcr.io/rocm-train-operator/"
+ALLOWED_PRIORITY_CLASSES = "training"
+
+
+@pytest.fixture(scope="module")
+def operator(operator_kubeconfig: Path) -> Iterator[Operator]:
+    """The operator with its progress endpoint (so it publishes the CA bundle) and allow-lists."""
+    port = free_port()
+    running = Operator(
+        operator_kubeconfig,
+        env={
+            "ROCMTRAIN_OPERATOR_NAMESPACE": OPERATOR_NAMESPACE,
+            "ROCMTRAIN_PROGRESS_PORT": str(port),
+            "ROCMTRAIN_PROGRESS_ADVERTISE_HOST": "localhost",
+            "ROCMTRAIN_PROGRESS_ADVERTISE_PORT": str(port),
+            "ROCMTRAIN_ALLOWED_IMAGES": ALLOWED_IMAGES,
+            "ROCMTRAIN_ALLOWED_PRIORITY_CLASSES": ALLOWED_PRIORITY_CLASSES,
+        },
+    )
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def _blocked(api: Api, ns: str, name: str) -> dict:
+    return wait_until(
+        lambda: (c := api.condition(ns, name, "Blocked")).get("status") == "True" and c,
+        timeout=15,
+        what=f"Blocked=True on {name}",
+    )
+
+
+def _count(api: Api, ns: str, name: str, reason: str) -> int:
+    return [r for _, r in api.events(ns, name)].count(reason)
+
+
+def test_a_quota_refusing_the_rayjob_shows_its_message(kube: KubeCluster, api: Api, ns: str):
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-rayjobs", "namespace": ns},
+        "spec": {"hard": {"count/rayjobs.ray.io": "0"}},
+    }
+    kube.create(quota)
+    kube.create(job_manifest("quota", ns))
+    blocked = _blocked(api, ns, "quota")
+    assert blocked["reason"] == "RayJobForbidden"
+    # Quota admission refuses with "exceeded quota: no-rayjobs", or "status unknown for quota:
+    # no-rayjobs" until the controller-manager has counted: the API server's words either way.
+    message = blocked["message"]
+    assert message.startswith('the API server refused the RayJob: rayjobs.ray.io "quota" is forbidden: ')
+    assert "quota: no-rayjobs" in message
+    assert api.phase(ns, "quota") == "Pending" and api.rayjob(ns, "quota") is None
+    time.sleep(2.5)  # the job is retried every second meanwhile
+    assert _count(api, ns, "quota", "RayJobForbidden") == 1, "one event, however many retries"
+    kube.delete(quota)
+    wait_until(lambda: api.rayjob(ns, "quota"), timeout=30, interval=0.2, what="the RayJob once the quota is gone")
+    wait_until(lambda: api.condition(ns, "quota", "Blocked").get("reason") == "Unblocked", what="Unblocked")
+
+
+def test_an_admission_policy_refusing_the_rayjob_shows_its_message(kube: KubeCluster, api: Api, ns: str):
+    name = f"deny-rayjobs-{ns}"
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {"apiGroups": ["ray.io"], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["rayjobs"]}
+                ]
+            },
+            "validations": [{"expression": "false", "message": "RayJobs need a team approval here"}],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}},
+        },
+    }
+    kube.create(policy)
+    kube.create(binding)
+    try:
+        probe = {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "probe", "namespace": ns}}
+
+        def enforced() -> bool:
+            try:
+                kube.create(probe, dry_run=True)
+            except ApiException as exc:
+                return exc.status == 422 and "team approval" in exc.body
+            return False
+
+        wait_until(enforced, timeout=30, interval=0.2, what="the admission policy in force")
+        kube.create(job_manifest("policy", ns))
+        blocked = _blocked(api, ns, "policy")
+        assert blocked["reason"] == "RayJobInvalid" and "RayJobs need a team approval here" in blocked["message"]
+        wait_until(lambda: _count(api, ns, "policy", "RayJobInvalid") == 1, what="the RayJobInvalid event")
+    finally:
+        kube.delete(binding)
+        kube.delete(policy)
+
+
+def test_a_rayjob_of_another_name_does_not_drive_the_jobs_status(kube: KubeCluster, api: Api, ns: str):
+    kube.create(job_manifest("bert", ns))
+    own = wait_until(lambda: api.rayjob(ns, "bert"), timeout=10, what="bert's RayJob")
+    wait_until(lambda: api.phase(ns, "bert") == "Pending", what="Pending")
+    impostor = copy.deepcopy(own)
+    impostor["metadata"] = {
+        "name": "impostor",
+        "namespace": ns,
+        "labels": own["metadata"]["labels"],
+        "ownerReferences": own["metadata"]["ownerReferences"],  # names bert as its controller
+    }
+    kube.create(impostor)
+    failed = {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed", "failed": 1}
+    api.fake_kuberay(ns, "impostor", failed)
+    api.fake_kuberay(ns, "bert", {"jobDeploymentStatus": "Initializing", "rayClusterName": "bert-a1b2c"})
+    wait_until(lambda: api.phase(ns, "bert") == "Initializing", what="bert follows its own RayJob")
+    time.sleep(1.5)
+    assert api.phase(ns, "bert") == "Initializing", "the impostor's failure is not bert's"
+    assert api.job(ns, "bert")["status"]["rayClusterName"] == "bert-a1b2c"
+
+
+def test_every_spelling_of_a_reserved_mount_path_is_refused(kube: KubeCluster, api: Api, ns: str):
+    names = {f"path-{i:02d}": path for i, path in enumerate(RESERVED_SPELLINGS)}
+    for name, path in names.items():
+        spec = {
+            "volumes": [{"name": "scratch", "emptyDir": {}}],
+            "volumeMounts": [{"name": "scratch", "mountPath": path}],
+        }
+        kube.create(job_manifest(name, ns, **spec))  # the API server's schema accepts every one of them
+    for name, path in names.items():
+        wait_until(lambda name=name: api.phase(ns, name) == "Failed", timeout=15, what=f"{path} refused")
+        ready = api.condition(ns, name, "Ready")
+        assert ready["reason"] == "InvalidSpec" and "spec.volumeMounts[0].mountPath" in ready["message"], path
+        assert "reserved" in ready["message"] and api.rayjob(ns, name) is None, path
+
+
+def test_images_and_priority_classes_outside_the_allow_lists_are_refused(kube: KubeCluster, api: Api, ns: str):
+    kube.create(job_manifest("miner", ns, image="docker.io/evil/miner:1"))
+    kube.create(job_manifest("urgent", ns, scheduling={"priorityClassName": "system-cluster-critical"}))
+    kube.create(job_manifest("fine", ns, scheduling={"priorityClassName": ALLOWED_PRIORITY_CLASSES}))
+    for name, words in (
+        ("miner", "spec.image: docker.io/evil/miner:1 is not from an allowed registry"),
+        ("urgent", "spec.scheduling.priorityClassName: system-cluster-critical is not an allowed"),
+    ):
+        wait_until(lambda name=name: api.phase(ns, name) == "Failed", timeout=15, what=f"{name} refused")
+        failed = api.condition(ns, name, "Failed")
+        assert failed["reason"] == "NotAllowed" and words in failed["message"], failed
+        assert api.rayjob(ns, name) is None
+        wait_until(lambda name=name: ("Warning", "Failed") in api.events(ns, name), what=f"{name}'s Failed event")
+    wait_until(lambda: api.rayjob(ns, "fine"), timeout=10, what="the allowed job's RayJob")  # fmt: skip
+
+
+def test_a_ca_configmap_of_someone_else_is_left_alone(kube: KubeCluster, api: Api, ns: str):
+    theirs = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": tls.CA_CONFIGMAP, "namespace": ns, "labels": {"team": "platform"}},
+        "data": {"ca.crt": "their own bundle"},
+    }
+    kube.create(theirs)
+    kube.create(job_manifest("ca", ns))
+    blocked = _blocked(api, ns, "ca")
+    assert blocked["reason"] == "ProgressCAConflict" and "is not the operator's" in blocked["message"]
+    assert api.rayjob(ns, "ca") is None, "no head pod may mount a bundle the operator did not write"
+    configmap = kube.request("GET", f"/api/v1/namespaces/{ns}/configmaps/{tls.CA_CONFIGMAP}")
+    assert configmap["data"] == theirs["data"] and configmap["metadata"]["labels"] == {"team": "platform"}
+    kube.delete(theirs)
+    wait_until(lambda: api.rayjob(ns, "ca"), timeout=15, interval=0.2, what="the RayJob once the name is free")
+    configmap = kube.request("GET", f"/api/v1/namespaces/{ns}/configmaps/{tls.CA_CONFIGMAP}")
+    assert tls.is_operators(configmap["metadata"]["labels"]) and configmap["data"]["ca.crt"].startswith("-----BEGIN")
+    rayjobs = kube.request("GET", RAYJOBS.format(ns=ns))["items"]
+    assert [r["metadata"]["name"] for r in rayjobs] == ["ca"]

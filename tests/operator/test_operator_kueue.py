@@ -1,0 +1,279 @@
+"""Sharing a GPU pool with real Kueue (the world): the objects of examples/gpu-pool, the operator's jobs.
+
+The pool's flavors, ClusterQueues and priorities are the example's, applied as they are
+(`kustomize build examples/gpu-pool`); each test makes its own namespaces with
+LocalQueues pointing at the example's ClusterQueues. Kueue decides everything here:
+what is admitted, with which flavor, what waits and why, what is preempted. The
+job's status must carry Kueue's own words.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from operator_testkit import (
+    REPO,
+    WORLD_TIMEOUT,
+    Api,
+    Operator,
+    job_manifest,
+    kustomize_build,
+    submitting,
+    wait_until,
+)
+
+from cluster import kuberay, kueue, kwok
+from cluster.nodes import MI250_LABELS, PRODUCT_LABEL
+from cluster.world import Scope, World
+from rocmtrain.api.quantity import parse_quantity
+
+pytestmark = pytest.mark.cluster
+
+GPU = "amd.com/gpu"
+MI250 = MI250_LABELS[PRODUCT_LABEL]
+ONE_NODE = {"workers": 1, "gpusPerWorker": 8}  # one MI300X node's GPUs
+WORKLOADS = "/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads"
+
+
+@pytest.fixture(scope="module")
+def gpu_pool(world: World) -> Iterator[dict[str, dict[str, Any]]]:
+    """The example's flavors, ClusterQueues and priorities in the world (its namespaces and LocalQueues not:
+    tests make their own); the example's ClusterQueues by name."""
+    pool = kustomize_build(REPO / "examples" / "gpu-pool")
+    shared = [obj for obj in pool if obj["kind"] not in ("Namespace", "LocalQueue")]
+    for obj in shared:
+        world.cluster.apply(obj)
+    yield {obj["metadata"]["name"]: obj for obj in shared if obj["kind"] == "ClusterQueue"}
+    for obj in reversed(shared):
+        world.cluster.delete(obj)
+
+
+def team_namespace(scope: Scope, cluster_queue: str, queue: str | None = None) -> str:
+    """A fresh namespace with a LocalQueue (named `queue`, default: like the ClusterQueue) into `cluster_queue`,
+    once no Workload of an earlier test holds quota of the pool any more."""
+
+    def idle(name: str) -> bool:
+        status = scope.cluster.request("GET", f"/apis/kueue.x-k8s.io/v1beta2/clusterqueues/{name}").get("status", {})
+        return not status.get("reservingWorkloads") and not status.get("admittedWorkloads")
+
+    scope.cluster.wait_for(lambda: idle("team-a") and idle("team-b"), WORLD_TIMEOUT, "the GPU pool to be idle")
+    ns = scope.namespace("pool")
+    scope.cluster.apply(kueue.local_queue(ns, queue or cluster_queue, cluster_queue))
+    return ns
+
+
+def gpu_limit(cluster_queue: dict[str, Any], flavor: str) -> int:
+    """nominalQuota + borrowingLimit of the GPUs of `flavor` in the ClusterQueue."""
+    for group in cluster_queue["spec"]["resourceGroups"]:
+        for entry in group["flavors"]:
+            for resource in entry["resources"] if entry["name"] == flavor else ():
+                if resource["name"] == GPU:
+                    return int(resource["nominalQuota"]) + int(resource.get("borrowingLimit", 0))
+    raise AssertionError(f"no {GPU} quota for {flavor}")
+
+
+def workload(api: Api, ns: str, name: str) -> dict[str, Any] | None:
+    rayjob = api.rayjob(ns, name)
+    found = kueue.workloads(api.kube, ns, rayjob["metadata"]["uid"]) if rayjob else []
+    return found[0] if found else None
+
+
+def kueue_condition(api: Api, ns: str, name: str, kind: str) -> dict[str, Any]:
+    conditions = ((workload(api, ns, name) or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == kind), {})
+
+
+def admitted_gpus(api: Api, ns: str) -> dict[str, int]:
+    """GPUs of the Workloads of `ns` that hold quota right now (reserved and not finished), by flavor."""
+    used: dict[str, int] = {}
+    for item in api.kube.request("GET", WORKLOADS.format(ns=ns))["items"]:
+        status = item.get("status") or {}
+        true = {c["type"] for c in status.get("conditions") or [] if c["status"] == "True"}
+        if "QuotaReserved" not in true or "Finished" in true:
+            continue
+        for assignment in (status.get("admission") or {}).get("podSetAssignments") or []:
+            if GPU in assignment.get("resourceUsage", {}):
+                flavor = assignment["flavors"][GPU]
+                used[flavor] = used.get(flavor, 0) + int(parse_quantity(assignment["resourceUsage"][GPU]))
+    return used
+
+
+class Sampler(threading.Thread):
+    """Samples `measure()` every 0.1 s in the background; `peak` is the largest value seen."""
+
+    def __init__(self, measure: Any) -> None:
+        super().__init__(daemon=True)
+        self.measure, self.peak, self.samples = measure, 0, 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            self.peak = max(self.peak, self.measure())
+            self.samples += 1
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(10)
+
+
+def finish(api: Api, ns: str, name: str) -> None:
+    """End the job: its submitter pod exits 1, KubeRay fails the submission, the job is over."""
+    pod = wait_until(
+        lambda: [p for p in kuberay.submitter_pods(api.kube, ns, name) if p["status"].get("phase") == "Running"],
+        timeout=WORLD_TIMEOUT,
+        what=f"{name}'s submitter running",
+    )[0]
+    kwok.set_behaviour(api.kube, pod, "exit", exit_code=1)
+    api.wait_status(ns, name, "Failed", lambda s: s.get("phase") == "Failed")
+
+
+def queued(status: dict[str, Any]) -> bool:
+    return status.get("phase") == "Queued"
+
+
+# ---- quota -----------------------------------------------------------------------------------------
+
+
+def test_jobs_beyond_the_quota_wait_with_kueues_reason_and_start_as_others_finish(
+    world: World, scope: Scope, world_api: Api, world_operator: Operator, gpu_pool: dict[str, dict[str, Any]]
+):
+    api = world_api
+    ns = team_namespace(scope, "team-a")
+    limit = gpu_limit(gpu_pool["team-a"], "mi300x")  # 8 of its own + 8 borrowed from team-b, idle
+    sampler = Sampler(lambda: admitted_gpus(api, ns).get("mi300x", 0))
+    sampler.start()
+    try:
+        names = ["one", "two", "three"]
+        for name in names:
+            api.kube.create(job_manifest(name, ns, resources=ONE_NODE, scheduling={"queueName": "team-a"}))
+
+        def two_started() -> list[str] | None:
+            done = [name for name in names if submitting(api.status(ns, name))]
+            return done if len(done) == 2 else None
+
+        started = wait_until(two_started, timeout=WORLD_TIMEOUT, what="two jobs admitted and started")
+        (waiting,) = set(names) - set(started)
+        api.wait_status(ns, waiting, "Queued", queued)
+        # Kueue's own reason, word for word: what is missing, in which flavor.
+        reserved = wait_until(lambda: kueue_condition(api, ns, waiting, "QuotaReserved").get("message"), what="Kueue")
+        assert f"insufficient unused quota for {GPU} in flavor mi300x, 8 more needed" in reserved, reserved
+        expected = f"waiting in Kueue queue team-a: {reserved}"
+        for kind in ("Admitted", "Ready"):
+            wait_until(lambda k=kind: api.condition(ns, waiting, k).get("message") == expected, what=f"{kind} message")
+            assert api.condition(ns, waiting, kind)["reason"] == "QueuedByKueue"
+        assert api.rayjob(ns, waiting)["spec"]["suspend"] is True
+
+        finish(api, ns, started[0])
+        api.wait_status(ns, waiting, "admitted and started as the other finished", submitting)
+        admitted = api.condition(ns, waiting, "Admitted")
+        assert admitted["status"] == "True"
+        assert admitted["message"] == f"admitted by Kueue queue team-a (ClusterQueue team-a, {GPU} flavor mi300x)"
+        assert ("Normal", "Admitted") in api.events(ns, waiting)
+    finally:
+        sampler.stop()
+    assert sampler.samples > 10
+    assert sampler.peak == limit, f"admitted {sampler.peak} GPUs, quota {limit}"  # used up, never exceeded
+
+
+# ---- flavors -----------------------------------------------------------------------------------------
+
+
+def test_a_job_that_asks_for_a_gpu_model_gets_that_flavor(
+    world: World, scope: Scope, world_api: Api, world_operator: Operator, gpu_pool: dict[str, dict[str, Any]]
+):
+    api = world_api
+    ns = team_namespace(scope, "team-a")
+    four = {"workers": 1, "gpusPerWorker": 4}
+    api.kube.create(
+        job_manifest("mi250", ns, resources={**four, "gpu": {"productName": MI250}}, scheduling={"queueName": "team-a"})
+    )
+    api.kube.create(job_manifest("any", ns, resources=four, scheduling={"queueName": "team-a"}))
+    expected = {"mi250": ("mi250", {"gpu-mi250-0"}), "any": ("mi300x", {"gpu-mi300x-0", "gpu-mi300x-1"})}
+    for name, (flavor, nodes) in expected.items():
+        started = api.wait_status(ns, name, "admitted and started", submitting)
+        assert api.condition(ns, name, "Admitted")["message"].endswith(f"{GPU} flavor {flavor})")
+        assignments = workload(api, ns, name)["status"]["admission"]["podSetAssignments"]
+        assert [a["flavors"][GPU] for a in assignments if GPU in a["flavors"]] == [flavor]
+        (pod,) = kuberay.ray_pods(api.kube, ns, started["rayClusterName"], "worker")
+        assert pod["spec"]["nodeName"] in nodes
+
+
+# ---- preemption ----------------------------------------------------------------------------------------
+
+
+def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_later(
+    world: World, scope: Scope, world_api: Api, world_operator: Operator, gpu_pool: dict[str, dict[str, Any]]
+):
+    api = world_api
+    ns = team_namespace(scope, "team-a")
+    checkpoint = {"storagePath": "s3://checkpoints/team-a/low", "resume": "auto"}
+    low = job_manifest(
+        "low",
+        ns,
+        resources={"workers": 2, "gpusPerWorker": 8},  # all of team-a's reach: 8 + 8 borrowed
+        scheduling={"queueName": "team-a", "kueuePriorityClass": "low"},
+        checkpoint=checkpoint,
+    )
+    api.kube.create(low)
+    first = api.wait_status(ns, "low", "admitted and started", submitting)["rayClusterName"]
+
+    api.kube.create(
+        job_manifest("high", ns, resources=ONE_NODE, scheduling={"queueName": "team-a", "kueuePriorityClass": "high"})
+    )
+    api.wait_status(ns, "low", "preempted", queued)
+    api.wait_status(ns, "high", "admitted and started", submitting)
+    preempted = wait_until(lambda: kueue_condition(api, ns, "low", "Preempted").get("status") == "True", what="Kueue")
+    assert preempted
+    kueue_says = kueue_condition(api, ns, "low", "Evicted")["message"]
+    assert kueue_says.startswith("Preempted to accommodate a workload") and "prioritization" in kueue_says
+    for kind in ("Admitted", "Ready"):
+        condition = api.condition(ns, "low", kind)
+        assert condition["reason"] == "Preempted" and condition["message"].startswith(kueue_says), condition
+    assert any(t == "Warning" and r == "Preempted" and kueue_says in m for t, r, m in api.event_messages(ns, "low"))
+    # Kueue suspended its RayJob: KubeRay deletes the Ray cluster, freeing the GPUs.
+    api.wait_status(ns, "low", "its Ray cluster gone", lambda s: queued(s) and "rayClusterName" not in s)
+    wait_until(lambda: not kuberay.ray_pods(api.kube, ns, first), timeout=WORLD_TIMEOUT, what="low's pods gone")
+
+    # The high job ends; Kueue admits the low one again, which starts a new Ray cluster that resumes.
+    finish(api, ns, "high")
+    again = api.wait_status(ns, "low", "readmitted and started", submitting)
+    assert again["rayClusterName"] != first
+    assert api.condition(ns, "low", "Admitted")["status"] == "True"
+    (head,) = kuberay.ray_pods(api.kube, ns, again["rayClusterName"], "head")
+    env = {e["name"]: e.get("value") for e in head["spec"]["containers"][0]["env"]}
+    # The driver of the new Ray cluster reads the same checkpoint settings: it resumes from storagePath.
+    assert json.loads(env["ROCMTRAIN_JOB"])["spec"]["checkpoint"].items() >= checkpoint.items()
+
+
+# ---- a namespace's default queue -------------------------------------------------------------------------
+
+
+def test_kueue_queues_jobs_of_a_namespace_with_a_default_local_queue(
+    world: World, scope: Scope, world_api: Api, world_operator: Operator, gpu_pool: dict[str, dict[str, Any]]
+):
+    """Kueue's webhook gives RayJobs of a namespace with a LocalQueue named `default` that queue and
+    suspends them: the rendered RayJob must survive that mutation (its workers' `rayStartParams: {}`),
+    and the operator must then leave `suspend` to Kueue although the job names no queue (even when
+    it checks every job again, after a restart)."""
+    api = world_api
+    ns = team_namespace(scope, "team-b", queue="default")
+    api.kube.create(job_manifest("big", ns, resources={"workers": 2, "gpusPerWorker": 8}))
+    api.kube.create(job_manifest("next", ns, resources=ONE_NODE))
+    api.wait_status(ns, "big", "admitted and started", submitting)
+    api.wait_status(ns, "next", "Queued", queued)
+    rayjob = api.rayjob(ns, "next")
+    assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "default"
+    assert "insufficient unused quota" in api.condition(ns, "next", "Admitted")["message"]
+    world_operator.stop()
+    world_operator.start()
+    api.wait_status(ns, "big", "seen again after the restart", submitting)
+    time.sleep(1)
+    assert api.rayjob(ns, "next")["spec"]["suspend"] is True and api.phase(ns, "next") == "Queued"
+    finish(api, ns, "big")
+    api.wait_status(ns, "next", "admitted and started", submitting)

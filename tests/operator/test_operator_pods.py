@@ -1,0 +1,118 @@
+"""Ray pods that cannot run, explained on the job (the world: real kube-scheduler and KubeRay, kwok pods).
+
+A Ray pod can be stuck four ways; each raises `RayPodsUnavailable` with a reason and
+the scheduler's or the kubelet's own words, posts one event, and clears when the cause
+goes away. The scheduler's verdicts are its own; the kubelet's states and messages are
+played by kwok (tests/cluster/kwok_behaviours.yaml): there are no containers here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from operator_testkit import SMALL, WORLD_TIMEOUT, Api, wait_until
+
+from cluster import kuberay, kwok
+from cluster.nodes import MI300X_LABELS, PRODUCT_LABEL
+from cluster.world import World
+
+pytestmark = pytest.mark.cluster
+
+CONDITION = "RayPodsUnavailable"
+MI300X = MI300X_LABELS[PRODUCT_LABEL]
+
+
+def pods_condition(api: Api, ns: str, name: str) -> dict[str, Any]:
+    return api.condition(ns, name, CONDITION)
+
+
+def wait_condition(api: Api, ns: str, name: str, state: str, reason: str) -> dict[str, Any]:
+    def check(_: dict[str, Any]) -> bool:
+        found = pods_condition(api, ns, name)
+        return found.get("status") == state and found.get("reason") == reason
+
+    api.wait_status(ns, name, f"{CONDITION}={state} ({reason})", check)
+    return pods_condition(api, ns, name)
+
+
+def warnings(api: Api, ns: str, name: str) -> list[tuple[str, str]]:
+    return [(reason, message) for kind, reason, message in api.event_messages(ns, name) if kind == "Warning"]
+
+
+def worker(api: Api, ns: str, name: str) -> dict[str, Any]:
+    (pod,) = kuberay.ray_pods(api.kube, ns, api.status(ns, name)["rayClusterName"], "worker")
+    return pod
+
+
+def test_a_worker_the_scheduler_cannot_place_is_explained_until_it_runs(world: World, world_api: Api, world_ns: str):
+    """The issue's case: another workload holds the GPUs, one worker stays Pending."""
+    api, ns = world_api, world_ns
+    gpus = {"limits": {"amd.com/gpu": "8", "cpu": "1", "memory": "1Gi"}}
+    blocker = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "holds-8-gpus", "namespace": ns},
+        "spec": {
+            "nodeSelector": {PRODUCT_LABEL: MI300X},
+            "containers": [{"name": "main", "image": "rocm/pytorch:latest", "resources": gpus}],
+        },
+    }
+    api.kube.create(blocker)
+    wait_until(
+        lambda: api.kube.request("GET", f"/api/v1/namespaces/{ns}/pods/holds-8-gpus")["spec"].get("nodeName"),
+        timeout=WORLD_TIMEOUT,
+        what="the blocker scheduled",
+    )
+    two_nodes = {"workers": 2, "gpusPerWorker": 8, "gpu": {"productName": MI300X}}
+    api.create_job(ns, "bert", timeout=WORLD_TIMEOUT, resources=two_nodes)
+
+    stuck = wait_condition(api, ns, "bert", "True", "Unschedulable")
+    pending = [
+        p for p in kuberay.ray_pods(api.kube, ns, api.status(ns, "bert")["rayClusterName"], "worker")
+        if not p["spec"].get("nodeName")
+    ]  # fmt: skip
+    (pod,) = pending
+    scheduler = next(c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")["message"]
+    assert stuck["message"] == f"pod {pod['metadata']['name']}: {scheduler}"
+    assert scheduler.startswith("0/4 nodes are available:") and "Insufficient amd.com/gpu" in scheduler
+    assert api.status(ns, "bert")["workersReady"] == 1
+    assert "(1/2 workers ready)" in api.condition(ns, "bert", "Ready")["message"]
+
+    api.kube.delete(blocker)
+    wait_condition(api, ns, "bert", "False", "RayPodsAvailable")
+    api.wait_status(ns, "bert", "both workers ready", lambda s: s.get("workersReady") == 2)
+    assert warnings(api, ns, "bert") == [("Unschedulable", stuck["message"])]
+
+
+def test_image_pull_crash_loop_and_failed_containers_are_explained_and_cleared(
+    world: World, world_api: Api, world_ns: str
+):
+    api, ns = world_api, world_ns
+    # The workers' image cannot be pulled from the start (kwok plays the kubelet).
+    script = kwok.script(api.kube, ns, "image-pull-error", labels={"ray.io/node-type": "worker"})
+    api.create_job(ns, "bert", timeout=WORLD_TIMEOUT, resources=SMALL)
+    pulling = wait_condition(api, ns, "bert", "True", "ImagePullBackOff")
+    pod = worker(api, ns, "bert")
+    name, image = pod["metadata"]["name"], pod["spec"]["containers"][0]["image"]
+    assert pulling["message"].startswith(f"pod {name}: container ray-worker ")
+    assert image in pulling["message"]
+    back_off = f'pod {name}: container ray-worker ImagePullBackOff: Back-off pulling image "{image}"'
+    api.wait_status(ns, "bert", "the back-off", lambda _: pods_condition(api, ns, "bert")["message"] == back_off)
+    kwok.delete_stage(api.kube, script)
+    cases = [
+        ("crash-loop", None, "CrashLoopBackOff", f"pod {name}: container ray-worker CrashLoopBackOff: back-off 10s "
+         f"restarting failed container=ray-worker pod={name}_{ns}({pod['metadata']['uid']}) (last exit code 1)"),
+        ("exit", 137, "ContainerFailed", f"pod {name}: container ray-worker exited with code 137 (Error)"),
+    ]  # fmt: skip
+    kwok.set_behaviour(api.kube, pod, "running")
+    wait_condition(api, ns, "bert", "False", "RayPodsAvailable")
+    for behaviour, code, reason, message in cases:
+        kwok.set_behaviour(api.kube, pod, behaviour, exit_code=code)
+        assert wait_condition(api, ns, "bert", "True", reason)["message"] == message
+        kwok.set_behaviour(api.kube, pod, "running")
+        wait_condition(api, ns, "bert", "False", "RayPodsAvailable")
+    assert api.status(ns, "bert")["workersReady"] == 1
+    # One event per cause: the pull error's two kubelet states (ErrImagePull, then ImagePullBackOff) are one cause.
+    causes = ["ImagePullBackOff", "CrashLoopBackOff", "ContainerFailed"]
+    assert [reason for reason, _ in warnings(api, ns, "bert")] == causes

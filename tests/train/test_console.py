@@ -1,0 +1,84 @@
+"""What a local run prints: a live tqdm bar (loss, accuracy, ETA) on a real terminal, plain lines in a pipe or CI.
+
+The terminal is a real pseudo-terminal (os.openpty), so `isatty()` is the operating system's answer.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from rocmtrain.api.models import Metrics, Progress, ProgressReport
+from rocmtrain_train.sinks import ConsoleSink
+
+TOTAL = 4
+
+
+def reports() -> Iterator[ProgressReport]:
+    for step in range(1, TOTAL + 1):
+        final = step == TOTAL
+        yield ProgressReport(
+            progress=Progress(
+                step=step, total_steps=TOTAL, epoch=step / TOTAL, eta_seconds=0.0 if final else 10.0 * (TOTAL - step)
+            ),
+            metrics=Metrics(train_loss=1.0 / step, eval_accuracy=0.5 + 0.1 * step, samples_per_second=100.0),
+            final=final,
+        )
+
+
+def on_a_terminal() -> str:
+    """Everything the sink writes to a pseudo-terminal, as the terminal receives it."""
+    leader, follower = os.openpty()
+    with os.fdopen(follower, "w", encoding="utf-8", closefd=True) as terminal:
+        assert terminal.isatty()
+        sink = ConsoleSink(terminal)
+        for report in reports():
+            sink.emit(report)
+        sink.close()
+        terminal.flush()
+        received = b""
+        os.set_blocking(leader, False)
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            received += chunk
+    os.close(leader)
+    return received.decode("utf-8", errors="replace")
+
+
+@pytest.fixture
+def interactive(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+
+
+def test_a_terminal_gets_one_live_bar_with_loss_accuracy_and_eta(interactive: None):
+    screen = on_a_terminal()
+    assert "\r" in screen  # redrawn in place, not a line per report
+    assert "training  50%|" in screen and "2/4" in screen
+    assert "loss=0.5000" in screen and "acc=0.700" in screen and "eta=00:20" in screen
+    assert "step 2/4" not in screen  # no plain progress lines
+    assert "train loss" in screen  # the summary table at the end
+
+
+def test_a_pipe_gets_plain_lines(interactive: None):
+    stream = io.StringIO()
+    sink = ConsoleSink(stream)
+    for report in reports():
+        sink.emit(report)
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "step 1/4 epoch 0.25 loss=1.0000 lr=- acc=0.600 samples/s=100.0 eta=00:30"
+    assert "\r" not in stream.getvalue() and len([line for line in lines if line.startswith("step ")]) == TOTAL - 1
+
+
+def test_ci_gets_plain_lines_even_on_a_terminal(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("CI", "true")
+    screen = on_a_terminal()
+    assert "step 1/4 epoch 0.25" in screen and "%|" not in screen

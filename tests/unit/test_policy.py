@@ -1,0 +1,76 @@
+"""The cluster admin's allow-lists for images and priority classes (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.policy import Policy, image_allowed, normalize_image
+from unit.edits import put
+from unit.samples import full_job
+
+
+@pytest.mark.parametrize(
+    ("reference", "normal"),
+    [
+        ("ubuntu", "docker.io/library/ubuntu"),
+        ("ubuntu:24.04", "docker.io/library/ubuntu:24.04"),
+        ("rocm/pytorch:latest", "docker.io/rocm/pytorch:latest"),
+        ("ghcr.io/acme/train:1", "ghcr.io/acme/train:1"),
+        ("registry:5000/ml/train", "registry:5000/ml/train"),
+        ("localhost/train", "localhost/train"),
+    ],
+)
+def test_references_name_their_registry(reference: str, normal: str):
+    assert normalize_image(reference) == normal
+
+
+@pytest.mark.parametrize(
+    ("image", "prefixes", "allowed"),
+    [
+        ("anything/at:all", (), True),
+        ("ghcr.io/acme/train:1", ("ghcr.io/acme",), True),
+        ("ghcr.io/acme/train:1", ("ghcr.io/acme/",), True),
+        ("ghcr.io/acme:1", ("ghcr.io/acme",), True),
+        ("ghcr.io/acme@sha256:abc", ("ghcr.io/acme",), True),
+        ("ghcr.io/acme-evil/train:1", ("ghcr.io/acme",), False),
+        ("ghcr.io/acmetrain:1", ("ghcr.io/acme",), False),
+        ("ghcr.io/other/train:1", ("ghcr.io/acme", "registry.local"), False),
+        ("registry.local/x", ("ghcr.io/acme", "registry.local"), True),
+        ("rocm/pytorch:latest", ("docker.io/rocm",), True),
+        ("ubuntu", ("docker.io/library/",), True),
+        ("ubuntu", ("docker.io/rocm",), False),
+        ("docker.io/rocm/pytorch", ("rocm/pytorch",), True),
+        ("evil.io/ghcr.io/acme/x", ("ghcr.io/acme",), False),
+    ],
+)
+def test_images_must_lie_under_an_allowed_prefix(image: str, prefixes: tuple[str, ...], allowed: bool):
+    assert image_allowed(image, prefixes) is allowed
+
+
+def _job(**edits: object) -> RocmTrainingJob:
+    manifest = full_job()
+    for path, value in edits.items():
+        put(path.replace("__", "."), value)(manifest)
+    return RocmTrainingJob.model_validate(manifest)
+
+
+def test_everything_is_allowed_without_lists():
+    assert Policy().check(_job(spec__scheduling__kueuePriorityClass="high").spec) == []
+
+
+def test_each_list_refuses_at_its_field():
+    policy = Policy(images=("ghcr.io/acme",), priority_classes=("training",), kueue_priority_classes=("low",))
+    spec = _job(
+        spec__image="docker.io/evil/miner:1",
+        spec__scheduling__priorityClassName="system-cluster-critical",
+        spec__scheduling__kueuePriorityClass="high",
+    ).spec
+    errors = {e.path: e.message for e in policy.check(spec)}
+    assert errors == {
+        "spec.image": "docker.io/evil/miner:1 is not from an allowed registry (ghcr.io/acme)",
+        "spec.scheduling.priorityClassName": "system-cluster-critical is not an allowed priority class (training)",
+        "spec.scheduling.kueuePriorityClass": "high is not an allowed priority class (low)",
+    }
+    fine = _job(spec__image="ghcr.io/acme/train:2", spec__scheduling__priorityClassName="training").spec
+    assert policy.check(fine) == []
