@@ -80,7 +80,8 @@ cluster-binaries:
 cluster-up: install cluster-binaries
 	PYTHONPATH=tests $(PY) -m cluster.kubecluster up
 
-# Stops every process cluster-up started (and the pods' processes and network) and removes its state.
+# Stops every process of the world (the operator too, also the one run-operator runs in the foreground,
+# and the pods' processes and network) and removes its state.
 cluster-down:
 	PYTHONPATH=tests $(PY) -m cluster.kubecluster down
 
@@ -88,9 +89,11 @@ cluster-down:
 demo: install cluster-binaries
 	PYTHONPATH=tests $(PY) -m cluster.demo
 
-# The operator against the current KUBECONFIG (all namespaces unless ROCMTRAIN_NAMESPACES is set).
+# The operator in the foreground against the current KUBECONFIG (all namespaces unless
+# ROCMTRAIN_NAMESPACES is set). On the world cluster-up started (KUBECONFIG unset or naming it) it
+# takes over from the operator running there, so that only one acts on the jobs; cluster-down stops it.
 run-operator: install
-	$(PY) -m rocmtrain.controller
+	PYTHONPATH=tests $(PY) -m cluster.kubecluster operator
 
 # Side-by-side benchmarks; figures in README.md.
 bench: bench-train bench-operator bench-world

@@ -1,7 +1,8 @@
 """`make demo`: the quick start as a cluster job on the local world, followed to its end.
 
 Brings the world up if it is not (`make cluster-up`: the control plane,
-KubeRay, the process runtime and the operator), then applies
+KubeRay, the process runtime and the operator), and its operator if none runs
+(one `make run-operator` runs in the foreground is used as it is), then applies
 examples/quickstart.yaml as a cluster job: the same model, data and
 hyper-parameters, its data copied to an absolute folder that a
 PersistentVolume holds (`.cluster/state/demo/`), its checkpoints and model
@@ -100,8 +101,7 @@ def follow(cluster: KubeCluster, name: str) -> dict[str, Any]:
 
 
 def main() -> int:
-    if not KUBECONFIG_FILE.is_file() or not kubecluster.running():
-        kubecluster.up()
+    kubecluster.up()  # the world and its operator, where either is not running yet
     if not kubecluster.running(rocmtrain_operator.NAME):
         print("error: the world runs no operator (no process runtime here: it needs root)", file=sys.stderr)
         return 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ PROGRESS_SERVICE = "rocmtrain-progress"
 # What `kubectl apply -k manifests/` makes that a process outside the cluster needs (no Deployment, no Services).
 RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 NAME = OPERATOR_NAME
+IDENTITY = "rocmtrain.controller"  # what `processes.is_ours` finds in its command line
 TOKEN_SECONDS = 30 * 24 * 3600
 
 
@@ -54,17 +56,38 @@ def install(cluster: KubeCluster, workdir: Path) -> Path:
     return cluster.service_account_kubeconfig(NAMESPACE, ACCOUNT, workdir / f"{ACCOUNT}.kubeconfig", TOKEN_SECONDS)
 
 
+@dataclass(frozen=True)
+class Ports:
+    """The operator's ports on this machine. Running jobs were told the progress port: an operator
+    that replaces another (a restart, `make run-operator`) keeps its ports."""
+
+    metrics: int
+    health: int
+    progress: int
+
+    @classmethod
+    def free(cls) -> Ports:
+        return cls(free_port(), free_port(), free_port())
+
+
 def process(
-    cluster: KubeCluster, workdir: Path, kubeconfig: Path, address: str, *, detach: bool = False, **env: str
+    cluster: KubeCluster,
+    workdir: Path,
+    kubeconfig: Path,
+    address: str,
+    *,
+    ports: Ports | None = None,
+    detach: bool = False,
+    **env: str,
 ) -> Process:
     """The operator (not started), serving on ``address`` (the runtime's hostAddress); ``env`` adds settings."""
-    health, progress = free_port(), free_port()
-    runtime.expose_host_service(cluster, NAMESPACE, PROGRESS_SERVICE, address, progress)
+    ports = ports or Ports.free()
+    runtime.expose_host_service(cluster, NAMESPACE, PROGRESS_SERVICE, address, ports.progress)
     return Process(
         NAME,
         ["-m", "rocmtrain.controller"],
         binary=sys.executable,
-        identity="rocmtrain.controller",
+        identity=IDENTITY,
         logs=workdir / "logs",
         cwd=workdir,
         env={
@@ -72,14 +95,14 @@ def process(
             "ROCMTRAIN_METRICS_HOST": address,
             "ROCMTRAIN_HEALTH_HOST": address,
             "ROCMTRAIN_PROGRESS_HOST": address,
-            "ROCMTRAIN_METRICS_PORT": str(free_port()),
-            "ROCMTRAIN_HEALTH_PORT": str(health),
+            "ROCMTRAIN_METRICS_PORT": str(ports.metrics),
+            "ROCMTRAIN_HEALTH_PORT": str(ports.health),
             "ROCMTRAIN_OPERATOR_NAMESPACE": NAMESPACE,
-            "ROCMTRAIN_PROGRESS_PORT": str(progress),
-            "ROCMTRAIN_PROGRESS_ADVERTISE_PORT": str(progress),
+            "ROCMTRAIN_PROGRESS_PORT": str(ports.progress),
+            "ROCMTRAIN_PROGRESS_ADVERTISE_PORT": str(ports.progress),
             **env,
         },
-        ready=lambda: http_ok(f"http://{address}:{health}/healthz"),
+        ready=lambda: http_ok(f"http://{address}:{ports.health}/healthz"),
         detach=detach,
     )
 
