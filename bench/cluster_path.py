@@ -36,6 +36,7 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "e2e")]
 from training_jobs import Watch, claim, copy_data, cpu_job  # noqa: E402
 
 from cluster import demo, rocmtrain_operator, world  # noqa: E402
+from cluster.paths import VOLUMES_DIR  # noqa: E402
 from cluster.world import Scope, World  # noqa: E402
 
 
@@ -82,16 +83,17 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     results: dict[str, Any] = {}
+    VOLUMES_DIR.mkdir(parents=True, exist_ok=True)
     w = world.start()
     try:
         rocmtrain_operator.start(w)
         for label, make in (("e2e job (64 reviews)", e2e_job), ("quick start (2,000 reviews)", quickstart_job)):
             local, cluster = [], []
             for _ in range(args.repeat):
-                with tempfile.TemporaryDirectory(prefix="rocmtrain-bench-") as tmp:
+                with tempfile.TemporaryDirectory(prefix="bench-", dir=VOLUMES_DIR) as tmp:
                     job = make("bench", Path(tmp) / "volume")  # the same document, run here
                     local.append(run_local(job, Path(tmp)))
-                with tempfile.TemporaryDirectory(prefix="rocmtrain-bench-") as tmp:
+                with tempfile.TemporaryDirectory(prefix="bench-", dir=VOLUMES_DIR) as tmp:
                     cluster.append(run_cluster(w, make, Path(tmp) / "volume"))
                 print(f"{label}: local {local[-1]:.1f}s, cluster {cluster[-1]}", flush=True)
             results[label] = {

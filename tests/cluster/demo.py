@@ -5,7 +5,7 @@ KubeRay, the process runtime and the operator), and its operator if none runs
 (one `make run-operator` runs in the foreground is used as it is), then applies
 examples/quickstart.yaml as a cluster job: the same model, data and
 hyper-parameters, its data copied to an absolute folder that a
-PersistentVolume holds (`.cluster/state/demo/`), its checkpoints and model
+PersistentVolume holds (`.cluster/volumes/demo/`), its checkpoints and model
 saved there, in the `default` namespace (whose pods the process runtime
 runs). It prints the job, then its phase, progress and metrics as the status
 changes, and exits 0 once the job has Succeeded (1 if it failed). The world
@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from cluster import kubecluster, rocmtrain_operator
 from cluster.api import KubeCluster
-from cluster.paths import KUBECONFIG_FILE, REPO_ROOT, STATE_DIR
+from cluster.paths import KUBECONFIG_FILE, REPO_ROOT, VOLUMES_DIR
 from rocmtrain.api.manifests import load_documents
 
 QUICKSTART = REPO_ROOT / "examples" / "quickstart.yaml"
@@ -34,6 +34,7 @@ NAMESPACE = "default"
 CLAIM = "demo-storage"
 JOBS = f"/apis/rocmtrain.dev/v1alpha1/namespaces/{NAMESPACE}/rocmtrainingjobs"
 TIMEOUT_SECONDS = 1800
+DEMO_DIR = VOLUMES_DIR / "demo"  # removed by `make cluster-down`
 
 
 def cluster_job(folder: Path, namespace: str = NAMESPACE, claim: str = CLAIM) -> dict[str, Any]:
@@ -106,7 +107,7 @@ def main() -> int:
         print("error: the world runs no operator (no process runtime here: it needs root)", file=sys.stderr)
         return 1
     cluster = KubeCluster(KUBECONFIG_FILE)
-    folder = STATE_DIR / "demo"
+    folder = DEMO_DIR
     (previous,) = load_documents(QUICKSTART.read_text())
     name = previous["metadata"]["name"]
     previous["metadata"]["namespace"] = NAMESPACE

@@ -46,7 +46,7 @@ from cluster import control_plane, rocmtrain_operator, runtime, world
 from cluster.api import KubeCluster, request
 from cluster.control_plane import SA_ISSUER, binaries_present
 from cluster.nodes import GPU_RESOURCE
-from cluster.paths import BIN_DIR, CRDS_DIR, KUBECONFIG_FILE, KUBERAY_CRDS_DIR, PIDS_FILE, STATE_DIR
+from cluster.paths import BIN_DIR, CRDS_DIR, KUBECONFIG_FILE, KUBERAY_CRDS_DIR, PIDS_FILE, STATE_DIR, VOLUMES_DIR
 from cluster.processes import ClusterError, Process, die_with_parent, free_port, is_ours, stop_pids
 from cluster.runtime import network
 
@@ -167,6 +167,7 @@ def down() -> int:
     PIDS_FILE.unlink(missing_ok=True)
     KUBECONFIG_FILE.unlink(missing_ok=True)
     shutil.rmtree(STATE_DIR, ignore_errors=True)
+    shutil.rmtree(VOLUMES_DIR / "demo", ignore_errors=True)
     print(f"stopped {len(pids)} process(es)")
     return 0
 

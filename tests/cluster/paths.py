@@ -17,3 +17,17 @@ CRDS_DIR = REPO_ROOT / "crds"
 PIDS_FILE = CLUSTER_DIR / "pids"
 STATE_DIR = CLUSTER_DIR / "state"
 KUBECONFIG_FILE = CLUSTER_DIR / "kubeconfig"
+
+
+def _volumes_dir() -> Path:
+    """Where the world's jobs keep data and checkpoints (hostPath volumes: pods see these paths as they are).
+
+    Never under /tmp: the operator gives Ray pods an emptyDir there and refuses mount paths in it.
+    """
+    if CLUSTER_DIR.resolve().is_relative_to("/tmp"):
+        return Path("/var/tmp") / f"rocmtrain-volumes-{os.getuid()}"
+    return CLUSTER_DIR / "volumes"
+
+
+# The demo's folder and the end-to-end tests' folders (each made, and removed, by its user).
+VOLUMES_DIR = _volumes_dir()

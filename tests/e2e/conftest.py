@@ -11,11 +11,15 @@ steps, data and checkpoints on a PersistentVolume at an absolute path here.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from cluster import rocmtrain_operator, runtime
+from cluster.paths import VOLUMES_DIR
 from cluster.processes import Process
 from cluster.world import World
 
@@ -31,3 +35,13 @@ def operator(world: World) -> Iterator[Process]:
     process = rocmtrain_operator.start(world, ROCMTRAIN_RETRY_SECONDS="2")
     yield process
     process.stop()
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A fresh folder for one test's data and checkpoints, outside /tmp (which the operator reserves
+    in pods: pytest's tmp_path lies there), removed afterwards."""
+    VOLUMES_DIR.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="e2e-", dir=VOLUMES_DIR))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)

@@ -79,7 +79,7 @@ def _assert_trained(world: World, ns: str, name: str, folder: Path, watch: Watch
 
 
 def test_two_jobs_at_once_succeed_each_with_its_own_live_metrics(
-    world: World, scope: Scope, operator: Process, tmp_path: Path
+    world: World, scope: Scope, operator: Process, shared_dir: Path
 ) -> None:
     """Success, twice at once: Pending → Initializing → Running → Succeeded, progress to 100%, the
     driver's metrics and history through the authenticated push, events in order, the Ray cluster
@@ -88,7 +88,7 @@ def test_two_jobs_at_once_succeed_each_with_its_own_live_metrics(
     jobs = {}
     for samples in (48, 96):
         ns = scope.namespace("pair", processes=True)
-        folder = volume(scope, ns, tmp_path / f"volume-{samples}")
+        folder = volume(scope, ns, shared_dir / f"volume-{samples}")
         world.cluster.create(cpu_job("minilm", ns, folder, samples=samples))
         jobs[ns] = (folder, samples)
     with ThreadPoolExecutor(max_workers=2) as pool:  # both watched from the start, side by side
@@ -107,10 +107,10 @@ def test_two_jobs_at_once_succeed_each_with_its_own_live_metrics(
 
 
 def test_a_lost_worker_is_recovered_from_the_last_checkpoint(
-    world: World, scope: Scope, operator: Process, tmp_path: Path
+    world: World, scope: Scope, operator: Process, shared_dir: Path
 ) -> None:
     ns = scope.namespace("lost", processes=True)
-    folder = volume(scope, ns, tmp_path / "volume")
+    folder = volume(scope, ns, shared_dir / "volume")
     # 12 steps, a checkpoint every 2: a worker is lost after the first checkpoint, before the end.
     spec = cpu_job("minilm", ns, folder, samples=192, checkpoint={"everySteps": 2})
     world.cluster.create(spec)
@@ -144,10 +144,10 @@ def _kill_a_training_worker(world: World, ns: str, watch: Watch) -> str:
 
 
 def test_operator_restarted_mid_run_then_job_deleted(
-    world: World, scope: Scope, operator: Process, tmp_path: Path
+    world: World, scope: Scope, operator: Process, shared_dir: Path
 ) -> None:
     ns = scope.namespace("restart", processes=True)
-    folder = volume(scope, ns, tmp_path / "volume")
+    folder = volume(scope, ns, shared_dir / "volume")
     # 100 steps: it runs well past the restart; it is deleted long before its end.
     world.cluster.create(cpu_job("minilm", ns, folder, samples=1600, checkpoint={"everySteps": 2}))
     watch = Watch(world.cluster, ns, "minilm")
@@ -180,10 +180,10 @@ def test_operator_restarted_mid_run_then_job_deleted(
 
 
 def test_a_job_whose_data_does_not_parse_fails_with_the_drivers_error(
-    world: World, scope: Scope, operator: Process, tmp_path: Path
+    world: World, scope: Scope, operator: Process, shared_dir: Path
 ) -> None:
     ns = scope.namespace("broken", processes=True)
-    folder = volume(scope, ns, tmp_path / "volume")
+    folder = volume(scope, ns, shared_dir / "volume")
     (folder / "broken.jsonl").write_text('{"text": "fine", "label": 1}\n{"text": "cut off here\n')
     world.cluster.create(cpu_job("minilm", ns, folder, train="broken.jsonl"))
     watch = Watch(world.cluster, ns, "minilm")

@@ -154,6 +154,8 @@ class Watch:
             self._note_pods()
             if check(state):
                 return state
+            if phase == "Failed":  # terminal: no need to wait out the timeout
+                raise AssertionError(f"{self.namespace}/{self.name} Failed while waiting for {what}: {state}")
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out after {timeout}s waiting for {what}; phases {self.phases}: {state}")
             time.sleep(0.5)

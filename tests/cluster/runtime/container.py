@@ -95,6 +95,25 @@ def mount_script(layout: Layout, mounts: Sequence[Mount]) -> list[str]:
         options = f"lowerdir={root},upperdir={upper / 'upper'},workdir={upper / 'work'}"
         commands.append(f"mount -t overlay overlay -o {shlex.quote(options)} {shlex.quote(root)}")
         overlaid.append(root)
+    # A mount over a folder that holds sources (the pods' `/tmp` emptyDir over a runtime under /tmp)
+    # would hide them: such mounts go last, after the pod's own files are bound.
+    sources = [os.path.realpath(str(source)) for source in (layout.hosts, layout.resolv_conf, layout.ray_tmp)]
+    sources += [os.path.realpath(m.source) for m in mounts if m.source is not None]
+    hiding = [m for m in mounts if any(_covers(os.path.realpath(m.target), s) for s in sources)]
+    commands += _mount_commands([m for m in mounts if m not in hiding])
+    private = [(layout.hosts, "/etc/hosts"), (layout.resolv_conf, "/etc/resolv.conf")]
+    if not any(_covers(os.path.realpath(m.target), RAY_TMP) for m in hiding):
+        private.append((layout.ray_tmp, RAY_TMP))  # else the mount over it is the pod's own (its /tmp)
+        commands.append(f"mkdir -p {RAY_TMP}")
+    commands += [f"mount --bind {shlex.quote(str(source))} {target}" for source, target in private]
+    commands += _mount_commands(hiding)
+    if len(private) == 2:
+        commands.append(f"mkdir -p {RAY_TMP}")
+    return commands
+
+
+def _mount_commands(mounts: Sequence[Mount]) -> list[str]:
+    commands = []
     for mount in mounts:
         target = shlex.quote(mount.target)
         if mount.tmpfs_bytes is not None:
@@ -106,10 +125,6 @@ def mount_script(layout: Layout, mounts: Sequence[Mount]) -> list[str]:
         commands.append(f"{make} && mount --bind {source} {target}")
         if mount.read_only:
             commands.append(f"mount -o remount,bind,ro {target}")
-    # /tmp may be a volume by now (the operator's Ray pods mount an emptyDir there): Ray's folder made in it.
-    commands.append(f"mkdir -p {RAY_TMP}")
-    private = ((layout.ray_tmp, RAY_TMP), (layout.hosts, "/etc/hosts"), (layout.resolv_conf, "/etc/resolv.conf"))
-    commands += [f"mount --bind {shlex.quote(str(source))} {target}" for source, target in private]
     return commands
 
 
