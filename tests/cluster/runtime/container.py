@@ -78,8 +78,8 @@ def _covers(folder: str, path: str) -> bool:
     return os.path.commonpath([folder, os.path.realpath(path)]) == folder
 
 
-def mount_script(layout: Layout, mounts: Sequence[Mount], workdir: str) -> list[str]:
-    """Shell commands that set up a container's mount namespace (run as root inside it) and enter ``workdir``."""
+def mount_script(layout: Layout, mounts: Sequence[Mount]) -> list[str]:
+    """Shell commands that set up a container's mount namespace (run as root inside it)."""
     commands = [f"hostname {shlex.quote(layout.hostname)}"]
     overlaid: list[str] = []
     for target in (m.target for m in mounts):
@@ -106,7 +106,6 @@ def mount_script(layout: Layout, mounts: Sequence[Mount], workdir: str) -> list[
         private.append((layout.ray_tmp, RAY_TMP))  # else the mount over it is the pod's own (its /tmp)
         commands.append(f"mkdir -p {RAY_TMP}")
     commands += [f"mount --bind {shlex.quote(str(source))} {target}" for source, target in private]
-    commands.append(f"cd {shlex.quote(workdir)}")  # before it may be hidden: the process keeps it
     commands += _mount_commands(hiding)
     if len(private) == 2:
         commands.append(f"mkdir -p {RAY_TMP}")
@@ -143,7 +142,7 @@ def argv_for(
     setpriv = ["setpriv", f"--bounding-set={bounding}", "--inh-caps=-all"]
     if no_new_privileges:
         setpriv.append("--no-new-privs")
-    script = " && ".join([*mount_script(layout, mounts, workdir), 'exec "$@"'])
+    script = " && ".join([*mount_script(layout, mounts), f"cd {shlex.quote(workdir)}", 'exec "$@"'])
     return [
         "ip", "netns", "exec", layout.netns,
         "unshare", "--mount", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "slave",
