@@ -93,6 +93,9 @@ def test_a_pod_runs_with_its_environment_volumes_and_address(world: World, ns: s
             "token": pathlib.Path("/var/run/secrets/test/token").read_text(),
             "shm": os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize,
             "pid": os.getpid(),
+            # Its working folder by its path (as multiprocessing's spawn finds it) and a /tmp of its own.
+            "cwd": os.path.isdir(os.getcwd()),
+            "tmp": sorted(os.listdir("/tmp")),
         }
         try:
             socket.create_connection(("1.1.1.1", 80), timeout=3)
@@ -113,6 +116,7 @@ def test_a_pod_runs_with_its_environment_volumes_and_address(world: World, ns: s
         {"name": "sec", "mountPath": "/etc/sec", "readOnly": True},
         {"name": "token", "mountPath": "/var/run/secrets/test", "readOnly": True},
         {"name": "shm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": "/tmp"},
     ]
     volumes = [
         {"name": "sec", "secret": {"secretName": "sec"}},
@@ -121,6 +125,7 @@ def test_a_pod_runs_with_its_environment_volumes_and_address(world: World, ns: s
             "projected": {"sources": [{"serviceAccountToken": {"audience": "test.example", "path": "token"}}]},
         },
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+        {"name": "tmp", "emptyDir": {}},  # as the operator's Ray pods have (a read-only root elsewhere)
     ]
     resources = {"limits": {"cpu": "2", "memory": "256Mi"}}
     cluster.create(
@@ -142,6 +147,7 @@ def test_a_pod_runs_with_its_environment_volumes_and_address(world: World, ns: s
     assert found["shm"] == 64 << 20 and found["pid"] == 1, (
         "a /dev/shm of its own size; the command is PID 1 of its own namespace"
     )
+    assert found["cwd"] and set(found["tmp"]) <= {"ray"}, "a /tmp of its own hides nothing the pod needs"
     assert found["outside"] != "reached", "nothing beyond this machine is reachable from a pod"
     # The token is the pod's own: bound to it, with the audience the pod asked for.
     review = cluster.request(

@@ -31,6 +31,7 @@ from cluster.api import KubeCluster
 from cluster.kueue import NAMESPACE as KUEUE_NAMESPACE
 from cluster.kueue import SERVICE_ACCOUNT as KUEUE_ACCOUNT
 from cluster.kueue import Kueue
+from cluster.paths import WORLDS_DIR
 from cluster.processes import ClusterError, Process, log_tail
 from cluster.runtime import network
 from cluster.sandbox import LoopbackNames
@@ -164,8 +165,9 @@ def start(workdir: Path | None = None, *, kubeconfig_path: Path | None = None, d
     if not binaries_present():
         raise ClusterError("world binaries missing; run `make cluster-binaries`")
     began = time.monotonic()
+    # A fresh workdir outside /tmp (paths.WORLDS_DIR): the runtime's pod folders must stay visible in pods.
     cluster = control_plane.start(
-        workdir, kubeconfig_path=kubeconfig_path, detach=detach, controllers=WORLD_CONTROLLERS
+        workdir, kubeconfig_path=kubeconfig_path, detach=detach, controllers=WORLD_CONTROLLERS, under=WORLDS_DIR
     )
     assert cluster.workdir is not None
     workdir = cluster.workdir
