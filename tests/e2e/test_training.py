@@ -61,7 +61,10 @@ def _assert_trained(world: World, ns: str, name: str, folder: Path, watch: Watch
         assert math.isfinite(metrics[key]), key
     assert 0 <= metrics["evalAccuracy"] <= 1 and metrics["samplesPerSecond"] > 0
     assert final["history"] and final["history"][-1]["step"] == final["progress"]["step"]
-    assert final["lastProgressTime"] and final["workersReady"] == 2
+    # Both workers ready while it trained. (At the end KubeRay tears the cluster down, and the status
+    # counts only pods not being deleted: the first Succeeded status may already count fewer.)
+    assert final["lastProgressTime"] and max(watch.workers_running, default=0) == 2, watch.workers_running
+    assert 0 <= final["workersReady"] <= 2
     # Phases as polled, and the operator's events, in the one order a job goes.
     assert watch.phases == [p for p in ORDER if p in watch.phases] and "Running" in watch.phases, watch.phases
     # (The operator posts a transition's event right after it writes the status.)

@@ -141,6 +141,7 @@ class Watch:
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # the job's pods seen running: their netns
     started: float = field(default_factory=time.monotonic)
     timeline: list[tuple[float, str]] = field(default_factory=list)  # (seconds since the watch began, phase)
+    workers_running: set[int] = field(default_factory=set)  # the workersReady values seen while Running
 
     def until(self, check: Callable[[dict[str, Any]], bool], what: str, timeout: float = TIMEOUT) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -152,6 +153,8 @@ class Watch:
                 self.timeline.append((round(time.monotonic() - self.started, 1), phase))
                 print(f"{self.namespace}/{self.name}: {phase} after {self.timeline[-1][0]} s", flush=True)
             self._note_pods()
+            if phase == "Running":
+                self.workers_running.add(state.get("workersReady", 0))
             if check(state):
                 return state
             if phase == "Failed":  # terminal: no need to wait out the timeout
