@@ -8,7 +8,7 @@ export GOFLAGS ?= -buildvcs=false
 JOB ?= examples/quickstart.yaml
 
 .PHONY: install lock quickstart run test test-unit lint format crds docs manifests render validate \
-        deps cluster-binaries cluster-up cluster-down run-operator bench bench-train bench-operator bench-world clean
+        deps cluster-binaries cluster-up cluster-down demo run-operator bench bench-train bench-operator bench-world clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -80,17 +80,25 @@ validate: install
 cluster-binaries:
 	tests/cluster/build.sh
 
-# The whole test world, detached (kube-scheduler, kwok GPU nodes, KubeRay, Kueue); prints its kubeconfig.
+# The whole test world, detached (kube-scheduler, kwok GPU nodes, KubeRay, Kueue, and where this
+# machine allows, the process runtime and the operator); prints its kubeconfig.
 cluster-up: install cluster-binaries
 	PYTHONPATH=tests $(PY) -m cluster.kubecluster up
 
-# Stops every process cluster-up started and removes its state.
+# Stops every process of the world (the operator too, also the one run-operator runs in the foreground,
+# and the pods' processes and network) and removes its state.
 cluster-down:
 	PYTHONPATH=tests $(PY) -m cluster.kubecluster down
 
-# The operator against the current KUBECONFIG (all namespaces unless ROCMTRAIN_NAMESPACES is set).
+# The quick start as a cluster job on the local world (brought up if needed), followed to its end.
+demo: install cluster-binaries
+	PYTHONPATH=tests $(PY) -m cluster.demo
+
+# The operator in the foreground against the current KUBECONFIG (all namespaces unless
+# ROCMTRAIN_NAMESPACES is set). On the world cluster-up started (KUBECONFIG unset or naming it) it
+# takes over from the operator running there, so that only one acts on the jobs; cluster-down stops it.
 run-operator: install
-	$(PY) -m rocmtrain.controller
+	PYTHONPATH=tests $(PY) -m cluster.kubecluster operator
 
 # Side-by-side benchmarks; figures in README.md.
 bench: bench-train bench-operator bench-world

@@ -53,6 +53,16 @@ def world() -> Iterator[World]:
         yield started
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test in the world reports its namespaces' pods and their logs (and the process runtime's)."""
+    report = yield
+    scope = getattr(item, "funcargs", {}).get("scope")
+    if report.when == "call" and report.failed and scope is not None:
+        report.sections.append(("the world's pods and logs", scope.describe()))
+    return report
+
+
 @pytest.fixture
 def scope(world: World) -> Iterator[Scope]:
     """Namespaces and objects for one test in the world, removed after it (freeing the GPUs)."""

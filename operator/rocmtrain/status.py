@@ -28,6 +28,9 @@ Suspended, Retrying, Waiting, Scheduling, Scheduled) and `status.jobStatus`
 (``""``, PENDING, RUNNING, STOPPED, SUCCEEDED, FAILED), with `reason`
 (SubmissionFailed, DeadlineExceeded, AppFailed, ValidationFailed,
 JobDeploymentStatusTransitionGracePeriodExceeded) and `message` on failures.
+When the Ray job failed, that message is Ray's (the entrypoint's exit code and
+the tail of the driver's log); the driver's own one-line error, found there by
+`DRIVER_ERROR_PREFIX`, goes first in the job's Failed condition.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rocmtrain import accounting, kueue_workload, pod_health
-from rocmtrain.api.contract import GPU_RESOURCE, KUEUE_QUEUE_LABEL, RAYJOB_API_VERSION
+from rocmtrain.api.contract import DRIVER_ERROR_PREFIX, GPU_RESOURCE, KUEUE_QUEUE_LABEL, RAYJOB_API_VERSION
 from rocmtrain.api.models import Condition, Phase, RocmTrainingJobSpec, RocmTrainingJobStatus
 from rocmtrain.api.timestamps import parse_time, rfc3339
 
@@ -273,8 +276,17 @@ def _suspended_state(obs: Observation) -> _State:
     return _State("Suspended", "Suspended", "suspended: the Ray cluster is deleted until spec.suspend is false")
 
 
+def driver_error_first(message: str) -> str:
+    """Ray's message with the driver's last `DRIVER_ERROR_PREFIX` line put first (unchanged without one)."""
+    found = [line for line in message.splitlines() if DRIVER_ERROR_PREFIX in line]
+    if not found:
+        return message
+    error = found[-1].split(DRIVER_ERROR_PREFIX, 1)[1].strip()
+    return f"{error}\n{message}"
+
+
 def _failed(reason: str, message: str, default: str) -> _State:
-    return _State("Failed", reason or "Failed", message or default)
+    return _State("Failed", reason or "Failed", driver_error_first(message) or default)
 
 
 def _rayjob_state(obs: Observation, rayjob: Mapping[str, Any]) -> _State:

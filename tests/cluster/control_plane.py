@@ -33,8 +33,12 @@ def start(
     detach: bool = False,
     controllers: Sequence[str] = LEAN_CONTROLLERS,
     timeout: float = 90,
+    under: Path | None = None,
 ) -> KubeCluster:
     """Start etcd, kube-apiserver and kube-controller-manager; return the cluster (``cluster.pki`` set).
+
+    Without ``workdir``, a fresh one is made in ``under`` (the system's temp folder by default) and
+    removed when the cluster stops.
 
     The controller-manager is started, not waited for (see :func:`wait_controller_manager`).
     ``detach``: see :class:`processes.Process`.
@@ -42,7 +46,9 @@ def start(
     if not binaries_present():
         raise ClusterError(f"control-plane binaries missing in {BIN_DIR}; run `make cluster-binaries`")
     if workdir is None:
-        workdir = Path(tempfile.mkdtemp(prefix="rocmtrain-kube-"))
+        if under is not None:
+            under.mkdir(parents=True, exist_ok=True)
+        workdir = Path(tempfile.mkdtemp(prefix="rocmtrain-kube-", dir=under))
     workdir.mkdir(parents=True, exist_ok=True)
     logs = workdir / "logs"
     pki = Pki(workdir / "pki")
@@ -90,6 +96,8 @@ def start(
                 f"--service-account-signing-key-file={pki.sa_key}",
                 f"--api-audiences={SA_ISSUER}",
                 "--authorization-mode=Node,RBAC",
+                # A namespace's annotations may send its pods to the process runtime's nodes (world.py).
+                "--enable-admission-plugins=PodNodeSelector,PodTolerationRestriction",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 # Endpoints may not be loopback addresses; nothing in-cluster calls the API.
                 "--endpoint-reconciler-type=none",

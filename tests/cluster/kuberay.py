@@ -2,9 +2,10 @@
 
 It runs as its own ServiceAccount with the RBAC of its module's
 config/default, in the name sandbox (sandbox.py): it polls each Ray head's
-dashboard at `<cluster>-head-svc.<ns>.svc.cluster.local:8265`, which fails at
-once there (no Ray runs in the world), so a RayJob reaches Running and then
-ends the way its submitter pod ends (kwok.set_behaviour on that pod).
+dashboard at `<cluster>-head-svc.<ns>.svc.cluster.local:8265`. For pods on the
+kwok nodes that fails at once (no Ray runs there), so a RayJob reaches Running
+and then ends the way its submitter pod ends (kwok.set_behaviour on that pod);
+for pods the process runtime runs, the name resolves to the real head.
 
 Helpers below find what KubeRay made for a RayJob.
 """

@@ -7,7 +7,11 @@ would publish) and the machines. Two kinds of fake node:
   heartbeating; pods on them stay Pending (no scheduler either);
 - kwok (the full world): the same objects annotated for kwok, which keeps them
   Ready with heartbeats and leases and plays the lifecycle of the pods the real
-  kube-scheduler binds to them.
+  kube-scheduler binds to them;
+- process nodes (the full world, TEST-ONLY): CPU machines whose pods the process
+  runtime (runtime/) really runs; it registers them and renews their leases like
+  a kubelet. Labelled and tainted so that only pods of namespaces that ask for
+  them land there (see runtime.serve_namespace).
 
 Addresses are loopback addresses (127.0.0.0/8): pod and node IPs that anything
 would ever dial must keep that traffic on this machine.
@@ -66,6 +70,8 @@ class FakeNode:
     def address(self) -> str:
         return f"127.40.0.{self.index + 1}"
 
+    runtime_version = "containerd://1.7.19"
+
     @property
     def pod_cidr(self) -> str:
         """Where kwok takes pod IPs from for this node: loopback, /24 per node."""
@@ -98,7 +104,36 @@ WORLD_NODES = (
 )
 
 
-def _status(node: FakeNode, conditions: bool) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ProcessNode:
+    """A node of the process runtime: this machine, at its address on the pod network."""
+
+    name: str
+    address: str
+    cpu: str = "16"
+    memory: str = "64Gi"
+    runtime_version = "process://0.1.0"
+    taint_key = "test.rocmtrain.dev/runtime"
+    taint_value = "process"
+
+    @property
+    def resources(self) -> dict[str, str]:
+        return {"cpu": self.cpu, "memory": self.memory, "pods": "110", "ephemeral-storage": "100Gi"}
+
+    def labels(self) -> dict[str, str]:
+        return {
+            "kubernetes.io/hostname": self.name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            "node.kubernetes.io/instance-type": "process",
+            self.taint_key: self.taint_value,
+        }
+
+    def taint(self) -> dict[str, str]:
+        return {"key": self.taint_key, "value": self.taint_value, "effect": "NoSchedule"}
+
+
+def _status(node: FakeNode | ProcessNode, conditions: bool) -> dict[str, Any]:
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
     def cond(kind: str, status: str, reason: str) -> dict[str, str]:
@@ -113,7 +148,7 @@ def _status(node: FakeNode, conditions: bool) -> dict[str, Any]:
             "operatingSystem": "linux",
             "osImage": "Ubuntu 22.04.4 LTS",
             "kernelVersion": "5.15.0-116-generic",
-            "containerRuntimeVersion": "containerd://1.7.19",
+            "containerRuntimeVersion": node.runtime_version,
             "kubeletVersion": KUBE_VERSION,
             "kubeProxyVersion": "",
             "machineID": "",
@@ -145,6 +180,33 @@ def _register(cluster: KubeCluster, node: FakeNode, *, kwok: bool) -> None:
         body=_status(node, conditions=not kwok),
         content_type="application/apply-patch+yaml",
     )
+
+
+def register_process(cluster: KubeCluster, node: ProcessNode) -> None:
+    """Create (or update) a process node, tainted for the pods meant for it, and report it Ready."""
+    meta = {"name": node.name, "labels": node.labels()}
+    cluster.apply({"apiVersion": "v1", "kind": "Node", "metadata": meta, "spec": {"taints": [node.taint()]}})
+    heartbeat(cluster, node)
+
+
+def heartbeat(cluster: KubeCluster, node: ProcessNode) -> None:
+    """Report the node Ready now (its status), and renew its Lease, as a kubelet does."""
+    cluster.request(
+        "PATCH",
+        f"/api/v1/nodes/{node.name}/status",
+        query={"fieldManager": FIELD_MANAGER, "force": "true"},
+        body=_status(node, conditions=True),
+        content_type="application/apply-patch+yaml",
+    )
+    now = time.time()
+    micro = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
+    lease = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": node.name, "namespace": "kube-node-lease"},
+        "spec": {"holderIdentity": node.name, "leaseDurationSeconds": 40, "renewTime": micro},
+    }
+    cluster.apply(lease)
 
 
 def register_plain(cluster: KubeCluster, count: int = PLAIN_NODE_COUNT, gpus: int = 8) -> list[str]:

@@ -17,3 +17,22 @@ CRDS_DIR = REPO_ROOT / "crds"
 PIDS_FILE = CLUSTER_DIR / "pids"
 STATE_DIR = CLUSTER_DIR / "state"
 KUBECONFIG_FILE = CLUSTER_DIR / "kubeconfig"
+
+
+def _outside_tmp(name: str) -> Path:
+    """A folder of this checkout's cluster state that is never under /tmp (``.cluster/<name>``, or
+    /var/tmp where the checkout itself lies in /tmp): pods of the process runtime see this machine's
+    paths, and the operator gives Ray pods an emptyDir at /tmp, which hides whatever lies below it.
+    """
+    if CLUSTER_DIR.resolve().is_relative_to("/tmp"):
+        return Path("/var/tmp") / f"rocmtrain-{name}-{os.getuid()}"
+    return CLUSTER_DIR / name
+
+
+# Where the world's jobs keep data and checkpoints (hostPath volumes: pods see these paths as they
+# are; the operator refuses mount paths under /tmp). The demo's folder and the end-to-end tests'
+# folders (each made, and removed, by its user).
+VOLUMES_DIR = _outside_tmp("volumes")
+# Where a world started without a workdir (the tests' session world) keeps its state: the process
+# runtime's pod folders there (each container's working folder) stay visible below a pod's /tmp mount.
+WORLDS_DIR = _outside_tmp("worlds")

@@ -124,7 +124,10 @@ class Process:
     otherwise the kernel kills it with the thread that started it
     (PR_SET_PDEATHSIG: start it from a long-lived thread).
     ``wrap`` prefixes the command line (see ``sandbox.LoopbackNames.wrap``);
-    ``ready`` tells whether it serves (its health endpoint, say).
+    ``ready`` tells whether it serves (its health endpoint, say). ``binary`` is a
+    file in the binaries folder, or an absolute path (a Python, for the process
+    runtime); ``identity`` is what `is_ours` finds in its command line (by default
+    the binary's name).
     """
 
     def __init__(
@@ -135,6 +138,7 @@ class Process:
         logs: Path,
         cwd: Path,
         binary: str | None = None,
+        identity: str | None = None,
         env: Mapping[str, str] | None = None,
         wrap: Callable[[list[str]], list[str]] | None = None,
         ready: Callable[[], bool] | None = None,
@@ -142,6 +146,7 @@ class Process:
     ) -> None:
         self.name = name
         self.binary = binary or name
+        self.identity = identity or Path(self.binary).name
         self.args = list(args)
         self.log = logs / f"{name}.log"
         self.cwd = cwd
@@ -233,14 +238,16 @@ def stop_pids(pids: Mapping[str, int]) -> None:
             kill_groups([pids[name]])
 
 
-def is_ours(binary: str, pid: int) -> bool:
-    """Whether ``pid`` still runs our ``binary`` (guards against PID reuse)."""
+def is_ours(identity: str, pid: int) -> bool:
+    """Whether ``pid`` still runs our process of that ``identity`` (guards against PID reuse):
+    its executable has that name, or its command line holds it (``python -m cluster.runtime``)."""
     try:
         exe = os.readlink(f"/proc/{pid}/exe")
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         try:
             os.kill(pid, 0)
         except OSError:
             return False
         return True  # no /proc: trust the pid file
-    return Path(exe.removesuffix(" (deleted)")).name == binary
+    return Path(exe.removesuffix(" (deleted)")).name == identity or identity in argv

@@ -12,7 +12,9 @@ files are bind-mounted over /etc/hosts and /etc/resolv.conf:
   reaching the machine's real resolver.
 
 KubeRay, for example, polls `<cluster>-head-svc.<ns>.svc.cluster.local:8265`;
-a later process runtime can map such names to the addresses of its pods.
+the process runtime (runtime/) maps such names to the addresses of its pods
+(``replace``), and keeps a hosts file per pod (``add_view``): the same names,
+plus the pod's own hostname, as a kubelet writes a pod's /etc/hosts.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import shutil
 import socket
 import threading
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from cluster.processes import ClusterError
@@ -65,7 +68,11 @@ def check_resolver_unused() -> None:
 
 
 class LoopbackNames:
-    """A hosts file and a resolv.conf under ``folder``, and the command prefix that puts them in place."""
+    """A hosts file and a resolv.conf under ``folder``, and the command prefix that puts them in place.
+
+    Views are more hosts files (one per pod of the process runtime): each holds its own
+    first lines, then the same names as the main file, and is rewritten with it.
+    """
 
     def __init__(self, folder: Path) -> None:
         if shutil.which("unshare") is None or shutil.which("mount") is None:
@@ -73,16 +80,19 @@ class LoopbackNames:
         folder.mkdir(parents=True, exist_ok=True)
         self.hosts = folder / "hosts"
         self.resolv_conf = folder / "resolv.conf"
-        self._entries: dict[str, str] = {}
+        self._entries: dict[str, tuple[str, ...]] = {}
+        self._views: dict[Path, str] = {}
         self._lock = threading.Lock()
         self.resolv_conf.write_text(f"nameserver {RESOLVER}\noptions timeout:1 attempts:1\n")
+        base = f"127.0.0.1 localhost {socket.gethostname()}\n::1 localhost ip6-localhost ip6-loopback\n"
+        self._views[self.hosts] = base
         self._write()
 
     def add(self, name: str, address: str) -> None:
         """Resolve ``name`` to ``address`` (an IP) inside the sandbox from now on."""
         ipaddress.ip_address(address)
         with self._lock:
-            self._entries[name] = address
+            self._entries[name] = (address,)
             self._write()
 
     def remove(self, name: str) -> None:
@@ -90,12 +100,47 @@ class LoopbackNames:
             self._entries.pop(name, None)
             self._write()
 
+    def replace(self, entries: Mapping[str, Iterable[str]]) -> bool:
+        """Make ``entries`` (name -> addresses) all the names there are; whether anything changed."""
+        new = {name: tuple(sorted(addresses)) for name, addresses in entries.items() if addresses}
+        for addresses in new.values():
+            for address in addresses:
+                ipaddress.ip_address(address)
+        with self._lock:
+            if new == self._entries:
+                return False
+            self._entries = new
+            self._write()
+        return True
+
+    def add_view(self, path: Path, own: Mapping[str, str]) -> Path:
+        """A hosts file at ``path``: localhost, ``own`` (name -> IP, such as a pod's hostname), then every name."""
+        head = "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n"
+        head += "".join(f"{address} {name}\n" for name, address in own.items())
+        with self._lock:
+            self._views[path] = head
+            self._write_one(path, head, self._lines())
+        return path
+
+    def remove_view(self, path: Path) -> None:
+        with self._lock:
+            self._views.pop(path, None)
+
+    def _lines(self) -> str:
+        return "".join(
+            f"{address} {name}\n" for name, addresses in sorted(self._entries.items()) for address in addresses
+        )
+
     def _write(self) -> None:
-        lines = [f"{address} {name}\n" for name, address in sorted(self._entries.items())]
+        lines = self._lines()
+        for path, head in self._views.items():
+            self._write_one(path, head, lines)
+
+    @staticmethod
+    def _write_one(path: Path, head: str, lines: str) -> None:
         # In place (same inode): a bind mount pins the inode, so a rename would go unseen.
-        base = f"127.0.0.1 localhost {socket.gethostname()}\n::1 localhost ip6-localhost ip6-loopback\n"
-        with open(self.hosts, "w") as f:
-            f.write(base + "".join(lines))
+        with open(path, "w") as f:
+            f.write(head + lines)
 
     def wrap(self, argv: list[str]) -> list[str]:
         """``argv`` run in a private mount namespace that sees these files as /etc/hosts and /etc/resolv.conf."""

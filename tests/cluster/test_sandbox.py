@@ -59,3 +59,21 @@ def test_refuses_to_start_when_something_serves_dns_on_its_resolver_address(tmp_
             pytest.skip("binding port 53 needs root")
         with pytest.raises(ClusterError, match=f"DNS server listens on {re.escape(RESOLVER)}"):
             names.wrap(["true"])
+
+
+def test_views_get_their_own_names_and_every_change_in_place(tmp_path: Path) -> None:
+    names = LoopbackNames(tmp_path / "names")
+    view = names.add_view(tmp_path / "pod-hosts", {"head-abcde": "10.244.0.2"})
+    inode = view.stat().st_ino
+    assert names.replace({"head-svc.ns.svc.cluster.local": ["10.244.0.2"], "gone.ns.svc": []})
+    for path in (names.hosts, view):
+        assert "10.244.0.2 head-svc.ns.svc.cluster.local\n" in path.read_text()
+        assert "gone.ns.svc" not in path.read_text()
+    assert view.read_text().splitlines()[2] == "10.244.0.2 head-abcde", "the pod's own name, after localhost"
+    assert "head-abcde" not in names.hosts.read_text()
+    assert not names.replace({"head-svc.ns.svc.cluster.local": ["10.244.0.2"]}), "nothing changed, nothing written"
+    names.replace({})
+    assert "head-svc" not in view.read_text() and view.stat().st_ino == inode
+    names.remove_view(view)
+    names.replace({"later.ns.svc": ["10.244.0.3"]})
+    assert "later" not in view.read_text(), "a removed view is no longer written"

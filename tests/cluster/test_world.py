@@ -15,7 +15,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from cluster import kuberay, kueue, kwok
-from cluster.nodes import GPU_RESOURCE, MI300X_LABELS, PRODUCT_LABEL, WORLD_NODES
+from cluster.nodes import GPU_RESOURCE, KWOK_ANNOTATION, MI300X_LABELS, PRODUCT_LABEL, WORLD_NODES
 from cluster.sandbox import RESOLVER
 from cluster.world import Scope, World
 from rocmtrain.api.validate import validate_job
@@ -70,7 +70,11 @@ def _rayjob(namespace: str, name: str, **spec: Any) -> dict[str, Any]:
 
 
 def test_kwok_nodes_are_ready_heartbeating_amd_gpu_nodes(world: World) -> None:
-    nodes = {n["metadata"]["name"]: n for n in world.cluster.request("GET", "/api/v1/nodes")["items"]}
+    nodes = {
+        n["metadata"]["name"]: n
+        for n in world.cluster.request("GET", "/api/v1/nodes")["items"]
+        if (n["metadata"].get("annotations") or {}).get(KWOK_ANNOTATION) == "fake"
+    }
     assert sorted(nodes) == sorted(n.name for n in WORLD_NODES)
     for spec in WORLD_NODES:
         node = nodes[spec.name]
@@ -124,7 +128,7 @@ def test_scheduler_binds_by_gpu_model_and_explains_what_does_not_fit(world: Worl
         30,
         "the scheduler's verdict",
     )
-    assert unschedulable["message"].startswith("0/4 nodes are available:"), unschedulable
+    assert unschedulable["message"].startswith(f"0/{len(world.nodes)} nodes are available:"), unschedulable
     assert f"Insufficient {GPU_RESOURCE}" in unschedulable["message"]
 
 

@@ -1,9 +1,14 @@
-"""The full test world: the control plane plus kube-scheduler, kwok nodes, KubeRay and Kueue.
+"""The full test world: the control plane plus kube-scheduler, kwok nodes, KubeRay and Kueue,
+and the process runtime's nodes.
 
 Real: etcd, kube-apiserver, kube-controller-manager (with the node lifecycle
 controller: kwok renews node leases), kube-scheduler, the KubeRay operator,
 Kueue with its webhooks. Faked: the GPUs and machines (kwok nodes), and what
 containers do (kwok stages: Running by default; tests choose otherwise).
+Stood in for (TEST-ONLY, runtime/): the kubelets and images of the process
+nodes, whose pods (those of namespaces passed to `runtime.serve_namespace`)
+really run, as processes on this machine; it needs root (network namespaces),
+and the world starts without it where that is missing (`World.runtime` None).
 
 Services get no endpoints: pod IPs are loopback addresses (nothing may reach
 a fake pod off this machine), which EndpointSlices refuse, so the endpoint
@@ -21,13 +26,16 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from cluster import control_plane, kuberay, kwok, nodes, scheduler
+from cluster import control_plane, kuberay, kwok, nodes, runtime, scheduler
 from cluster.api import KubeCluster
 from cluster.kueue import NAMESPACE as KUEUE_NAMESPACE
 from cluster.kueue import SERVICE_ACCOUNT as KUEUE_ACCOUNT
 from cluster.kueue import Kueue
-from cluster.processes import ClusterError, Process
+from cluster.paths import WORLDS_DIR
+from cluster.processes import ClusterError, Process, log_tail
+from cluster.runtime import network
 from cluster.sandbox import LoopbackNames
+from rocmtrain.api.contract import OPERATOR_NAME
 
 WORLD_BINARIES = ("kube-scheduler", "kwok", "kuberay-operator", "kueue")
 WORLD_CONTROLLERS = (
@@ -61,6 +69,16 @@ class World:
     def kwok(self) -> Process:
         return self.processes["kwok"]
 
+    @property
+    def runtime(self) -> Process | None:
+        """The process runtime (None where this machine cannot run it: see `network.available`)."""
+        return self.processes.get(runtime.NAME)
+
+    @property
+    def workdir(self) -> Path:
+        assert self.cluster.workdir is not None
+        return self.cluster.workdir
+
     def schedulable_nodes(self) -> list[str]:
         items = self.cluster.request("GET", "/api/v1/nodes")["items"]
         return sorted(n["metadata"]["name"] for n in items if nodes.schedulable(n))
@@ -83,10 +101,34 @@ class Scope:
         self._namespaces: list[str] = []
         self._objects: list[dict[str, Any]] = []
 
-    def namespace(self, prefix: str = "world") -> str:
+    def namespace(self, prefix: str = "world", *, processes: bool = False) -> str:
+        """A new namespace; with ``processes``, its pods run as processes (the process runtime's nodes)."""
         name = self.cluster.new_namespace(prefix)
         self._namespaces.append(name)
+        if processes:
+            runtime.serve_namespace(self.cluster, name)
         return name
+
+    def describe(self, lines: int = 40) -> str:
+        """The pods of this test's namespaces (phase, node, container states), the tails of their
+        process runtime logs, and of the runtime's and the operator's own: for failure reports."""
+        out = []
+        logs = self.world.workdir / "logs"
+        for name in self._namespaces:
+            with contextlib.suppress(Exception):
+                for pod in self.cluster.request("GET", f"/api/v1/namespaces/{name}/pods")["items"]:
+                    status = pod.get("status") or {}
+                    states = {c["name"]: c.get("state") for c in status.get("containerStatuses") or []}
+                    out.append(
+                        f"pod {name}/{pod['metadata']['name']} on {pod['spec'].get('nodeName')}: "
+                        f"{status.get('phase')} {states}"
+                    )
+            for log in sorted((logs / "pods" / name).glob("*/*.log")):
+                out.append(f"---- {log.relative_to(logs)} (last {lines} lines)\n{log_tail(log, lines)}")
+        for name in (runtime.NAME, OPERATOR_NAME):
+            if (process := self.world.processes.get(name)) is not None:
+                out.append(f"---- {process.log.name}\n{log_tail(process.log, lines)}")
+        return "\n".join(out)
 
     def apply(self, *objects: dict[str, Any]) -> list[dict[str, Any]]:
         """Server-side apply ``objects``; they are deleted after the test (last first)."""
@@ -123,8 +165,9 @@ def start(workdir: Path | None = None, *, kubeconfig_path: Path | None = None, d
     if not binaries_present():
         raise ClusterError("world binaries missing; run `make cluster-binaries`")
     began = time.monotonic()
+    # A fresh workdir outside /tmp (paths.WORLDS_DIR): the runtime's pod folders must stay visible in pods.
     cluster = control_plane.start(
-        workdir, kubeconfig_path=kubeconfig_path, detach=detach, controllers=WORLD_CONTROLLERS
+        workdir, kubeconfig_path=kubeconfig_path, detach=detach, controllers=WORLD_CONTROLLERS, under=WORLDS_DIR
     )
     assert cluster.workdir is not None
     workdir = cluster.workdir
@@ -174,13 +217,20 @@ def _start_components(world: World, workdir: Path, detach: bool) -> None:
         world.nodes = nodes.register_kwok(cluster)
         add(kuberay.process(cluster, workdir, kuberay_kubeconfig.result(), wrap, detach=detach))
         add(kueue.process(kueue_kubeconfig.result(), wrap, detach=detach))
+        if network.available() is None:
+            assert cluster.pki is not None
+            admin = cluster.pki.kubeconfig(cluster.server, runtime.NAME, runtime.NAME, "system:masters")
+            add(runtime.process(workdir, admin, world.names.hosts.parent, detach=detach))
+            world.nodes += list(runtime.PROCESS_NODES)
     world.processes["kuberay-operator"].wait_ready(60)
     world.processes["kueue"].wait_ready(90)
     world.processes["kube-scheduler"].wait_ready(60)
+    if world.runtime is not None:
+        world.runtime.wait_ready(60)
     control_plane.wait_controller_manager(cluster)
     # kwok marks the nodes Ready; the node lifecycle controller then lifts the not-ready taint.
     cluster.wait_for(
-        lambda: world.schedulable_nodes() == sorted(world.nodes), 60, "the kwok nodes to be Ready and untainted"
+        lambda: world.schedulable_nodes() == sorted(world.nodes), 60, "the nodes to be Ready and untainted"
     )
     world.timings["components"] = time.monotonic() - began
 

@@ -75,7 +75,9 @@ def test_a_worker_the_scheduler_cannot_place_is_explained_until_it_runs(world: W
     (pod,) = pending
     scheduler = next(c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")["message"]
     assert stuck["message"] == f"pod {pod['metadata']['name']}: {scheduler}"
-    assert scheduler.startswith("0/4 nodes are available:") and "Insufficient amd.com/gpu" in scheduler
+    # The scheduler weighed every node of the world: the kwok GPU nodes, and the process runtime's where it runs.
+    nodes = len(world.nodes)
+    assert scheduler.startswith(f"0/{nodes} nodes are available:") and "Insufficient amd.com/gpu" in scheduler
     assert api.status(ns, "bert")["workersReady"] == 1
     assert "(1/2 workers ready)" in api.condition(ns, "bert", "Ready")["message"]
 

@@ -197,6 +197,22 @@ def test_failures_carry_kuberay_reason_and_message(final, reason, message):
     assert [(e.type, e.reason) for e in events] == [("Warning", "Failed")]  # one event, not one per condition
 
 
+def test_the_drivers_own_error_comes_first_in_the_failed_condition():
+    ray_message = (
+        "Job entrypoint command failed with exit code 2, last available logs (truncated to 20,000 chars):\n"
+        "2026-01-02 03:04:05,000 INFO worker.py:1 -- Connecting to existing Ray cluster\n"
+        "rocmtrain driver error: /data/train.jsonl: cannot read it as jsonl: JSON parse error\n"
+    )
+    final = rayjob("Failed", "FAILED", **RUN, reason="AppFailed", message=ray_message, failed=1)
+    statuses = run([rayjob("Running", "RUNNING", **RUN), final])
+    failed = next(c for c in statuses[-1]["conditions"] if c["type"] == "Failed")
+    first, _, rest = failed["message"].partition("\n")
+    assert first == "/data/train.jsonl: cannot read it as jsonl: JSON parse error"
+    assert rest == ray_message, "Ray's own words follow"
+    (event,) = transition_events(statuses[0], statuses[1])
+    assert event.message.startswith("Running → Failed: /data/train.jsonl: cannot read it as jsonl")
+
+
 def test_retrying_counts_restarts_and_returns_to_initializing():
     retry = {**RUN, "reason": "AppFailed", "failed": 1}
     sequence = [

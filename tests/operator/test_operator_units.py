@@ -54,6 +54,12 @@ def test_config_defaults_and_overrides():
     assert pod.api_timeout_seconds == 5 and pod.reconcile_deadline == 20
     assert pod.policy == Policy(("ghcr.io/acme/", "registry.local:5000/ml"), ("training",), ("low", "high"))
     assert default.render_options.submitter_retries == 2
+    # The progress endpoint (TLS, authenticated) listens on every address unless told where.
+    progress = {"ROCMTRAIN_OPERATOR_NAMESPACE": "rocm-train-system"}
+    assert OperatorConfig.from_env(progress).progress.host == "0.0.0.0"  # noqa: S104
+    assert OperatorConfig.from_env({**progress, "ROCMTRAIN_PROGRESS_HOST": "10.0.0.7"}).progress.host == "10.0.0.7"
+    with pytest.raises(ValueError, match="ROCMTRAIN_PROGRESS_HOST must be an IP address"):
+        OperatorConfig.from_env({**progress, "ROCMTRAIN_PROGRESS_HOST": "all"})
     assert OperatorConfig.from_env({"ROCMTRAIN_SUBMITTER_RETRIES": "0"}).render_options.submitter_retries == 0
 
 

@@ -25,6 +25,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes_asyncio import config as async_config
 
 from cluster.kubecluster import KubeCluster
+from cluster.rocmtrain_operator import ACCOUNT as OPERATOR_SA
+from cluster.rocmtrain_operator import NAMESPACE as OPERATOR_NAMESPACE
 from rocmtrain.api.contract import (
     API_VERSION,
     JOB_NAME_LABEL,
@@ -43,8 +45,6 @@ from rocmtrain.render import render_rayjob
 T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[2]
-OPERATOR_NAMESPACE = "rocm-train-system"
-OPERATOR_SA = "rocm-train-operator"
 
 
 class LoopThread:

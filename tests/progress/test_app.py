@@ -43,6 +43,7 @@ class Jobs:
             }
         }
         self.patches: list[dict[str, Any]] = []
+        self.events: list[tuple[str, str, str]] = []
         self.conflicts = 0
         self.down = False
 
@@ -64,6 +65,9 @@ class Jobs:
         obj["status"] = merge_patch(obj["status"], patch["status"])
         obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
         self.patches.append(patch)
+
+    async def post_event(self, obj: Any, *, type: str, reason: str, message: str) -> None:
+        self.events.append((obj["metadata"]["name"], type, reason))
 
 
 async def authenticate(token: str) -> Identity:
@@ -103,6 +107,14 @@ async def test_report_updates_status(http: TestClient, jobs: Jobs):
     assert status["metrics"] == {"trainLoss": 1.25}
     assert status["history"] == [{"step": 5, "trainLoss": 1.25}]
     assert status["lastProgressTime"] == "2025-03-01T00:00:00Z"
+
+
+async def test_a_recovered_worker_failure_is_an_event_on_the_job(http: TestClient, jobs: Jobs):
+    recovered = {**REPORT, "workerFailures": 1, "resumedFromStep": 4}
+    for body in (REPORT, recovered, recovered):
+        assert (await http.post(URL, json=body, headers=bearer("good"))).status == 204
+    assert jobs.objects["team-a", "job1"]["status"]["workerFailures"] == 1
+    assert jobs.events == [("job1", "Warning", "WorkerFailureRecovered")]
 
 
 async def test_healthz(http: TestClient):

@@ -6,7 +6,7 @@ import datetime as dt
 
 from fakes import merge_patch
 from rocmtrain.api.models import HISTORY_LENGTH, ProgressReport, RocmTrainingJobStatus
-from rocmtrain.progress.status_patch import progress_patch
+from rocmtrain.progress.status_patch import progress_patch, recovery_events
 
 NOW = dt.datetime(2025, 3, 1, 12, 30, 5, 123456, tzinfo=dt.UTC)
 
@@ -75,3 +75,17 @@ def test_evaluation_carried_over_by_the_driver_is_not_repeated_in_the_curve():
         {"step": 30, "trainLoss": 0.6, "evalAccuracy": 0.7},
     ], "a new evaluation with an unchanged accuracy still counts (its evalSeconds moved)"
     assert status["metrics"]["evalAccuracy"] == 0.7
+
+
+def test_worker_failures_are_counted_and_each_new_one_announced():
+    first = ProgressReport.model_validate({"progress": {"step": 8}})
+    status = merge_patch({}, progress_patch(first, None, NOW)["status"])
+    assert "workerFailures" not in status and recovery_events(first, status) == []
+    recovered = ProgressReport.model_validate({"progress": {"step": 6}, "workerFailures": 1, "resumedFromStep": 6})
+    (event,) = recovery_events(recovered, status)
+    assert (event.type, event.reason) == ("Warning", "WorkerFailureRecovered")
+    assert "1 so far" in event.message and "checkpoint at step 6" in event.message
+    status = merge_patch(status, progress_patch(recovered, status, NOW)["status"])
+    assert status["workerFailures"] == 1
+    assert recovery_events(recovered, status) == [], "the same failure is announced once"
+    RocmTrainingJobStatus.model_validate(status)

@@ -123,4 +123,7 @@ def test_reporter_logs_key_events_and_survives_a_failing_sink(tmp_path, caplog):
     assert len(lines) == 3 and json.loads(lines[-1])["final"] is True
     assert "totalSteps" in json.loads(lines[0])["progress"]  # the wire form, camelCase
     assert reporter.failures == 1 and reporter.final_ranks is not None
+    reported = [json.loads(line) for line in lines]
+    assert "workerFailures" not in reported[0], "no failure, no field (older endpoints refuse unknown ones)"
+    assert reported[1]["workerFailures"] == 1 and reported[1]["resumedFromStep"] == 10
     assert "eval accuracy" in console.getvalue() and "step 10/40" in console.getvalue()

@@ -2,7 +2,9 @@
 
 Reads the job from `ROCMTRAIN_JOB`, checks it, and trains on the Ray cluster that KubeRay started,
 reporting progress to stdout, `metrics.jsonl` and the operator's progress endpoint.
-Exit status: 0 done, 1 training failed, 2 the job cannot run as configured.
+Exit status: 0 done, 1 training failed, 2 the job cannot run as configured; a failure ends with
+one line `rocmtrain driver error: ...` (`DRIVER_ERROR_PREFIX`), which the job's Failed condition
+shows first.
 """
 
 from __future__ import annotations
@@ -13,11 +15,16 @@ from pathlib import Path
 
 import ray
 
+from rocmtrain.api.contract import DRIVER_ERROR_PREFIX
 from rocmtrain_train import http_sink
 from rocmtrain_train.config import ConfigError, cluster_settings, job_from_env
 from rocmtrain_train.preflight import preflight
 from rocmtrain_train.sinks import ConsoleSink, JsonlSink, Sink
-from rocmtrain_train.trainer import run
+from rocmtrain_train.trainer import failure_line, run
+
+
+def _fail(message: str) -> None:
+    print(f"{DRIVER_ERROR_PREFIX}{' '.join(message.split())}", file=sys.stderr, flush=True)
 
 
 def main() -> int:
@@ -25,7 +32,7 @@ def main() -> int:
         settings = cluster_settings(job_from_env(), run_id=uuid.uuid4().hex)
         preflight(settings)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _fail(str(exc))
         return 2
     ray.init()
     sinks: list[Sink] = [
@@ -38,6 +45,7 @@ def main() -> int:
         outcome = run(settings, sinks, echo_log=True)
     except Exception as exc:
         print(f"training failed: {exc}", file=sys.stderr)
+        _fail(f"training failed: {failure_line(exc)}")
         return 1
     print(f"model saved to {outcome.summary['model_path']}")
     return 0

@@ -26,7 +26,10 @@ from rocmtrain_train.reporting import Reporter
 MAX_ERROR_CHARS = 500
 
 
-def _first_line(exc: Exception) -> str:
+def error_line(exc: BaseException) -> str:
+    """`Type: first line of the message` of an error (of its cause, where Ray wrapped a task's error)."""
+    cause = getattr(exc, "cause", None)
+    exc = cause if isinstance(cause, BaseException) else exc
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:MAX_ERROR_CHARS]
 
@@ -56,7 +59,7 @@ class ReportRelay(UserCallback):
         ray.get(self._inbox.push.remote(("report", metrics, checkpoint.path if checkpoint else None)))
 
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
-        errors = {rank: _first_line(exc) for rank, exc in worker_exceptions.items()}
+        errors = {rank: error_line(exc) for rank, exc in worker_exceptions.items()}
         ray.get(self._inbox.push.remote(("failure", errors, None)))
 
 

@@ -60,17 +60,19 @@ class Aggregator:
 
     A report carries the latest value of every metric: values a report lacks (no evaluation, no
     training since the last report) keep their previous value. The final report's throughput is
-    that of the whole run.
+    that of the whole run. It also counts the worker failures the run recovered from.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._latest: dict[str, Any] = {}
         self._pace: tuple[float, int] | None = None  # (time, step) of the first report since (re)start
+        self.worker_failures = 0
 
     def restart(self) -> None:
-        """Forget the pace: the workers restart from a checkpoint."""
+        """A worker failed: the workers restart from a checkpoint (forget the pace)."""
         self._pace = None
+        self.worker_failures += 1
 
     def _eta(self, step: int, total: int) -> float | None:
         now = self._clock()
@@ -125,7 +127,13 @@ class Aggregator:
             percent=100.0 * step / total if total else None,
             eta_seconds=0.0 if final else self._eta(step, total),
         )
-        return ProgressReport(progress=progress, metrics=Metrics(**self._latest), final=final)
+        return ProgressReport(
+            progress=progress,
+            metrics=Metrics(**self._latest),
+            final=final,
+            worker_failures=self.worker_failures or None,  # left out of the report until a failure
+            resumed_from_step=first.resumed_from_step,
+        )
 
 
 def summary(ranks: list[RankReport], wall_seconds: float) -> dict[str, Any]:
@@ -159,7 +167,6 @@ class Reporter:
         self._aggregator = Aggregator()
         self._attempt_started = False
         self.final_ranks: list[RankReport] | None = None
-        self.failures = 0
 
     def on_report(self, ranks: list[RankReport], checkpoint_path: str | None) -> None:
         """Log what the report tells, aggregate it and hand it to every sink."""
@@ -195,8 +202,12 @@ class Reporter:
                     sorted({r.weights_checksum for r in ranks}, key=str),
                 )
 
+    @property
+    def failures(self) -> int:
+        """Worker failures so far (each restarted the workers from the last checkpoint)."""
+        return self._aggregator.worker_failures
+
     def on_failure(self, errors: dict[int, str]) -> None:
-        self.failures += 1
         for rank, error in sorted(errors.items()):
             self._log.error("worker failure on rank %d: %s", rank, error)
         self._aggregator.restart()

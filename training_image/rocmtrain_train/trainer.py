@@ -27,7 +27,7 @@ from rocmtrain_train.config import RunSettings
 from rocmtrain_train.logs import main_logger
 from rocmtrain_train.loop import train_worker
 from rocmtrain_train.rank_report import RankReport
-from rocmtrain_train.relay import Inbox, Pump, ReportRelay
+from rocmtrain_train.relay import Inbox, Pump, ReportRelay, error_line
 from rocmtrain_train.reporting import Reporter, summary
 from rocmtrain_train.sinks import Sink
 
@@ -39,6 +39,16 @@ class RunOutcome:
     summary: dict[str, Any]
     final_ranks: list[RankReport]
     worker_failures: int
+
+
+def failure_line(exc: BaseException) -> str:
+    """One line saying why a run failed: the first failing worker's own error where Ray Train names one."""
+    workers = getattr(exc, "worker_failures", None)
+    if isinstance(workers, dict) and workers:
+        rank = min(workers)
+        return f"rank {rank}: {error_line(workers[rank])}"
+    controller = getattr(exc, "controller_failure", None)
+    return error_line(controller if isinstance(controller, BaseException) else exc)
 
 
 def scaling_config(settings: RunSettings) -> ScalingConfig:

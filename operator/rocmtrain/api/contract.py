@@ -87,6 +87,9 @@ GPU_NODE_LABELS: Final = MappingProxyType(
 
 # The driver the RayJob runs (`python -m rocmtrain_train`); no user string is ever part of it.
 DRIVER_MODULE: Final = "rocmtrain_train"
+# Starts the driver's one-line error in its log, which KubeRay quotes in a failed RayJob's message;
+# the operator puts that line first in the job's Failed condition.
+DRIVER_ERROR_PREFIX: Final = "rocmtrain driver error: "
 # The Ray version of the image (pinned in pyproject's `train` extra) and the RayJob's rayVersion.
 RAY_VERSION: Final = "2.60.0"
 # The image's non-root user and group; the pods run as them.

@@ -718,12 +718,22 @@ class HistoryPoint(ApiModel):
     eval_accuracy: float | None = Field(default=None, ge=0, le=1, description="Evaluation accuracy, if evaluated.")
 
 
+WORKER_FAILURES = (
+    "Worker failures Ray Train recovered from in the current run, each by restarting the workers "
+    "from the last checkpoint."
+)
+
+
 class ProgressReport(ApiModel):
     """What the training driver pushes to the operator's progress endpoint."""
 
     progress: Progress = Field(description="Training progress.")
     metrics: Metrics = Field(default_factory=Metrics, description="Aggregated metrics.")
     final: bool = Field(default=False, description="True on the last report of a run.")
+    worker_failures: int | None = Field(default=None, ge=1, le=10_000, description=WORKER_FAILURES)
+    resumed_from_step: int | None = Field(
+        default=None, ge=0, le=10**12, description="Step of the checkpoint the workers of this run last resumed from."
+    )
 
 
 class Cost(ApiModel):
@@ -756,6 +766,7 @@ class RocmTrainingJobStatus(ApiModel):
     start_time: str | None = Field(default=None, description="When the Ray job started (RFC 3339).")
     completion_time: str | None = Field(default=None, description="When the Ray job ended (RFC 3339).")
     restarts: int | None = Field(default=None, ge=0, description="Whole-job retries so far.")
+    worker_failures: int | None = Field(default=None, ge=0, description=WORKER_FAILURES)
     gpu_seconds: float | None = Field(
         default=None,
         ge=0,

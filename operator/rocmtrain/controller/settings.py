@@ -25,7 +25,6 @@ variables are described at `rocmtrain.progress.server.ProgressServerConfig.from_
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import re
@@ -38,7 +37,7 @@ from rocmtrain.accounting import Pricing, parse_currency, parse_pricing
 from rocmtrain.api.contract import OPERATOR_NAME
 from rocmtrain.api.patterns import DNS_LABEL, DNS_SUBDOMAIN, IMAGE
 from rocmtrain.policy import Policy
-from rocmtrain.progress.server import ProgressServerConfig
+from rocmtrain.progress.server import ProgressServerConfig, listen_host
 from rocmtrain.render import RenderOptions
 from rocmtrain.render.options import MAX_SUBMITTER_RETRIES
 
@@ -78,12 +77,10 @@ def _pricing(env: Mapping[str, str]) -> Pricing | None:
 
 
 def _host(env: Mapping[str, str], variable: str) -> str:
-    raw = env.get(variable, "").strip() or LOOPBACK
     try:
-        ipaddress.ip_address(raw)
-    except ValueError:
-        raise ConfigError(f"{variable} must be an IP address to listen on, not {raw!r}") from None
-    return raw
+        return listen_host(env, variable, LOOPBACK)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _policy(env: Mapping[str, str]) -> Policy:

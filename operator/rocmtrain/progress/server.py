@@ -2,11 +2,12 @@
 
 `POST /v1/namespaces/{namespace}/rocmtrainingjobs/{name}/progress` with a
 `ProgressReport` body and `Authorization: Bearer <projected SA token>` merges the
-report into the job's status. Answers: 204 written; 400 malformed, non-finite or
-off-schema; 401 no or bad token; 403 the token's pod is not this job's Ray head;
-404 no such job; 413 body over 16 KiB; 429 over the job's rate, the source's rate
-or the endpoint's TokenReview budget (Retry-After); 503 the API server did not
-answer. `GET /healthz` answers 200.
+report into the job's status, and posts an event on the job when the report
+counts a new worker failure that training recovered from. Answers: 204 written;
+400 malformed, non-finite or off-schema; 401 no or bad token; 403 the token's pod
+is not this job's Ray head; 404 no such job; 413 body over 16 KiB; 429 over the
+job's rate, the source's rate or the endpoint's TokenReview budget (Retry-After);
+503 the API server did not answer. `GET /healthz` answers 200.
 
 Anyone who reaches the port can send requests before proving anything, so what a
 request without a valid token may cost is bounded, in this order: at most
@@ -38,6 +39,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import ipaddress
 import json
 import logging
 import math
@@ -60,7 +62,7 @@ from rocmtrain.progress import tls
 from rocmtrain.progress.auth import MAX_TOKEN_BYTES, Identity, PodAuthoriser, TokenReviewAuthenticator
 from rocmtrain.progress.errors import Busy, Conflict, Forbidden, Gone, Unauthenticated, Unavailable
 from rocmtrain.progress.limits import MAX_BODY_BYTES, RateLimiter, ReportError, parse_report
-from rocmtrain.progress.status_patch import progress_patch
+from rocmtrain.progress.status_patch import progress_patch, recovery_events
 from rocmtrain.progress.store import KubeJobStore
 from rocmtrain.render import RenderOptions
 
@@ -68,6 +70,7 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "rocmtrain-progress"
 CONTAINER_PORT = 8443
+ALL_ADDRESSES = "0.0.0.0"  # noqa: S104 - TLS and authenticated: a pod serves it on all its interfaces
 PATCH_ATTEMPTS = 3
 # Requests per second from one source address before any authentication (a driver sends one per 10 s).
 SOURCE_RATE_PER_SECOND = 5.0
@@ -88,6 +91,9 @@ class JobStore(Protocol):
 
     async def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """Merge-patch the status subresource; raise Conflict or Gone."""
+
+    async def post_event(self, obj: Any, *, type: str, reason: str, message: str) -> None:
+        """Post an event about the job (best effort)."""
 
 
 def _utcnow() -> dt.datetime:
@@ -129,8 +135,11 @@ def _bearer(request: web.Request) -> str | None:
     return token
 
 
-async def _record(jobs: JobStore, job: dict[str, Any], report: ProgressReport, now: Callable[[], dt.datetime]) -> None:
-    """Patch `report` into the job's status, re-reading the job when it changed meanwhile.
+async def _record(
+    jobs: JobStore, job: dict[str, Any], report: ProgressReport, now: Callable[[], dt.datetime]
+) -> dict[str, Any]:
+    """Patch `report` into the job's status, re-reading the job when it changed meanwhile; the job
+    as it was before the patch.
 
     The patch carries the resourceVersion it was computed from, so a concurrent
     write (another report, the operator's own status updates) is never lost.
@@ -143,7 +152,7 @@ async def _record(jobs: JobStore, job: dict[str, Any], report: ProgressReport, n
         patch["metadata"] = {"resourceVersion": job["metadata"]["resourceVersion"]}
         try:
             await jobs.patch_status(namespace, name, patch)
-            return
+            return job
         except Conflict:
             fresh = await jobs.get(namespace, name)
         if fresh is None or fresh["metadata"].get("uid") != uid:
@@ -217,7 +226,8 @@ def make_app(
         if body is None:
             raise _refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, namespace, name, "body too large")
         try:
-            await _record(jobs, job, parse_report(body), now)
+            report = parse_report(body)
+            before = await _record(jobs, job, report, now)
         except ReportError as exc:
             raise _refuse(HTTPStatus.BAD_REQUEST, namespace, name, str(exc)) from None
         except Gone:
@@ -228,6 +238,8 @@ def make_app(
             raise _refuse(
                 HTTPStatus.SERVICE_UNAVAILABLE, namespace, name, "job kept changing", **_RETRY_LATER
             ) from None
+        for event in recovery_events(report, before.get("status")):
+            await jobs.post_event(before, type=event.type, reason=event.reason, message=event.message)
         metrics.PROGRESS_REPORTS.inc()
         return web.Response(status=204)
 
@@ -235,6 +247,16 @@ def make_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_post(PROGRESS_PATH, progress)
     return app
+
+
+def listen_host(env: Mapping[str, str], variable: str, default: str) -> str:
+    """The IP address a server of the operator listens on, from ``variable`` (``default`` when unset)."""
+    raw = env.get(variable, "").strip() or default
+    try:
+        ipaddress.ip_address(raw)
+    except ValueError:
+        raise ValueError(f"{variable} must be an IP address to listen on, not {raw!r}") from None
+    return raw
 
 
 def _port(env: Mapping[str, str], name: str, default: int) -> int:
@@ -261,7 +283,7 @@ class ProgressServerConfig:
 
     namespace: str
     service: str = SERVICE_NAME
-    host: str = "0.0.0.0"  # noqa: S104 - a pod serves on all its interfaces
+    host: str = ALL_ADDRESSES
     port: int = CONTAINER_PORT
     # How training pods reach the endpoint; the Service by default.
     advertise_host: str | None = None
@@ -289,6 +311,8 @@ class ProgressServerConfig:
         """Settings from the operator Deployment's environment; None when the endpoint is off.
 
         `ROCMTRAIN_OPERATOR_NAMESPACE` (from the downward API) turns it on;
+        `ROCMTRAIN_PROGRESS_HOST` (the address it listens on; all by default: it is TLS
+        and authenticated),
         `ROCMTRAIN_PROGRESS_PORT` (0 turns it off), `ROCMTRAIN_PROGRESS_ADVERTISE_HOST`
         and `ROCMTRAIN_PROGRESS_ADVERTISE_PORT` (how jobs reach it, by default the
         Service), `ROCMTRAIN_PROGRESS_MANAGE_TLS=false` (cert-manager provides the Secret),
@@ -303,6 +327,7 @@ class ProgressServerConfig:
             raise ValueError(f"ROCMTRAIN_OPERATOR_NAMESPACE is not a namespace name: {namespace!r}")
         return cls(
             namespace=namespace,
+            host=listen_host(env, "ROCMTRAIN_PROGRESS_HOST", ALL_ADDRESSES),
             port=port,
             advertise_host=env.get("ROCMTRAIN_PROGRESS_ADVERTISE_HOST", "").strip() or None,
             advertise_port=_port(env, "ROCMTRAIN_PROGRESS_ADVERTISE_PORT", 443),

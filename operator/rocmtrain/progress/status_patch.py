@@ -10,6 +10,8 @@
   Evaluation values enter the curve only when they are new (see `history_point`).
 - `status.lastProgressTime` is the time the report was accepted; the operator's
   stall detection reads it.
+- `status.workerFailures` is the run's count of worker failures Ray Train
+  recovered from; `recovery_events` announces each new one.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from rocmtrain.api.models import EVAL_METRICS, HISTORY_LENGTH, HistoryPoint, Metrics, Progress, ProgressReport
 from rocmtrain.api.timestamps import rfc3339
+from rocmtrain.status import Event
 
 _PROGRESS_FIELDS = tuple(field.alias or name for name, field in Progress.model_fields.items())
 # Metrics that change only when the driver has evaluated again: the results, and the time
@@ -72,6 +75,21 @@ def progress_patch(report: ProgressReport, status: Mapping[str, Any] | None, now
     if metrics := report.metrics.dump():
         patch["metrics"] = metrics
     status = status or {}
+    if report.worker_failures or "workerFailures" in status:
+        patch["workerFailures"] = report.worker_failures or 0
     if (point := history_point(report, status.get("metrics") or {})) is not None:
         patch["history"] = extend_history(status.get("history") or [], point)
     return {"status": patch}
+
+
+def recovery_events(report: ProgressReport, status: Mapping[str, Any] | None) -> list[Event]:
+    """The event a report brings when it counts more worker failures than the status has seen."""
+    seen = (status or {}).get("workerFailures") or 0
+    if (report.worker_failures or 0) <= seen:
+        return []
+    where = f" at step {report.resumed_from_step}" if report.resumed_from_step is not None else ""
+    message = (
+        f"a Ray Train worker failed ({report.worker_failures} so far in this run); "
+        f"training continued from the checkpoint{where}"
+    )
+    return [Event("Warning", "WorkerFailureRecovered", message)]

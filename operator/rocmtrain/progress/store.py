@@ -1,4 +1,5 @@
-"""Read RocmTrainingJobs and merge-patch their status subresource (the endpoint's only writes).
+"""Read RocmTrainingJobs, merge-patch their status subresource and post events on them
+(the endpoint's only writes).
 
 Throttling, server errors and broken connections are retried briefly (`rocmtrain.kube.retrying`)
 before they become a 503 for the reporting job.
@@ -12,7 +13,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from rocmtrain.api.contract import GROUP, PLURAL, VERSION
-from rocmtrain.kube import retrying
+from rocmtrain.kube import Kube, retrying
 from rocmtrain.progress.errors import Conflict, Gone, checked
 
 
@@ -21,6 +22,7 @@ class KubeJobStore:
 
     def __init__(self, api: client.ApiClient) -> None:
         self._custom = client.CustomObjectsApi(api)
+        self.post_event = Kube(api).post_event  # best effort: a failure is logged, not raised
 
     async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The job object, or None when it does not exist."""

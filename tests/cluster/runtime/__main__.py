@@ -1,0 +1,73 @@
+"""TEST-ONLY: `python -m cluster.runtime --kubeconfig K --folder DIR --logs DIR --names DIR`: the process runtime.
+
+Stops (every pod, then the pod network) on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from cluster.api import KubeCluster
+from cluster.runtime import INFO_FILE, PROCESS_NODES
+from cluster.runtime.container import ensure_ray_tmp
+from cluster.runtime.kubelet import Kubelet
+from cluster.runtime.network import Network, available
+from cluster.sandbox import LoopbackNames
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cluster.runtime", description=__doc__)
+    parser.add_argument("--kubeconfig", type=Path, required=True)
+    parser.add_argument("--folder", type=Path, required=True, help="the pods' folders and runtime.json go here")
+    parser.add_argument(
+        "--logs", type=Path, required=True, help="container logs: LOGS/<namespace>/<pod>/<container>.log"
+    )
+    parser.add_argument("--names", type=Path, required=True, help="the world's name sandbox folder")
+    parser.add_argument("--nodes", default=",".join(PROCESS_NODES))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s: %(message)s")
+    if reason := available():
+        print(f"error: {reason}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    args.folder.mkdir(parents=True, exist_ok=True)
+    ensure_ray_tmp()
+    network = Network().up()
+    try:
+        kubelet = Kubelet(
+            KubeCluster(args.kubeconfig),
+            args.folder,
+            args.logs,
+            args.nodes.split(","),
+            LoopbackNames(args.names),
+            network,
+            Path(sys.prefix) / "bin",
+        )
+        kubelet.start()
+        info = {
+            "pid": os.getpid(),
+            "hostAddress": network.host_address,
+            "subnet": str(network.subnet),
+            "nodes": [n.name for n in kubelet.nodes],
+        }
+        (args.folder / INFO_FILE).write_text(json.dumps(info))
+        logging.info("process runtime up: %s", info)
+        stop.wait()
+        logging.info("stopping every pod")
+        kubelet.shutdown()
+    finally:
+        network.down()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""End to end on a real Ray cluster that KubeRay starts: the world, its process runtime, the operator.
+
+Real: the control plane, kube-scheduler, KubeRay, the operator (`python -m
+rocmtrain.controller`, as its own ServiceAccount with manifests/' RBAC), Ray,
+Ray Train, the MiniLM model, the authenticated progress push. Stood in for: the
+images and kubelets of the CPU nodes the pods run on (the TEST-ONLY process
+runtime, tests/cluster/runtime). Each job is small: 2 CPU workers, a few
+steps, data and checkpoints on a PersistentVolume at an absolute path here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cluster import rocmtrain_operator, runtime
+from cluster.paths import VOLUMES_DIR
+from cluster.processes import Process
+from cluster.world import World
+
+
+@pytest.fixture(scope="session")
+def operator(world: World) -> Iterator[Process]:
+    """The operator, with its progress endpoint on the pod network, for the e2e tests (they may restart it)."""
+    if world.runtime is None:
+        reason = f"no process runtime here: {runtime.network.available()}"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    process = rocmtrain_operator.start(world, ROCMTRAIN_RETRY_SECONDS="2")
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A fresh folder for one test's data and checkpoints, outside /tmp (which the operator reserves
+    in pods: pytest's tmp_path lies there), removed afterwards."""
+    VOLUMES_DIR.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="e2e-", dir=VOLUMES_DIR))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)

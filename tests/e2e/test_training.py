@@ -1,0 +1,207 @@
+"""A RocmTrainingJob trains on a Ray cluster that KubeRay starts, and its status tells the truth.
+
+Every link runs for real: the operator renders the RayJob, KubeRay starts the
+head and two workers and the submitter Job, `ray job submit` runs the driver on
+the head, the workers join over their own addresses, Ray Train trains with
+checkpoints on a shared volume, the driver pushes progress over HTTPS with its
+projected token, KubeRay reports SUCCEEDED or FAILED, and the Ray cluster is
+torn down. See conftest.py for what is real and what stands in.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from training_jobs import (
+    TIMEOUT,
+    Watch,
+    condition,
+    cpu_job,
+    events,
+    job,
+    ray_cluster_gone,
+    reports,
+    status,
+    volume,
+)
+
+from cluster import kuberay
+from cluster.processes import Process
+from cluster.runtime.container import processes_in
+from cluster.world import Scope, World
+from rocmtrain.api.models import RocmTrainingJobStatus
+
+pytestmark = [pytest.mark.cluster, pytest.mark.ray]
+
+ORDER = ["Pending", "Initializing", "Running", "Succeeded"]
+
+
+def _finished(state: dict) -> bool:
+    return state.get("phase") in ("Succeeded", "Failed")
+
+
+def _assert_trained(world: World, ns: str, name: str, folder: Path, watch: Watch) -> dict:
+    """The checks every successful job passes; its final status."""
+    final = watch.until(_finished, "the job to end")
+    assert final["phase"] == "Succeeded", final
+    RocmTrainingJobStatus.model_validate(final)
+    # The driver's own reports (written beside the checkpoints) are what reached the status.
+    pushed = reports(folder, name)
+    last = pushed[-1]
+    assert last["final"] and final["progress"] == last["progress"] and final["metrics"] == last["metrics"]
+    assert final["progress"]["percent"] == 100 and final["progress"]["step"] == final["progress"]["totalSteps"]
+    metrics = final["metrics"]
+    for key in ("evalAccuracy", "evalLoss", "trainLoss", "trainSeconds", "samplesPerSecond", "tokensPerSecond"):
+        assert math.isfinite(metrics[key]), key
+    assert 0 <= metrics["evalAccuracy"] <= 1 and metrics["samplesPerSecond"] > 0
+    assert final["history"] and final["history"][-1]["step"] == final["progress"]["step"]
+    # Both workers ready while it trained. (At the end KubeRay tears the cluster down, and the status
+    # counts only pods not being deleted: the first Succeeded status may already count fewer.)
+    assert final["lastProgressTime"] and max(watch.workers_running, default=0) == 2, watch.workers_running
+    assert 0 <= final["workersReady"] <= 2
+    # Phases as polled, and the operator's events, in the one order a job goes.
+    assert watch.phases == [p for p in ORDER if p in watch.phases] and "Running" in watch.phases, watch.phases
+    # (The operator posts a transition's event right after it writes the status.)
+    reasons = world.cluster.wait_for(
+        lambda: "Succeeded" in (found := [e["reason"] for e in events(world.cluster, ns, name)]) and found,
+        30,
+        "the Succeeded event",
+    )
+    assert [r for r in reasons if r in ORDER] == ORDER, reasons
+    # shutdownAfterJobFinishes: KubeRay deletes the Ray cluster; the runtime ends its processes.
+    world.cluster.wait_for(lambda: ray_cluster_gone(world.cluster, ns, name), 120, "the Ray cluster to go")
+    world.cluster.wait_for(lambda: not watch.processes(), 60, "the Ray pods' processes to end")
+    assert len(watch.pods) >= 4, "head, two workers and the submitter ran as processes"
+    return final
+
+
+def test_two_jobs_at_once_succeed_each_with_its_own_live_metrics(
+    world: World, scope: Scope, operator: Process, shared_dir: Path
+) -> None:
+    """Success, twice at once: Pending → Initializing → Running → Succeeded, progress to 100%, the
+    driver's metrics and history through the authenticated push, events in order, the Ray cluster
+    gone afterwards. The same job name in two namespaces, with different data sizes (so different
+    step counts): each status holds its own driver's metrics only."""
+    jobs = {}
+    for samples in (48, 96):
+        ns = scope.namespace("pair", processes=True)
+        folder = volume(scope, ns, shared_dir / f"volume-{samples}")
+        world.cluster.create(cpu_job("minilm", ns, folder, samples=samples))
+        jobs[ns] = (folder, samples)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # both watched from the start, side by side
+        running = {
+            ns: pool.submit(_assert_trained, world, ns, "minilm", folder, Watch(world.cluster, ns, "minilm"))
+            for ns, (folder, _) in jobs.items()
+        }
+        finals = {ns: future.result() for ns, future in running.items()}
+    steps = {ns: finals[ns]["progress"]["totalSteps"] for ns in jobs}
+    # 2 workers x 8 a batch: 3 and 6 steps; each status has its own count, and its own driver's metrics.
+    assert sorted(steps.values()) == [3, 6], steps
+    for ns, (folder, samples) in jobs.items():
+        assert steps[ns] == samples // 16
+        assert finals[ns]["metrics"] == reports(folder, "minilm")[-1]["metrics"]
+    assert len({str(f["metrics"]) for f in finals.values()}) == 2
+
+
+def test_a_lost_worker_is_recovered_from_the_last_checkpoint(
+    world: World, scope: Scope, operator: Process, shared_dir: Path
+) -> None:
+    ns = scope.namespace("lost", processes=True)
+    folder = volume(scope, ns, shared_dir / "volume")
+    # 12 steps, a checkpoint every 2: a worker is lost after the first checkpoint, before the end.
+    spec = cpu_job("minilm", ns, folder, samples=192, checkpoint={"everySteps": 2})
+    world.cluster.create(spec)
+    watch = Watch(world.cluster, ns, "minilm")
+    watch.until(lambda s: (s.get("progress") or {}).get("step", 0) >= 2, "a checkpoint (step 2)")
+
+    killed = _kill_a_training_worker(world, ns, watch)
+    final = _assert_trained(world, ns, "minilm", folder, watch)
+    assert final["workerFailures"] >= 1, "the status shows the recovery"
+    recovered = [e for e in events(world.cluster, ns, "minilm") if e["reason"] == "WorkerFailureRecovered"]
+    assert recovered and recovered[0]["type"] == "Warning", killed
+    assert "training continued from the checkpoint at step" in recovered[0]["message"]
+    resumed = [r["resumedFromStep"] for r in reports(folder, "minilm") if r.get("workerFailures")]
+    assert resumed and min(resumed) >= 2, "restored a checkpoint, not from scratch"
+
+
+def _kill_a_training_worker(world: World, ns: str, watch: Watch) -> str:
+    """SIGKILL the Ray Train worker process in one worker pod; what was killed."""
+    for key, record in sorted(watch.pods.items()):
+        if "-worker-" not in key:
+            continue
+        for pid in processes_in(f"net:[{record['netnsInode']}]", "net"):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if cmdline.startswith("ray::RayTrainWorker"):
+                os.kill(pid, signal.SIGKILL)
+                return f"{key}: pid {pid} {cmdline[:60]}"
+    raise AssertionError(f"no Ray Train worker process in {sorted(watch.pods)}")
+
+
+def test_operator_restarted_mid_run_then_job_deleted(
+    world: World, scope: Scope, operator: Process, shared_dir: Path
+) -> None:
+    ns = scope.namespace("restart", processes=True)
+    folder = volume(scope, ns, shared_dir / "volume")
+    # 100 steps: it runs well past the restart; it is deleted long before its end.
+    world.cluster.create(cpu_job("minilm", ns, folder, samples=1600, checkpoint={"everySteps": 2}))
+    watch = Watch(world.cluster, ns, "minilm")
+    before = watch.until(lambda s: (s.get("progress") or {}).get("step", 0) >= 2, "progress to arrive")
+    rayjob_uid = kuberay.rayjob(world.cluster, ns, "minilm")["metadata"]["uid"]
+
+    operator.restart()  # SIGTERM, as a rollout would, then start again
+    restarted = time.time()
+    after = watch.until(
+        lambda s: (
+            s.get("progress", {}).get("step", 0) > before["progress"]["step"]
+            and time.mktime(time.strptime(s["lastProgressTime"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone >= restarted - 1
+        ),
+        "progress pushed to the restarted operator",
+    )
+    assert after["phase"] == "Running" and condition(after, "Ready")["status"] == "True"
+    rayjobs = world.cluster.request("GET", kuberay.RAYJOBS.format(ns=ns))["items"]
+    assert [r["metadata"]["uid"] for r in rayjobs] == [rayjob_uid], "no second RayJob"
+    assert after["rayJobName"] == "minilm" and after["workersReady"] == 2
+
+    # Deleting the job ends every process of its pods within seconds (garbage collection, then the runtime).
+    assert watch.processes()
+    world.cluster.delete(job(world.cluster, ns, "minilm"))
+    deleted = time.monotonic()
+    world.cluster.wait_for(lambda: not watch.processes(), 60, "every process of the job to end")
+    gone_after = time.monotonic() - deleted
+    world.cluster.wait_for(lambda: ray_cluster_gone(world.cluster, ns, "minilm"), 60, "the Ray cluster to go")
+    assert not world.cluster.request("GET", kuberay.RAYJOBS.format(ns=ns))["items"]
+    assert gone_after < 60
+
+
+def test_a_job_whose_data_does_not_parse_fails_with_the_drivers_error(
+    world: World, scope: Scope, operator: Process, shared_dir: Path
+) -> None:
+    ns = scope.namespace("broken", processes=True)
+    folder = volume(scope, ns, shared_dir / "volume")
+    (folder / "broken.jsonl").write_text('{"text": "fine", "label": 1}\n{"text": "cut off here\n')
+    world.cluster.create(cpu_job("minilm", ns, folder, train="broken.jsonl"))
+    watch = Watch(world.cluster, ns, "minilm")
+    final = watch.until(_finished, "the job to end", timeout=TIMEOUT)
+    assert final["phase"] == "Failed", final
+    failed = condition(final, "Failed")
+    assert failed["status"] == "True" and failed["reason"] == "AppFailed"
+    first = failed["message"].splitlines()[0]
+    assert first.startswith(f"{folder / 'broken.jsonl'}: ") or f"{folder / 'broken.jsonl'}" in first, failed["message"]
+    assert "Job entrypoint command failed with exit code 2" in failed["message"]
+    warning = world.cluster.wait_for(
+        lambda: next((e for e in events(world.cluster, ns, "minilm") if e["reason"] == "Failed"), None),
+        30,
+        "the Failed event",
+    )
+    assert warning["type"] == "Warning" and first in warning["message"]
+    world.cluster.wait_for(lambda: ray_cluster_gone(world.cluster, ns, "minilm"), 120, "the Ray cluster to go")
+    assert status(world.cluster, ns, "minilm")["phase"] == "Failed"
