@@ -125,7 +125,12 @@ def test_job_retries_go_through_kuberay_retrying_on_a_new_ray_cluster(world: Wor
     failed = api.condition(ns, "flaky", "Failed")
     assert failed["reason"] == "SubmissionFailed" and "BackoffLimitExceeded" in failed["message"], failed
     assert kuberay.rayjob(api.kube, ns, "flaky")["status"]["failed"] == 2  # KubeRay's own count
-    story = [r for _, r in api.events(ns, "flaky")]
+    # The operator posts a transition's event right after it writes the status.
+    story = wait_until(
+        lambda: (found := [r for _, r in api.events(ns, "flaky")]) and found[-1] == "Failed" and found,
+        timeout=TIMEOUT,
+        what="the Failed event",
+    )
     assert story[:3] == ["Pending", "Initializing", "Retrying"] and story[-1] == "Failed", story
 
 
