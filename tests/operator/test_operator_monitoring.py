@@ -83,7 +83,9 @@ def test_every_metric_the_dashboard_and_the_alerts_use_is_served(
         names = served_names(scrape(operator))
         per_job = [n for n in names if n.startswith("rocmtrain_job_") and n != "rocmtrain_job_series_dropped"]
         jobs_seen = {(s.get("namespace"), s.get("job_name")) for n in per_job for s in names[n]}
-        return names if all(names[n] for n in per_job) and {(ns, "training"), (ns, "waiting")} <= jobs_seen else None
+        priced = {(s.get("namespace"), s.get("job_name")) for s in names.get("rocmtrain_job_cost", [])}
+        both = {(ns, "training"), (ns, "waiting")}
+        return names if all(names[n] for n in per_job) and both <= jobs_seen and both <= priced else None
 
     # Both jobs' series (the queued one's come with a later reconcile than its status, on a loaded machine).
     names = wait_until(complete, timeout=RESTARTED, interval=0.2, what="every per-job series of both jobs")
