@@ -24,9 +24,10 @@ from cluster.processes import Process
 from cluster.world import World
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def operator(world: World) -> Iterator[Process]:
-    """The operator, with its progress endpoint on the pod network, for the e2e tests (they may restart it)."""
+    """The operator, with its progress endpoint on the pod network, for the e2e tests (they may restart it);
+    stopped after them, as later modules run their own operator in the same world."""
     if world.runtime is None:
         reason = f"no process runtime here: {runtime.network.available()}"
         if os.environ.get("CI"):
@@ -35,6 +36,8 @@ def operator(world: World) -> Iterator[Process]:
     process = rocmtrain_operator.start(world, ROCMTRAIN_RETRY_SECONDS="2")
     yield process
     process.stop()
+    # Its headless progress Service would clash with the one later modules apply from manifests/.
+    runtime.withdraw_host_service(world.cluster, rocmtrain_operator.NAMESPACE, rocmtrain_operator.PROGRESS_SERVICE)
 
 
 @pytest.fixture

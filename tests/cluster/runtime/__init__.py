@@ -100,6 +100,14 @@ def pod_records(workdir: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
+def withdraw_host_service(cluster: KubeCluster, namespace: str, name: str) -> None:
+    """Remove what `expose_host_service` made, so that the name is free for another Service of it."""
+    cluster.delete(
+        {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": f"{name}-host"}}, namespace
+    )
+    cluster.delete({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}}, namespace)
+
+
 def expose_host_service(cluster: KubeCluster, namespace: str, name: str, address: str, port: int) -> None:
     """A Service without selector whose one endpoint is ``address:port`` on this machine: pods reach
     a process that runs outside them (the operator's progress endpoint) by the Service's name."""
