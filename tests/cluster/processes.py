@@ -251,3 +251,14 @@ def is_ours(identity: str, pid: int) -> bool:
             return False
         return True  # no /proc: trust the pid file
     return Path(exe.removesuffix(" (deleted)")).name == identity or identity in argv
+
+
+def healthz_ok(port: int) -> bool:
+    """Whether an HTTP server on 127.0.0.1:`port` answers 200 on /healthz (the operator's liveness)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as resp:
+            return resp.status == 200
+    except OSError:
+        return False

@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from cluster.processes import die_with_parent, free_port
+from cluster.processes import die_with_parent, free_port, healthz_ok
 
 
 class OperatorProcess:
@@ -80,11 +80,7 @@ class OperatorProcess:
         self.proc = None
 
     def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1) as resp:
-                return resp.status == 200
-        except OSError:
-            return False
+        return healthz_ok(self.health_port)
 
     def rss_mib(self) -> float:
         """The process's resident memory, MiB."""

@@ -18,6 +18,7 @@ from kopf.testing import KopfRunner
 
 from cluster import rocmtrain_operator
 from cluster.kubecluster import KubeCluster, free_port
+from cluster.processes import healthz_ok
 from cluster.rocmtrain_operator import kustomize
 from gotools import go_tool
 
@@ -165,13 +166,7 @@ class Operator:
         wait_until(self.healthy, timeout=30, what="the operator's liveness endpoint")
 
     def healthy(self) -> bool:
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1) as resp:
-                return resp.status == 200
-        except OSError:
-            return False
+        return healthz_ok(self.health_port)
 
     def stop(self) -> None:
         runner, self._runner = self._runner, None
