@@ -133,7 +133,7 @@ def _count(value: object) -> int:
 
 def _workers(obs: Observation) -> tuple[int, int]:
     """(desired, ready) worker replicas as KubeRay reports them, the spec's count before that."""
-    desired = obs.spec.resources.workers
+    desired = obs.spec.worker_pods
     if obs.rayjob is None:
         return desired, 0
     cluster = _rayjob_status(obs.rayjob).get("rayClusterStatus") or {}
@@ -362,7 +362,7 @@ def compute_status(obs: Observation) -> dict[str, Any]:
         dashboard_url=rayjob_status.get("dashboardURL") or None,
         workers_desired=desired,
         workers_ready=ready,
-        gpus=obs.spec.resources.total_gpus,
+        gpus=obs.spec.total_gpus,
         start_time=start_time,
         completion_time=completion if state.phase in TERMINAL_PHASES else None,
         restarts=max(_restarts(obs.rayjob, state.phase), _count(current.get("restarts"))),

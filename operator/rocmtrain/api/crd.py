@@ -55,6 +55,12 @@ PRINTER_COLUMNS = [
         "priority": 1,
     },
     {
+        "name": "Best",
+        "type": "number",
+        "jsonPath": ".status.tuning.bestMetric",
+        "description": "Best trial's metric so far (hyper-parameter search).",
+    },
+    {
         "name": "ETA",
         "type": "number",
         "jsonPath": ".status.progress.etaSeconds",
