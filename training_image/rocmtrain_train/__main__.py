@@ -15,9 +15,9 @@ import ray
 
 from rocmtrain_train import http_sink
 from rocmtrain_train.config import ConfigError, cluster_settings, job_from_env
+from rocmtrain_train.local import train
 from rocmtrain_train.preflight import preflight
 from rocmtrain_train.sinks import ConsoleSink, JsonlSink, Sink
-from rocmtrain_train.trainer import run
 
 
 def main() -> int:
@@ -35,7 +35,7 @@ def main() -> int:
     if (progress := http_sink.from_env()) is not None:  # the operator's progress endpoint
         sinks.append(progress)
     try:
-        outcome = run(settings, sinks, echo_log=True)
+        outcome = train(settings, sinks, echo_log=True)
     except Exception as exc:
         print(f"training failed: {exc}", file=sys.stderr)
         return 1
