@@ -242,3 +242,28 @@ def test_render_options_point_the_head_pod_at_the_endpoint():
         s.get("serviceAccountToken") for s in sources
     ]
     assert [s["configMap"]["name"] for s in sources if "configMap" in s] == [tls.CA_CONFIGMAP]
+
+
+async def test_a_new_best_trial_posts_one_event(jobs: Jobs):
+    posted: list[tuple[str, str, str]] = []
+
+    async def post_event(obj: Any, *, type: str, reason: str, message: str) -> None:
+        posted.append((obj["metadata"]["name"], reason, message))
+
+    app = make_app(
+        authenticate=authenticate,
+        authorise=authorise,
+        jobs=jobs,
+        limiter=RateLimiter(100, 100),
+        now=lambda: NOW,
+        post_event=post_event,
+    )
+    tuning = {"metric": "evalLoss", "mode": "min", "trialsTotal": 2, "trialsRunning": 2}
+    best = {"bestTrialId": "t_1", "bestMetric": 0.5}
+    async with TestClient(TestServer(app)) as client:
+        for extra in ({}, best, best, {"bestTrialId": "t_2", "bestMetric": 0.25}):
+            body = {"progress": {"step": 0, "totalSteps": 2}, "tuning": {**tuning, **extra}}
+            assert (await client.post(URL, json=body, headers=bearer("good"))).status == 204
+    assert [(name, reason) for name, reason, _ in posted] == [("job1", "NewBestTrial"), ("job1", "NewBestTrial")]
+    assert "trial t_2 is the best so far: evalLoss=0.2500" in posted[1][2]
+    assert jobs.objects["team-a", "job1"]["status"]["tuning"]["bestTrialId"] == "t_2"

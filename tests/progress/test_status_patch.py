@@ -6,7 +6,7 @@ import datetime as dt
 
 from fakes import merge_patch
 from rocmtrain.api.models import HISTORY_LENGTH, ProgressReport, RocmTrainingJobStatus
-from rocmtrain.progress.status_patch import progress_patch
+from rocmtrain.progress.status_patch import progress_patch, tuning_events
 
 NOW = dt.datetime(2025, 3, 1, 12, 30, 5, 123456, tzinfo=dt.UTC)
 
@@ -75,3 +75,37 @@ def test_evaluation_carried_over_by_the_driver_is_not_repeated_in_the_curve():
         {"step": 30, "trainLoss": 0.6, "evalAccuracy": 0.7},
     ], "a new evaluation with an unchanged accuracy still counts (its evalSeconds moved)"
     assert status["metrics"]["evalAccuracy"] == 0.7
+
+
+def tuning_report(best: str | None, metric: float | None, running: int = 1) -> ProgressReport:
+    tuning = {
+        "metric": "evalAccuracy",
+        "mode": "max",
+        "trialsTotal": 4,
+        "trialsDone": 3 - running,
+        "trialsRunning": running,
+        "trialsPending": 1,
+        "trials": [
+            {"id": "a", "state": "Running", "config": {"learningRate": 1e-4}, "metric": metric, "iterations": 2}
+        ],
+    }
+    if best is not None:
+        tuning.update(bestTrialId=best, bestMetric=metric, bestConfig={"learningRate": 1e-4}, bestCheckpoint="/c/1")
+    return ProgressReport.model_validate({"progress": {"step": 3 - running, "totalSteps": 4}, "tuning": tuning})
+
+
+def test_tuning_is_replaced_and_new_best_trials_are_announced():
+    first = progress_patch(tuning_report("a", 0.7), None, NOW)["status"]
+    status = merge_patch({}, first)
+    assert status["tuning"]["bestTrialId"] == "a" and status["tuning"]["trials"][0]["iterations"] == 2
+    assert tuning_events(None, tuning_report("a", 0.7)) == [
+        ("NewBestTrial", "trial a is the best so far: evalAccuracy=0.7000 (learningRate=0.0001)")
+    ]
+    assert tuning_events(status, tuning_report("a", 0.8, running=0)) == [], "the same trial, better: no event"
+    status = merge_patch(status, progress_patch(tuning_report(None, None, running=0), status, NOW)["status"])
+    assert "bestTrialId" not in status["tuning"] and "bestCheckpoint" not in status["tuning"], "replaced whole"
+    assert [reason for reason, _ in tuning_events({"tuning": {"bestTrialId": "a"}}, tuning_report("b", 0.9))] == [
+        "NewBestTrial"
+    ]
+    assert tuning_events(status, report(1, trainLoss=1.0)) == []
+    RocmTrainingJobStatus.model_validate(status)

@@ -340,6 +340,11 @@ def run_search(settings: RunSettings, sinks: list[Sink], *, echo_log: bool) -> S
         tuner = _tuner(settings, experiment, log)
         grid = tuner.fit()
         reporter.ended(grid)
+        if unfinished := [t.id for t in reporter.trials if t.state in ("Pending", "Running")]:
+            raise RuntimeError(
+                f"search {settings.name} was interrupted with {len(unfinished)} trials unfinished; "
+                "run it again on the same storage to continue"
+            )
         best = best_trial(reporter.trials, reporter.metric, reporter.mode)
         if best is None or best.result.get("model_path") is None:
             raise RuntimeError(f"no trial of search {settings.name} finished with a model")

@@ -919,9 +919,7 @@ class TuningStatus(ApiModel):
     trials_done: int = Field(default=0, ge=0, le=1000, description="Trials that ended (succeeded, stopped, failed).")
     trials_running: int = Field(default=0, ge=0, le=1000, description="Trials running.")
     trials_pending: int = Field(default=0, ge=0, le=1000, description="Trials not started yet.")
-    best_trial_id: str | None = Field(
-        default=None, max_length=64, description="The best trial so far."
-    )
+    best_trial_id: str | None = Field(default=None, max_length=64, description="The best trial so far.")
     best_metric: float | None = Field(default=None, ge=-1e12, le=1e12, description="Its metric.")
     best_config: TrialConfig | None = Field(default=None, description="Its hyper-parameters.")
     best_checkpoint: str | None = Field(

@@ -42,11 +42,12 @@ from kubernetes_asyncio import client
 from rocmtrain.api.contract import PROGRESS_AUDIENCE, PROGRESS_BURST, PROGRESS_PATH, PROGRESS_RATE_PER_SECOND
 from rocmtrain.api.models import ProgressReport
 from rocmtrain.api.patterns import DNS_LABEL
+from rocmtrain.kube import Kube
 from rocmtrain.progress import tls
 from rocmtrain.progress.auth import Identity, PodAuthoriser, TokenReviewAuthenticator
 from rocmtrain.progress.errors import Conflict, Forbidden, Gone, Unauthenticated, Unavailable
 from rocmtrain.progress.limits import MAX_BODY_BYTES, RateLimiter, ReportError, parse_report
-from rocmtrain.progress.status_patch import progress_patch
+from rocmtrain.progress.status_patch import progress_patch, tuning_events
 from rocmtrain.progress.store import KubeJobStore
 from rocmtrain.render import RenderOptions
 
@@ -62,6 +63,12 @@ _RETRY_LATER = {"Retry-After": "5"}
 
 Authenticate = Callable[[str], Awaitable[Identity]]
 Authorise = Callable[[Identity, Mapping[str, Any]], Awaitable[None]]
+
+
+class PostEvent(Protocol):
+    """Posts a core/v1 Event about a job (`rocmtrain.kube.Kube.post_event`); best effort."""
+
+    async def __call__(self, obj: Any, *, type: str, reason: str, message: str) -> None: ...
 
 
 class JobStore(Protocol):
@@ -106,8 +113,10 @@ def _bearer(request: web.Request) -> str | None:
     return token
 
 
-async def _record(jobs: JobStore, job: dict[str, Any], report: ProgressReport, now: Callable[[], dt.datetime]) -> None:
-    """Patch `report` into the job's status, re-reading the job when it changed meanwhile.
+async def _record(
+    jobs: JobStore, job: dict[str, Any], report: ProgressReport, now: Callable[[], dt.datetime]
+) -> dict[str, Any]:
+    """Patch `report` into the job's status, re-reading the job when it changed meanwhile; the job it patched.
 
     The patch carries the resourceVersion it was computed from, so a concurrent
     write (another report, the operator's own status updates) is never lost.
@@ -120,7 +129,7 @@ async def _record(jobs: JobStore, job: dict[str, Any], report: ProgressReport, n
         patch["metadata"] = {"resourceVersion": job["metadata"]["resourceVersion"]}
         try:
             await jobs.patch_status(namespace, name, patch)
-            return
+            return job
         except Conflict:
             fresh = await jobs.get(namespace, name)
         if fresh is None or fresh["metadata"].get("uid") != uid:
@@ -136,8 +145,9 @@ def make_app(
     jobs: JobStore,
     limiter: RateLimiter,
     now: Callable[[], dt.datetime] = _utcnow,
+    post_event: PostEvent | None = None,
 ) -> web.Application:
-    """The endpoint's aiohttp application, built from its parts."""
+    """The endpoint's aiohttp application, built from its parts; `post_event` announces new best trials."""
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -178,7 +188,8 @@ def make_app(
         if body is None:
             raise _refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, namespace, name, "body too large")
         try:
-            await _record(jobs, job, parse_report(body), now)
+            report = parse_report(body)
+            patched = await _record(jobs, job, report, now)
         except ReportError as exc:
             raise _refuse(HTTPStatus.BAD_REQUEST, namespace, name, str(exc)) from None
         except Gone:
@@ -189,6 +200,9 @@ def make_app(
             raise _refuse(
                 HTTPStatus.SERVICE_UNAVAILABLE, namespace, name, "job kept changing", **_RETRY_LATER
             ) from None
+        if post_event is not None:
+            for reason, message in tuning_events(patched.get("status"), report):
+                await post_event(patched, type="Normal", reason=reason, message=message)
         return web.Response(status=204)
 
     app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -346,6 +360,7 @@ async def start_progress_server(cfg: ProgressServerConfig, api: client.ApiClient
         authorise=PodAuthoriser(api),
         jobs=KubeJobStore(api),
         limiter=RateLimiter(cfg.rate_per_second, cfg.burst),
+        post_event=Kube(api).post_event,
     )
     await server.start(app)
     return server

@@ -8,6 +8,8 @@
   report at the same step as the last point completes that point, and a report
   at an earlier step (a restart from a checkpoint) drops the points after it.
   Evaluation values enter the curve only when they are new (see `history_point`).
+- `status.tuning` (a hyper-parameter search) is replaced as a whole, like progress: the driver
+  sends the search's whole state every time (the trial table is bounded).
 - `status.lastProgressTime` is the time the report was accepted; the operator's
   stall detection reads it.
 """
@@ -18,10 +20,19 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rocmtrain.api.models import EVAL_METRICS, HISTORY_LENGTH, HistoryPoint, Metrics, Progress, ProgressReport
+from rocmtrain.api.models import (
+    EVAL_METRICS,
+    HISTORY_LENGTH,
+    HistoryPoint,
+    Metrics,
+    Progress,
+    ProgressReport,
+    TuningStatus,
+)
 from rocmtrain.api.timestamps import rfc3339
 
 _PROGRESS_FIELDS = tuple(field.alias or name for name, field in Progress.model_fields.items())
+_TUNING_FIELDS = tuple(field.alias or name for name, field in TuningStatus.model_fields.items())
 # Metrics that change only when the driver has evaluated again: the results, and the time
 # spent evaluating (which grows with every evaluation, even one with the same results).
 _EVALUATION_FIELDS = tuple(
@@ -69,7 +80,26 @@ def progress_patch(report: ProgressReport, status: Mapping[str, Any] | None, now
     }
     if metrics := report.metrics.dump():
         patch["metrics"] = metrics
+    if report.tuning is not None:
+        tuning = report.tuning.dump()
+        patch["tuning"] = {key: tuning.get(key) for key in _TUNING_FIELDS}
     status = status or {}
     if (point := history_point(report, status.get("metrics") or {})) is not None:
         patch["history"] = extend_history(status.get("history") or [], point)
     return {"status": patch}
+
+
+def tuning_events(status: Mapping[str, Any] | None, report: ProgressReport) -> list[tuple[str, str]]:
+    """(reason, message) of the events `report` deserves on top of `status`: a new best trial of a search."""
+    new = report.tuning
+    old = (status or {}).get("tuning") or {}
+    if (
+        new is None
+        or new.best_trial_id is None
+        or new.best_metric is None
+        or new.best_trial_id == old.get("bestTrialId")
+    ):
+        return []
+    config = ", ".join(f"{k}={v:.4g}" for k, v in (new.best_config.dump() if new.best_config else {}).items())
+    message = f"trial {new.best_trial_id} is the best so far: {new.metric}={new.best_metric:.4f}"
+    return [("NewBestTrial", message + (f" ({config})" if config else ""))]
