@@ -36,7 +36,7 @@ from rocmtrain.api.models import Metrics, Progress, ProgressReport, TuningSpec
 from rocmtrain_train.config import RunSettings, join_location
 from rocmtrain_train.logs import main_logger
 from rocmtrain_train.rank_report import RankReport
-from rocmtrain_train.search_status import TrialView, best_trial, tuning_status
+from rocmtrain_train.search_status import DONE_STATES, TrialView, best_trial, tuning_status
 from rocmtrain_train.sinks import Sink
 from rocmtrain_train.trainer import build_trainer
 
@@ -340,9 +340,9 @@ def run_search(settings: RunSettings, sinks: list[Sink], *, echo_log: bool) -> S
         tuner = _tuner(settings, experiment, log)
         grid = tuner.fit()
         reporter.ended(grid)
-        if unfinished := [t.id for t in reporter.trials if t.state in ("Pending", "Running")]:
+        if (done := sum(t.state in DONE_STATES for t in reporter.trials)) < tuning.num_trials:
             raise RuntimeError(
-                f"search {settings.name} was interrupted with {len(unfinished)} trials unfinished; "
+                f"search {settings.name} was interrupted with {tuning.num_trials - done} trials unfinished; "
                 "run it again on the same storage to continue"
             )
         best = best_trial(reporter.trials, reporter.metric, reporter.mode)
