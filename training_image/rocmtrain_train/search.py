@@ -46,7 +46,7 @@ SUMMARY_FILE = "search-summary.json"
 TIME_ATTR = "evaluations"
 # What a trial's own actor reserves: it only runs the trial's Ray Train controller, and needs no CPU
 # (the head has none for Ray; the worker pods' CPUs all go to ranks). Tune refuses an empty request.
-TRIAL_ACTOR_RESOURCES = {"memory": 64 * 2**20}
+TRIAL_ACTOR_RESOURCES: dict[str, float] = {"memory": 64.0 * 2**20}
 # ASHA's horizon: far beyond any run's evaluations, so that only the rungs stop trials.
 ASHA_MAX_T = 1_000_000
 
@@ -182,7 +182,7 @@ class SearchReporter:
                 result.config or {},
                 result.metrics,
             )
-            for result in grid
+            for result in (grid[i] for i in range(len(grid)))
         ]
 
     def emit(self, *, final: bool) -> None:

@@ -86,7 +86,7 @@ def tuning_status(trials: Iterable[TrialView], *, metric: str, mode: Literal["ma
         return (t.state != "Running", math.inf if value is None else sign * value, t.id)
 
     return TuningStatus(
-        metric=metric,  # type: ignore[arg-type]  # a TuningMetric: the spec's
+        metric=metric,
         mode=mode,
         trials_total=total,
         trials_done=done,

@@ -43,8 +43,8 @@ SUMMARY_ROWS = (
 
 
 def summary_table(report: ProgressReport) -> str:
-    """The final metrics as a two-column table (rows without a value are left out)."""
-    rows = [("steps", f"{report.progress.step}/{report.progress.total_steps}")]
+    """The final metrics (of a search: the best trial's) as a two-column table (rows without a value are left out)."""
+    rows = [("trials" if report.tuning else "steps", f"{report.progress.step}/{report.progress.total_steps}")]
     rows += [(label, _fmt(getattr(report.metrics, key), spec)) for label, key, spec in SUMMARY_ROWS]
     rows = [(label, value) for label, value in rows if value != "-"]
     width = max(len(label) for label, _ in rows)
