@@ -105,7 +105,12 @@ def test_the_status_matches_the_trials(asha_search):
 
 
 def test_a_killed_trial_worker_is_recovered(ray_local, tmp_path):
-    extra = {"resources": {"workers": 2}, "checkpoint": {"everySteps": 2}, "faultTolerance": {"maxWorkerFailures": 1}}
+    extra = {
+        "data": {"train": {"maxSamples": 320}},  # 10 steps of 2 x 16: the kill lands while the trial trains
+        "resources": {"workers": 2},
+        "checkpoint": {"everySteps": 2},
+        "faultTolerance": {"maxWorkerFailures": 1},
+    }
     run = settings(job("search-kill", SMALL, extra, tuning(numTrials=1)), tmp_path)
     with ThreadPoolExecutor(1) as pool:
         search = pool.submit(run_local, run, console=False)
@@ -120,7 +125,7 @@ def test_a_killed_trial_worker_is_recovered(ray_local, tmp_path):
         os.kill(pid, signal.SIGKILL)
         outcome = search.result(timeout=600)
     (row,) = outcome.summary["trials"]
-    assert row["state"] == "Succeeded" and row["steps"] == 160 // 32
+    assert row["state"] == "Succeeded" and row["steps"] == 320 // 32
     assert rank_log.read_text().count("started: pid") == 2, "the killed rank was started again"
     assert "resumed at epoch" in rank_log.read_text()
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -142,13 +143,12 @@ def run_trial(config: dict[str, Any], settings: RunSettings) -> None:
 class SearchReporter:
     """Turns Tune's trials into `status.tuning` reports for the sinks, and logs each new best trial."""
 
-    def __init__(self, settings: RunSettings, sinks: list[Sink], log: Any) -> None:
+    def __init__(self, settings: RunSettings, sinks: list[Sink], log: logging.Logger) -> None:
         tuning = settings.job.spec.tuning
         assert tuning is not None
         task = settings.job.spec.model.task
         self.metric, self.mode, self.total = tuning.metric_for(task), tuning.mode_for(task), tuning.num_trials
         self._space = set(param_space(tuning))
-        self._settings = settings
         self._sinks = sinks
         self._log = log
         self._best: str | None = None
@@ -247,7 +247,7 @@ class SearchProgress(tune.Callback):
         self._update(trials)
 
 
-def _tuner(settings: RunSettings, experiment: str, log: Any) -> tune.Tuner:
+def _tuner(settings: RunSettings, experiment: str, log: logging.Logger) -> tune.Tuner:
     """A new search, or the one a previous driver left under `experiment` (resume: auto)."""
     tuning = settings.job.spec.tuning
     assert tuning is not None
