@@ -45,6 +45,33 @@ def trial_ids(run: RunSettings) -> list[str]:
     return sorted(p.name for p in Path(run.run_path, TRIALS_DIR).iterdir())
 
 
+# Before the ASHA search below: a trial it stops keeps its worker's CPU (see the xfail test).
+def test_a_killed_trial_worker_is_recovered(ray_local, tmp_path):
+    extra = {
+        "data": {"train": {"maxSamples": 320}},  # 10 steps of 2 x 16: the kill lands while the trial trains
+        "resources": {"workers": 2},
+        "checkpoint": {"everySteps": 2},
+        "faultTolerance": {"maxWorkerFailures": 1},
+    }
+    run = settings(job("search-kill", SMALL, extra, tuning(numTrials=1)), tmp_path)
+    with ThreadPoolExecutor(1) as pool:
+        search = pool.submit(run_local, run, console=False)
+        deadline = time.monotonic() + 300
+        while not list(Path(run.run_path, TRIALS_DIR).glob("*/checkpoint_manager_snapshot.json")):
+            assert not search.done(), f"the search ended before a checkpoint: {search.exception()}"
+            assert time.monotonic() < deadline, "no checkpoint within 5 minutes"
+            time.sleep(0.2)
+        (trial,) = trial_ids(run)
+        rank_log = Path(run.log_dir, TRIALS_DIR, trial, "rank-1.log")
+        pid = int(rank_log.read_text().split("started: pid ")[-1].split()[0])
+        os.kill(pid, signal.SIGKILL)
+        outcome = search.result(timeout=600)
+    (row,) = outcome.summary["trials"]
+    assert row["state"] == "Succeeded" and row["steps"] == 320 // 32
+    assert rank_log.read_text().count("started: pid") == 2, "the killed rank was started again"
+    assert "resumed at epoch" in rank_log.read_text()
+
+
 @pytest.fixture(scope="module")
 def asha_search(ray_local, tmp_path_factory) -> tuple[RunSettings, SearchOutcome]:
     spec = tuning(numTrials=4, maxConcurrentTrials=1, seed=3, scheduler={"gracePeriod": 1, "reductionFactor": 2})
@@ -104,30 +131,18 @@ def test_the_status_matches_the_trials(asha_search):
     assert any(r.tuning.trials_running == 1 and r.tuning.trials_done < 4 for r in reports if r.tuning)
 
 
-def test_a_killed_trial_worker_is_recovered(ray_local, tmp_path):
-    extra = {
-        "data": {"train": {"maxSamples": 320}},  # 10 steps of 2 x 16: the kill lands while the trial trains
-        "resources": {"workers": 2},
-        "checkpoint": {"everySteps": 2},
-        "faultTolerance": {"maxWorkerFailures": 1},
-    }
-    run = settings(job("search-kill", SMALL, extra, tuning(numTrials=1)), tmp_path)
-    with ThreadPoolExecutor(1) as pool:
-        search = pool.submit(run_local, run, console=False)
-        deadline = time.monotonic() + 300
-        while not list(Path(run.run_path, TRIALS_DIR).glob("*/checkpoint_manager_snapshot.json")):
-            assert not search.done(), f"the search ended before a checkpoint: {search.exception()}"
-            assert time.monotonic() < deadline, "no checkpoint within 5 minutes"
-            time.sleep(0.2)
-        (trial,) = trial_ids(run)
-        rank_log = Path(run.log_dir, TRIALS_DIR, trial, "rank-1.log")
-        pid = int(rank_log.read_text().split("started: pid ")[-1].split()[0])
-        os.kill(pid, signal.SIGKILL)
-        outcome = search.result(timeout=600)
-    (row,) = outcome.summary["trials"]
-    assert row["state"] == "Succeeded" and row["steps"] == 320 // 32
-    assert rank_log.read_text().count("started: pid") == 2, "the killed rank was started again"
-    assert "resumed at epoch" in rank_log.read_text()
+@pytest.mark.xfail(
+    strict=True,
+    reason="known issue: the Ray Train workers of a trial ASHA stops stay alive and keep their resources "
+    "(Tune ends the trial, not the TrainController it started)",
+)
+def test_a_trial_stopped_early_frees_its_resources(asha_search):
+    import ray
+
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("CPU") != ray.cluster_resources().get("CPU"):
+        assert time.monotonic() < deadline, (ray.available_resources(), ray.cluster_resources())
+        time.sleep(1)
 
 
 def trials_done(metrics: Path) -> int:
