@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rocmtrain.api.contract import KIND, KUEUE_QUEUE_LABEL
-from rocmtrain.api.models import ResourcesSpec
+from rocmtrain.api.models import ResourcesSpec, TuningSpec
 from rocmtrain.api.names import rayjob_name_of
 from rocmtrain.render.rayjob import MUTABLE_RAYJOB_DEFAULTS
 
@@ -53,11 +53,14 @@ def job_document(job: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def requested_gpus(job: Mapping[str, Any]) -> int:
-    """The AMD GPUs a job asks for (`ResourcesSpec.total_gpus`); 0 for resources that are not valid."""
+    """The AMD GPUs a job asks for, concurrent trials included; 0 for resources that are not valid."""
+    spec = job["spec"]
     try:
-        return ResourcesSpec.model_validate(job["spec"].get("resources") or {}).total_gpus
+        gpus = ResourcesSpec.model_validate(spec.get("resources") or {}).total_gpus
+        tuning = TuningSpec.model_validate(spec["tuning"]) if spec.get("tuning") else None
     except ValidationError:
         return 0
+    return gpus * (tuning.max_concurrent_trials if tuning is not None else 1)
 
 
 def rayjob_view(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -89,11 +89,16 @@ def check(spec: RocmTrainingJobSpec, nodes: Iterable[NodeInfo]) -> Hold | None:
             "InsufficientGPUs", f"needs {per_worker} {GPU_RESOURCE} per worker; the largest {where} has {largest}"
         )
     slots = sum(n.gpus // per_worker for n in matching)
-    workers = spec.resources.workers
+    workers = spec.worker_pods
     if slots < workers:
+        trials = (
+            f" ({spec.resources.workers} for each of {spec.concurrent_runs} concurrent trials)"
+            if spec.tuning is not None
+            else ""
+        )
         return _unschedulable(
             "InsufficientGPUs",
-            f"needs {workers} workers with {per_worker} {GPU_RESOURCE} each; "
+            f"needs {workers} workers{trials} with {per_worker} {GPU_RESOURCE} each; "
             f"the nodes can hold only {slots} such workers",
         )
     return None

@@ -203,9 +203,10 @@ def _workers(obs: Observation) -> tuple[int, int]:
     """(desired, ready) workers: ready ones as the pods show them, else as KubeRay last reported.
 
     The pods come first: KubeRay copies its cluster's counts into the RayJob only while it
-    polls the Ray dashboard, so the RayJob's count can lag behind the pods.
+    polls the Ray dashboard, so the RayJob's count can lag behind the pods. Desired counts
+    every worker pod, those of a search's concurrent trials included.
     """
-    desired = obs.spec.resources.workers
+    desired = obs.spec.worker_pods
     if obs.rayjob is None:
         return desired, 0
     cluster = _rayjob_status(obs.rayjob).get("rayClusterStatus") or {}
@@ -512,7 +513,7 @@ def compute_status(obs: Observation) -> dict[str, Any]:
         dashboard_url=rayjob_status.get("dashboardURL") or None,
         workers_desired=desired,
         workers_ready=ready,
-        gpus=obs.spec.resources.total_gpus,
+        gpus=obs.spec.total_gpus,
         start_time=start_time,
         completion_time=completion if state.phase in TERMINAL_PHASES else None,
         restarts=max(_restarts(obs.rayjob, state.phase), _count(current.get("restarts"))),

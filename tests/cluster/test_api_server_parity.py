@@ -103,7 +103,26 @@ REFUSED: list[tuple[str, Edit, str]] = [
     ("newline-in-field", put("spec.data.textField", "text\nlabel"), "textField"),
     ("node-selector-key", put("spec.scheduling.nodeSelector", {"bad key!": "x"}), "label"),
     ("storage-missing", drop("spec.checkpoint.storagePath"), "checkpoint.storagePath is required for a cluster job"),
+    (
+        "tuning-concurrency",
+        put("spec.tuning", {"searchSpace": {"epochs": [1, 2]}, "numTrials": 2, "maxConcurrentTrials": 3}),
+        "maxConcurrentTrials must not exceed numTrials",
+    ),
+    (
+        "tuning-range-reversed",
+        put("spec.tuning", {"searchSpace": {"weightDecay": {"min": 0.2, "max": 0.1}}}),
+        "min must be less than max",
+    ),
+    ("tuning-space-empty", put("spec.tuning", {"searchSpace": {}}), "at least one hyper-parameter"),
+    ("tuning-metric", put("spec.tuning", {"searchSpace": {"epochs": [1]}, "metric": "bleu"}), "metric"),
 ]
+
+
+def test_server_defaults_of_a_search_equal_model_defaults(kube: KubeCluster, namespace: str) -> None:
+    manifest = _in(namespace, full_job())
+    manifest["spec"]["tuning"] = {"searchSpace": {"learningRate": {"min": 1e-5, "max": 1e-3}}}
+    stored = kube.create(manifest, dry_run=True)
+    assert stored["spec"]["tuning"] == RocmTrainingJob.model_validate(manifest).spec.tuning.dump()
 
 
 @pytest.mark.parametrize(("case", "edit", "words"), REFUSED, ids=[c[0] for c in REFUSED])
@@ -136,7 +155,11 @@ def test_only_suspend_and_lifecycle_change_after_creation(kube: KubeCluster, nam
     )
     assert changed["spec"]["suspend"] is True
 
-    for patch in ({"spec": {"resources": {"workers": 9}}}, {"spec": {"model": {"maxSeqLength": 64}}}):
+    for patch in (
+        {"spec": {"resources": {"workers": 9}}},
+        {"spec": {"model": {"maxSeqLength": 64}}},
+        {"spec": {"tuning": {"searchSpace": {"epochs": [1, 2]}}}},
+    ):
         with pytest.raises(ApiException) as info:
             kube.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
         assert info.value.status == 422

@@ -270,3 +270,17 @@ def test_render_options_point_the_head_pod_at_the_endpoint():
         s.get("serviceAccountToken") for s in sources
     ]
     assert [s["configMap"]["name"] for s in sources if "configMap" in s] == [tls.CA_CONFIGMAP]
+
+
+async def test_a_new_best_trial_posts_one_event(jobs: Jobs):
+    app = make_app(
+        authenticate=authenticate, authorise=authorise, jobs=jobs, limiter=RateLimiter(100, 100), now=lambda: NOW
+    )
+    tuning = {"metric": "evalLoss", "mode": "min", "trialsTotal": 2, "trialsRunning": 2}
+    best = {"bestTrialId": "t_1", "bestMetric": 0.5}
+    async with TestClient(TestServer(app)) as client:
+        for extra in ({}, best, best, {"bestTrialId": "t_2", "bestMetric": 0.25}):
+            body = {"progress": {"step": 0, "totalSteps": 2}, "tuning": {**tuning, **extra}}
+            assert (await client.post(URL, json=body, headers=bearer("good"))).status == 204
+    assert jobs.events == [("job1", "Normal", "NewBestTrial")] * 2
+    assert jobs.objects["team-a", "job1"]["status"]["tuning"]["bestTrialId"] == "t_2"

@@ -6,7 +6,7 @@ import datetime as dt
 
 from fakes import merge_patch
 from rocmtrain.api.models import HISTORY_LENGTH, ProgressReport, RocmTrainingJobStatus
-from rocmtrain.progress.status_patch import progress_patch, recovery_events
+from rocmtrain.progress.status_patch import progress_patch, recovery_events, report_events, tuning_events
 
 NOW = dt.datetime(2025, 3, 1, 12, 30, 5, 123456, tzinfo=dt.UTC)
 
@@ -88,4 +88,37 @@ def test_worker_failures_are_counted_and_each_new_one_announced():
     status = merge_patch(status, progress_patch(recovered, status, NOW)["status"])
     assert status["workerFailures"] == 1
     assert recovery_events(recovered, status) == [], "the same failure is announced once"
+
+
+def tuning_report(best: str | None, metric: float | None, running: int = 1) -> ProgressReport:
+    tuning = {
+        "metric": "evalAccuracy",
+        "mode": "max",
+        "trialsTotal": 4,
+        "trialsDone": 3 - running,
+        "trialsRunning": running,
+        "trialsPending": 1,
+        "trials": [
+            {"id": "a", "state": "Running", "config": {"learningRate": 1e-4}, "metric": metric, "iterations": 2}
+        ],
+    }
+    if best is not None:
+        tuning.update(bestTrialId=best, bestMetric=metric, bestConfig={"learningRate": 1e-4}, bestCheckpoint="/c/1")
+    return ProgressReport.model_validate({"progress": {"step": 3 - running, "totalSteps": 4}, "tuning": tuning})
+
+
+def test_tuning_is_replaced_and_new_best_trials_are_announced():
+    first = progress_patch(tuning_report("a", 0.7), None, NOW)["status"]
+    status = merge_patch({}, first)
+    assert status["tuning"]["bestTrialId"] == "a" and status["tuning"]["trials"][0]["iterations"] == 2
+    (event,) = report_events(tuning_report("a", 0.7), None)
+    assert (event.type, event.reason) == ("Normal", "NewBestTrial")
+    assert event.message == "trial a is the best so far: evalAccuracy=0.7000 (learningRate=0.0001)"
+    assert tuning_events(tuning_report("a", 0.8, running=0), status) == [], "the same trial, better: no event"
+    status = merge_patch(status, progress_patch(tuning_report(None, None, running=0), status, NOW)["status"])
+    assert "bestTrialId" not in status["tuning"] and "bestCheckpoint" not in status["tuning"], "replaced whole"
+    assert [e.reason for e in tuning_events(tuning_report("b", 0.9), {"tuning": {"bestTrialId": "a"}})] == [
+        "NewBestTrial"
+    ]
+    assert tuning_events(report(1, trainLoss=1.0), status) == []
     RocmTrainingJobStatus.model_validate(status)

@@ -20,6 +20,7 @@ from unit.edits import Edit, both, drop, put
 from unit.samples import EXAMPLES, example, full_job, minimal_job
 
 CLUSTER_EXAMPLES = ["cluster-mi300x.yaml", "kueue.yaml"]
+LOCAL_EXAMPLES = ["quickstart.yaml", "tune.yaml"]
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -35,7 +36,7 @@ def write(tmp_path: Path, *documents: object) -> str:
 
 
 def test_examples_are_all_tested() -> None:
-    assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted([*CLUSTER_EXAMPLES, "quickstart.yaml"])
+    assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted([*CLUSTER_EXAMPLES, *LOCAL_EXAMPLES])
 
 
 @pytest.mark.parametrize("name", CLUSTER_EXAMPLES)
@@ -55,8 +56,9 @@ def test_validate_prints_one_ok_line(capsys: pytest.CaptureFixture[str], name: s
     assert out.startswith(f"{EXAMPLES / name}: OK")
 
 
-def test_quickstart_is_a_local_job(capsys: pytest.CaptureFixture[str]) -> None:
-    path = str(EXAMPLES / "quickstart.yaml")
+@pytest.mark.parametrize("name", LOCAL_EXAMPLES)
+def test_local_examples_are_local_jobs(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    path = str(EXAMPLES / name)
     assert run(capsys, "validate", "--context", "local", path)[0] == 0
     code, out, err = run(capsys, "render", path)
     assert (code, out) == (1, "")

@@ -17,6 +17,32 @@ from unit.edits import Edit, both, drop, put
 from unit.samples import example, full_job, minimal_job
 
 LONG_NAME = "a" * 41
+# A valid search; the cases below spoil one part of it.
+TUNING: dict[str, Any] = {
+    "searchSpace": {
+        "learningRate": {"min": 1e-5, "max": 1e-3},
+        "batchSizePerWorker": [8, 16],
+        "warmupRatio": {"min": 0.0, "max": 0.2},
+        "weightDecay": {"min": 0.0, "max": 0.1},
+        "epochs": [1, 2],
+    },
+    "numTrials": 4,
+    "maxConcurrentTrials": 2,
+}
+
+
+def tuning(*edits: Edit) -> Edit:
+    """Put TUNING into the job, then apply `edits` to it."""
+
+    def edit(manifest: dict[str, Any]) -> None:
+        manifest["spec"]["tuning"] = json.loads(json.dumps(TUNING))
+        for more in edits:
+            more(manifest)
+
+    return edit
+
+
+TS = "spec.tuning.searchSpace"
 
 # (id, edit of full_job(), path of the error, words of its message)
 INVALID: list[tuple[str, Edit, str, str]] = [
@@ -58,6 +84,50 @@ INVALID: list[tuple[str, Edit, str, str]] = [
     ("api-version", put("apiVersion", "rocmtrain.dev/v1"), "apiVersion", "rocmtrain.dev/v1alpha1"),
     ("kind", put("kind", "Job"), "kind", "RocmTrainingJob"),
     ("labels-missing", drop("spec.model.numLabels"), "spec.model.numLabels", "required when task"),
+    ("tune-lr-zero", tuning(put(f"{TS}.learningRate.min", 0)), f"{TS}.learningRate.min", "greater than 0"),
+    ("tune-lr-reversed", tuning(put(f"{TS}.learningRate.min", 0.01)), f"{TS}.learningRate.min", "less than max"),
+    ("tune-lr-word", tuning(put(f"{TS}.learningRate.max", "big")), f"{TS}.learningRate.max", "valid number"),
+    ("tune-wd-above-1", tuning(put(f"{TS}.weightDecay.max", 2)), f"{TS}.weightDecay.max", "less than or equal to 1"),
+    ("tune-warmup-above", tuning(put(f"{TS}.warmupRatio.max", 0.8)), f"{TS}.warmupRatio.max", "at most 0.5"),
+    ("tune-batch-empty", tuning(put(f"{TS}.batchSizePerWorker", [])), f"{TS}.batchSizePerWorker", "at least 1"),
+    (
+        "tune-batch-zero",
+        tuning(put(f"{TS}.batchSizePerWorker", [0])),
+        f"{TS}.batchSizePerWorker[0]",
+        "greater than or equal to 1",
+    ),
+    ("tune-batch-repeat", tuning(put(f"{TS}.batchSizePerWorker", [8, 8])), f"{TS}.batchSizePerWorker", "repeat"),
+    ("tune-epochs-float", tuning(put(f"{TS}.epochs", [1.5])), f"{TS}.epochs[0]", "valid integer"),
+    ("tune-space-empty", tuning(put(TS, {})), TS, "at least one hyper-parameter"),
+    ("tune-space-unknown", tuning(put(f"{TS}.dropout", [0.1])), f"{TS}.dropout", "unknown field"),
+    ("tune-trials-zero", tuning(put("spec.tuning.numTrials", 0)), "spec.tuning.numTrials", "greater than or equal"),
+    (
+        "tune-concurrency",
+        tuning(put("spec.tuning.maxConcurrentTrials", 5)),
+        "spec.tuning.maxConcurrentTrials",
+        "must not exceed numTrials",
+    ),
+    ("tune-metric-unknown", tuning(put("spec.tuning.metric", "bleu")), "spec.tuning.metric", "'evalAccuracy'"),
+    ("tune-metric-task", tuning(put("spec.tuning.metric", "evalMse")), "spec.tuning.metric", "does not produce"),
+    (
+        "tune-metric-regression",
+        both(
+            tuning(put("spec.tuning.metric", "evalAccuracy")),
+            put("spec.model.task", "regression"),
+            drop("spec.model.numLabels"),
+        ),
+        "spec.tuning.metric",
+        "evalLoss, evalMse",
+    ),
+    ("tune-no-eval", both(tuning(), drop("spec.data.eval")), "spec.data.eval", "ranks trials by evaluation"),
+    ("tune-mode", tuning(put("spec.tuning.mode", "best")), "spec.tuning.mode", "'max' or 'min'"),
+    ("tune-scheduler", tuning(put("spec.tuning.scheduler.type", "PBT")), "spec.tuning.scheduler.type", "'ASHA'"),
+    (
+        "tune-reduction",
+        tuning(put("spec.tuning.scheduler.reductionFactor", 1)),
+        "spec.tuning.scheduler.reductionFactor",
+        "greater than or equal to 2",
+    ),
     ("labels-one", put("spec.model.numLabels", 1), "spec.model", "at least 2"),
     (
         "regression-labels",
@@ -458,6 +528,7 @@ def _cel_rules(node: dict[str, Any], path: str = "") -> list[tuple[str, str]]:
 
 TRAVERSAL = "!self.matches('(^|/)[.][.](/|$)')"
 LABEL_KEYS = next(rule for path, rule in _cel_rules(crd.openapi_schema()) if path == "spec.scheduling.nodeSelector")
+SEARCH_SPACE_RULE = next(rule for path, rule in _cel_rules(crd.openapi_schema()) if path == "spec.tuning.searchSpace")
 VOLUME_RULE = next(rule for path, rule in _cel_rules(crd.openapi_schema()) if path == "spec.volumes[]")
 # (schema path, rule) -> (edit of full_job(), path pydantic blames)
 CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
@@ -509,6 +580,23 @@ CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
     ("spec.env[]", "!(has(self.value) && has(self.valueFrom))"): (put("spec.env[2].value", "v"), "spec.env[2]"),
     ("spec.volumes[]", VOLUME_RULE): (put("spec.volumes[0].secret", {"secretName": "s"}), "spec.volumes[0]"),
     ("spec", "has(self.checkpoint.storagePath)"): (drop("spec.checkpoint.storagePath"), "spec.checkpoint.storagePath"),
+    ("spec.tuning", "self.maxConcurrentTrials <= self.numTrials"): (
+        tuning(put("spec.tuning.maxConcurrentTrials", 5)),
+        "spec.tuning.maxConcurrentTrials",
+    ),
+    ("spec.tuning.searchSpace", SEARCH_SPACE_RULE): (tuning(put(TS, {})), TS),
+    ("spec.tuning.searchSpace.learningRate", "self.min < self.max"): (
+        tuning(put(f"{TS}.learningRate.min", 0.5)),
+        f"{TS}.learningRate.min",
+    ),
+    ("spec.tuning.searchSpace.warmupRatio", "self.min < self.max"): (
+        tuning(put(f"{TS}.warmupRatio.min", 0.3)),
+        f"{TS}.warmupRatio.min",
+    ),
+    ("spec.tuning.searchSpace.weightDecay", "self.min < self.max"): (
+        tuning(put(f"{TS}.weightDecay.min", 0.1)),
+        f"{TS}.weightDecay.min",
+    ),
     ("spec.lifecycle", "!has(self.ttlSecondsAfterFinished) || self.shutdownAfterJobFinishes"): (
         put("spec.lifecycle.shutdownAfterJobFinishes", False),
         "spec.lifecycle.ttlSecondsAfterFinished",

@@ -18,9 +18,10 @@ import ray
 from rocmtrain.api.contract import DRIVER_ERROR_PREFIX
 from rocmtrain_train import http_sink
 from rocmtrain_train.config import ConfigError, cluster_settings, job_from_env
+from rocmtrain_train.local import train
 from rocmtrain_train.preflight import preflight
 from rocmtrain_train.sinks import ConsoleSink, JsonlSink, Sink
-from rocmtrain_train.trainer import failure_line, run
+from rocmtrain_train.trainer import failure_line
 
 
 def _fail(message: str) -> None:
@@ -42,7 +43,7 @@ def main() -> int:
     if (progress := http_sink.from_env()) is not None:  # the operator's progress endpoint
         sinks.append(progress)
     try:
-        outcome = run(settings, sinks, echo_log=True)
+        outcome = train(settings, sinks, echo_log=True)
     except Exception as exc:
         print(f"training failed: {exc}", file=sys.stderr)
         _fail(f"training failed: {failure_line(exc)}")

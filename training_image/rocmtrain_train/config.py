@@ -52,6 +52,11 @@ class RunSettings:
         return self.job.spec.resources.workers
 
     @property
+    def concurrent_workers(self) -> int:
+        """Worker pods of all the runs at once (the trials a search runs together)."""
+        return self.job.spec.worker_pods
+
+    @property
     def gpus_per_worker(self) -> int:
         return self.job.spec.resources.gpus_per_worker if self.use_gpu else 0
 
@@ -159,7 +164,7 @@ def local_settings(
         root = str(Path(DEFAULT_LOCAL_STORAGE).resolve())
     use_gpu = resources.gpus_per_worker > 0 and not force_cpu
     ranks_per_pod = resources.gpus_per_worker if use_gpu else 1
-    machine_share = cpu_count // (resources.workers * ranks_per_pod)
+    machine_share = cpu_count // (job.spec.worker_pods * ranks_per_pod)
     cpus = ranks_per_pod * max(1, min(whole_cpus(resources.cpus_per_worker) // ranks_per_pod, machine_share))
     log_root = root if root.startswith("/") else str(Path(DEFAULT_LOCAL_STORAGE).resolve())
     return RunSettings(

@@ -5,12 +5,25 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rocmtrain_train import http_sink
 from rocmtrain_train.config import RunSettings
 from rocmtrain_train.preflight import preflight
 from rocmtrain_train.sinks import ConsoleSink, JsonlSink, Sink
 from rocmtrain_train.trainer import RunOutcome, run
+
+if TYPE_CHECKING:
+    from rocmtrain_train.search import SearchOutcome
+
+
+def train(settings: RunSettings, sinks: list[Sink], *, echo_log: bool) -> RunOutcome | SearchOutcome:
+    """One training run, or the job's hyper-parameter search when it has `spec.tuning`."""
+    if settings.job.spec.tuning is not None:
+        from rocmtrain_train.search import run_search
+
+        return run_search(settings, sinks, echo_log=echo_log)
+    return run(settings, sinks, echo_log=echo_log)
 
 
 def available_gpus() -> int:
@@ -19,16 +32,16 @@ def available_gpus() -> int:
     return torch.cuda.device_count()
 
 
-def run_local(settings: RunSettings, *, console: bool = True) -> RunOutcome:
-    """Check the job, start an embedded Ray unless one is running, and train."""
+def run_local(settings: RunSettings, *, console: bool = True) -> RunOutcome | SearchOutcome:
+    """Check the job, start an embedded Ray unless one is running, and train (or search)."""
     import ray
 
     preflight(settings, available_gpus=available_gpus() if settings.use_gpu else None)
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(
-            num_cpus=max(os.cpu_count() or 1, int(settings.num_workers * settings.cpus_per_worker)),
-            num_gpus=settings.total_gpus,
+            num_cpus=max(os.cpu_count() or 1, int(settings.concurrent_workers * settings.cpus_per_worker)),
+            num_gpus=settings.total_gpus * settings.job.spec.concurrent_runs,
             include_dashboard=False,
             log_to_driver=False,
             logging_level=logging.WARNING,
@@ -39,7 +52,7 @@ def run_local(settings: RunSettings, *, console: bool = True) -> RunOutcome:
     if (progress := http_sink.from_env()) is not None:  # report into a cluster job's status, if asked to
         sinks.append(progress)
     try:
-        return run(settings, sinks, echo_log=False)
+        return train(settings, sinks, echo_log=False)
     finally:
         if started_ray:
             ray.shutdown()

@@ -45,8 +45,8 @@ SUMMARY_ROWS = (
 
 
 def summary_table(report: ProgressReport) -> str:
-    """The final metrics as a two-column table (rows without a value are left out)."""
-    rows = [("steps", f"{report.progress.step}/{report.progress.total_steps}")]
+    """The final metrics (of a search: the best trial's) as a two-column table (rows without a value are left out)."""
+    rows = [("trials" if report.tuning else "steps", f"{report.progress.step}/{report.progress.total_steps}")]
     rows += [(label, _fmt(getattr(report.metrics, key), spec)) for label, key, spec in SUMMARY_ROWS]
     rows = [(label, value) for label, value in rows if value != "-"]
     width = max(len(label) for label, _ in rows)
@@ -71,8 +71,12 @@ class ConsoleSink:
         self._stream = stream or sys.stderr
         self._bar_wanted = wants_progress_bar(self._stream) if progress_bar is None else progress_bar
         self._bar: tqdm | None = None
+        self._last_line = ""
 
     def emit(self, report: ProgressReport) -> None:
+        if report.tuning is not None:
+            self._search_line(report)
+            return
         p, m = report.progress, report.metrics
         status = {
             "loss": _fmt(m.train_loss, ".4f"),
@@ -93,6 +97,25 @@ class ConsoleSink:
             print(f"step {p.step}/{p.total_steps} epoch {_fmt(p.epoch, '.2f')} {fields}", file=self._stream, flush=True)
         if report.final:
             self.close()
+            print(summary_table(report), file=self._stream, flush=True)
+
+    def _search_line(self, report: ProgressReport) -> None:
+        """One line per change of a search (trials are too coarse for a progress bar), the table at the end."""
+        t = report.tuning
+        assert t is not None
+        best = f"best {t.metric}={t.best_metric:.4f} (trial {t.best_trial_id})" if t.best_metric is not None else ""
+        counts = f"{t.trials_done}/{t.trials_total} done, {t.trials_running} running, {t.trials_pending} pending"
+        if (line := f"trials {counts} {best}".rstrip()) != self._last_line:
+            self._last_line = line
+            print(line, file=self._stream, flush=True)
+        if report.final:
+            for row in t.trials:
+                config = " ".join(f"{k}={v:.3g}" for k, v in row.config.dump().items())
+                metric = _fmt(row.metric, ".4f")
+                print(
+                    f"  {row.id} {row.state:<9} {t.metric}={metric} evaluations={row.iterations} {config}",
+                    file=self._stream,
+                )
             print(summary_table(report), file=self._stream, flush=True)
 
     def close(self) -> None:

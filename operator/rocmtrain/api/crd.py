@@ -55,6 +55,12 @@ PRINTER_COLUMNS = [
         "priority": 1,
     },
     {
+        "name": "Best",
+        "type": "number",
+        "jsonPath": ".status.tuning.bestMetric",
+        "description": "Best trial's metric so far (hyper-parameter search).",
+    },
+    {
         "name": "ETA",
         "type": "number",
         "jsonPath": ".status.progress.etaSeconds",
@@ -141,12 +147,19 @@ def _default_groups(node: dict[str, Any]) -> None:
             sub["default"] = {}
 
 
+def _unchanged(field: str, always_set: bool) -> str:
+    """CEL: `field` is as it was (a field that may be absent: absent in both, or equal)."""
+    if always_set:
+        return f"self.{field} == oldSelf.{field}"
+    return f"has(self.{field}) == has(oldSelf.{field}) && (!has(self.{field}) || self.{field} == oldSelf.{field})"
+
+
 def _immutability_rules() -> list[dict[str, Any]]:
     fields = models.RocmTrainingJobSpec.model_fields
     mutable = ", ".join(f"spec.{f}" for f in models.MUTABLE_FIELDS)
     return [
         {
-            "rule": f"self.{info.alias} == oldSelf.{info.alias}",
+            "rule": _unchanged(str(info.alias), info.is_required() or info.get_default() is not None),
             "message": f"spec.{info.alias} is immutable; only {mutable} may change after creation",
             "fieldPath": f".{info.alias}",
         }

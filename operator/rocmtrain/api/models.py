@@ -510,6 +510,146 @@ class LifecycleSpec(ApiModel):
         return self
 
 
+# --- hyper-parameter search -----------------------------------------------------------
+
+# Metrics a search may optimise (`Metrics` fields by wire name), with the mode each is best in,
+# and the tasks that produce them.
+TUNING_METRICS: dict[str, tuple[Literal["max", "min"], tuple[str, ...]]] = {
+    "evalAccuracy": ("max", ("sequence-classification",)),
+    "evalF1": ("max", ("sequence-classification",)),
+    "evalLoss": ("min", ("sequence-classification", "regression")),
+    "evalMse": ("min", ("regression",)),
+}
+TuningMetric = Literal["evalAccuracy", "evalF1", "evalLoss", "evalMse"]
+# Rows of `status.tuning.trials` (the progress channel carries at most 16 KiB).
+TRIAL_TABLE_LENGTH = 20
+MIN_BELOW_MAX = "min must be less than max"
+
+
+class Range(ApiModel):
+    """A continuous range of a hyper-parameter: min below max."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [_cel("self.min < self.max", MIN_BELOW_MAX, fieldPath=".min")]}
+    )
+
+    min: float = Field(ge=0, le=1, description="Lowest value.")
+    max: float = Field(ge=0, le=1, description="Highest value.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Range:
+        if self.min >= self.max:
+            raise ValueError(MIN_BELOW_MAX)
+        return self
+
+
+class SearchSpace(ApiModel):
+    """The hyper-parameters a search varies; the others keep their `spec.training` values."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "has(self.learningRate) || has(self.batchSizePerWorker) || has(self.warmupRatio) "
+                    "|| has(self.weightDecay) || has(self.epochs)",
+                    "the search space must vary at least one hyper-parameter",
+                )
+            ]
+        }
+    )
+
+    learning_rate: Range | None = Field(
+        default=None, description="Peak learning rate, sampled log-uniformly between min (> 0) and max."
+    )
+    batch_size_per_worker: list[Annotated[int, Field(ge=1, le=4096)]] | None = Field(
+        default=None, min_length=1, max_length=16, description="Micro-batch sizes per rank to choose from."
+    )
+    warmup_ratio: Range | None = Field(
+        default=None, description="Warmup share of the steps, sampled uniformly (at most 0.5)."
+    )
+    weight_decay: Range | None = Field(default=None, description="AdamW weight decay, sampled uniformly.")
+    epochs: list[Annotated[int, Field(ge=1, le=1000)]] | None = Field(
+        default=None, min_length=1, max_length=16, description="Numbers of epochs to choose from."
+    )
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> SearchSpace:
+        if not self.dump():
+            raise ValueError("the search space must vary at least one hyper-parameter")
+        return self
+
+
+class TuningScheduler(ApiModel):
+    """Early stopping of trials that fall behind."""
+
+    type: Literal["ASHA", "None"] = Field(
+        default="ASHA",
+        description=(
+            "ASHA (asynchronous successive halving: at each rung, trials below the best 1/reductionFactor "
+            "stop) or None (every trial runs to its end)."
+        ),
+    )
+    grace_period: int = Field(
+        default=1, ge=1, le=1000, description="Evaluations every trial completes before it may be stopped."
+    )
+    reduction_factor: int = Field(
+        default=2, ge=2, le=16, description="Keep the best 1/reductionFactor of the trials at each rung."
+    )
+
+
+class TuningSpec(ApiModel):
+    """A hyper-parameter search: many trials of the job, each a full data-parallel run."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.maxConcurrentTrials <= self.numTrials",
+                    "maxConcurrentTrials must not exceed numTrials",
+                    fieldPath=".maxConcurrentTrials",
+                )
+            ]
+        }
+    )
+
+    search_space: SearchSpace = Field(description="The hyper-parameters to search and their ranges or choices.")
+    num_trials: int = Field(default=4, ge=1, le=1000, description="Trials to run in all.")
+    max_concurrent_trials: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Trials that run at once; the Ray cluster gets workers x maxConcurrentTrials worker pods.",
+    )
+    metric: TuningMetric | None = Field(
+        default=None,
+        description=(
+            "Evaluation metric that ranks the trials; evalAccuracy for sequence-classification and "
+            "evalMse for regression when unset. Needs spec.data.eval."
+        ),
+    )
+    mode: Literal["max", "min"] | None = Field(
+        default=None, description="Whether the metric is best high or low; from the metric when unset."
+    )
+    scheduler: TuningScheduler = Field(default_factory=TuningScheduler, description="Early stopping.")
+    seed: int | None = Field(
+        default=None, ge=0, le=2**31 - 1, description="Seed of the search's sampling; training.seed when unset."
+    )
+
+    @model_validator(mode="after")
+    def _concurrency(self) -> TuningSpec:
+        if self.max_concurrent_trials > self.num_trials:
+            raise ValueError("maxConcurrentTrials must not exceed numTrials")
+        return self
+
+    def metric_for(self, task: str) -> str:
+        """The metric (wire name) that ranks the trials of a job of `task`."""
+        return self.metric or ("evalAccuracy" if task == "sequence-classification" else "evalMse")
+
+    def mode_for(self, task: str) -> Literal["max", "min"]:
+        """Whether the metric is best high or low."""
+        return self.mode or TUNING_METRICS[self.metric_for(task)][0]
+
+
 # --- the job --------------------------------------------------------------------------
 
 # Fields that may change after creation; every other spec field is immutable.
@@ -587,6 +727,13 @@ class RocmTrainingJobSpec(ApiModel):
         default_factory=FaultToleranceSpec, description="Worker-failure recovery, retries and deadline."
     )
     lifecycle: LifecycleSpec = Field(default_factory=LifecycleSpec, description="Clean-up after the job ends.")
+    tuning: TuningSpec | None = Field(
+        default=None,
+        description=(
+            "Hyper-parameter search: run numTrials trials of this job with hyper-parameters from a search "
+            "space, maxConcurrentTrials at a time, and keep the best one's model."
+        ),
+    )
     suspend: bool = Field(
         default=False, description="Suspend the job: the Ray cluster is deleted until it is set back to false."
     )
@@ -609,6 +756,21 @@ class RocmTrainingJobSpec(ApiModel):
                 "suspend requires lifecycle.shutdownAfterJobFinishes (KubeRay suspends by deleting the cluster)"
             )
         return self
+
+    @property
+    def concurrent_runs(self) -> int:
+        """Training runs at once: the trials a search runs together, else one."""
+        return self.tuning.max_concurrent_trials if self.tuning is not None else 1
+
+    @property
+    def worker_pods(self) -> int:
+        """Worker pods of the Ray cluster: `workers` for every run at once."""
+        return self.resources.workers * self.concurrent_runs
+
+    @property
+    def total_gpus(self) -> int:
+        """AMD GPUs the job asks for in all, trials at once included."""
+        return self.resources.total_gpus * self.concurrent_runs
 
 
 # --- status ---------------------------------------------------------------------------
@@ -724,6 +886,59 @@ WORKER_FAILURES = (
 )
 
 
+class TrialConfig(ApiModel):
+    """The hyper-parameters one trial trains with (those the search space varies)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    learning_rate: float | None = Field(default=None, gt=0, le=1, description="Peak learning rate.")
+    batch_size_per_worker: int | None = Field(default=None, ge=1, le=4096, description="Micro-batch size per rank.")
+    warmup_ratio: float | None = Field(default=None, ge=0, le=0.5, description="Warmup share of the steps.")
+    weight_decay: float | None = Field(default=None, ge=0, le=1, description="AdamW weight decay.")
+    epochs: int | None = Field(default=None, ge=1, le=1000, description="Epochs.")
+
+
+TrialState = Literal["Pending", "Running", "Succeeded", "Stopped", "Failed"]
+
+
+class Trial(ApiModel):
+    """One trial of a search."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    id: str = Field(max_length=64, description="Ray Tune's trial id.")
+    state: TrialState = Field(
+        description="Pending, Running, Succeeded (ran to its end), Stopped (stopped early by the scheduler) or Failed."
+    )
+    config: TrialConfig = Field(default_factory=TrialConfig, description="Its hyper-parameters.")
+    metric: float | None = Field(default=None, ge=-1e12, le=1e12, description="Its latest value of the metric.")
+    iterations: int = Field(default=0, ge=0, le=10**9, description="Evaluations it reported.")
+
+
+class TuningStatus(ApiModel):
+    """Where a hyper-parameter search stands."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    metric: TuningMetric = Field(description="The metric that ranks the trials.")
+    mode: Literal["max", "min"] = Field(description="Whether it is best high or low.")
+    trials_total: int = Field(ge=0, le=1000, description="Trials the search runs in all.")
+    trials_done: int = Field(default=0, ge=0, le=1000, description="Trials that ended (succeeded, stopped, failed).")
+    trials_running: int = Field(default=0, ge=0, le=1000, description="Trials running.")
+    trials_pending: int = Field(default=0, ge=0, le=1000, description="Trials not started yet.")
+    best_trial_id: str | None = Field(default=None, max_length=64, description="The best trial so far.")
+    best_metric: float | None = Field(default=None, ge=-1e12, le=1e12, description="Its metric.")
+    best_config: TrialConfig | None = Field(default=None, description="Its hyper-parameters.")
+    best_checkpoint: str | None = Field(
+        default=None, max_length=1024, description="Its latest checkpoint, or its exported model once done."
+    )
+    trials: list[Trial] = Field(
+        default_factory=list,
+        max_length=TRIAL_TABLE_LENGTH,
+        description=f"The trials: running ones first, then the best; at most {TRIAL_TABLE_LENGTH}.",
+    )
+
+
 class ProgressReport(ApiModel):
     """What the training driver pushes to the operator's progress endpoint."""
 
@@ -734,6 +949,7 @@ class ProgressReport(ApiModel):
     resumed_from_step: int | None = Field(
         default=None, ge=0, le=10**12, description="Step of the checkpoint the workers of this run last resumed from."
     )
+    tuning: TuningStatus | None = Field(default=None, description="The search, for a job with spec.tuning.")
 
 
 class Cost(ApiModel):
@@ -791,6 +1007,7 @@ class RocmTrainingJobStatus(ApiModel):
         description=f"The last {HISTORY_LENGTH} reported points, for plotting the loss curve.",
     )
     last_progress_time: str | None = Field(default=None, description="When progress was last reported (RFC 3339).")
+    tuning: TuningStatus | None = Field(default=None, description="The hyper-parameter search (spec.tuning).")
 
 
 class ObjectMeta(ApiModel):

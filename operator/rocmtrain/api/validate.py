@@ -29,7 +29,7 @@ from rocmtrain.api.contract import (
     RESERVED_VOLUMES,
     is_hub,
 )
-from rocmtrain.api.models import STORAGE_REQUIRED, RocmTrainingJob
+from rocmtrain.api.models import STORAGE_REQUIRED, TUNING_METRICS, RocmTrainingJob, TrainingSpec
 from rocmtrain.api.patterns import DNS_1035_LABEL, describe_pattern
 from rocmtrain.api.quantity import parse_quantity
 
@@ -89,6 +89,7 @@ def validate_job(obj: Any, *, context: Context = "cluster") -> tuple[RocmTrainin
         *_check_env(job),
         *_check_volumes(job),
         *_check_resources(job),
+        *_check_tuning(job),
     ]
     return (None, errors) if errors else (job, [])
 
@@ -279,3 +280,34 @@ def _check_resources(job: RocmTrainingJob) -> Iterator[FieldError]:
             "spec.resources.sharedMemory",
             "must not exceed memoryPerWorker: /dev/shm is memory-backed and counts towards the worker's memory",
         )
+
+
+def _check_tuning(job: RocmTrainingJob) -> Iterator[FieldError]:
+    """A search needs evaluation data, a metric the task produces, and ranges within the training bounds."""
+    tuning, spec = job.spec.tuning, job.spec
+    if tuning is None:
+        return
+    if spec.data.eval is None:
+        yield FieldError("spec.data.eval", "a hyper-parameter search (spec.tuning) ranks trials by evaluation: set it")
+    metric = tuning.metric_for(spec.model.task)
+    if spec.model.task not in TUNING_METRICS[metric][1]:
+        fits = sorted(m for m, (_, tasks) in TUNING_METRICS.items() if spec.model.task in tasks)
+        yield FieldError(
+            "spec.tuning.metric", f"a {spec.model.task} job does not produce {metric}; use one of {', '.join(fits)}"
+        )
+    space = tuning.search_space
+    if space.learning_rate is not None and space.learning_rate.min <= 0:
+        yield FieldError("spec.tuning.searchSpace.learningRate.min", "must be greater than 0 (sampled log-uniformly)")
+    warmup_limit = TrainingSpec.model_fields["warmup_ratio"].metadata
+    if space.warmup_ratio is not None and space.warmup_ratio.max > _upper_bound(warmup_limit):
+        yield FieldError(
+            "spec.tuning.searchSpace.warmupRatio.max", f"must be at most {_upper_bound(warmup_limit)}, as warmupRatio"
+        )
+    for name, choices in (("batchSizePerWorker", space.batch_size_per_worker), ("epochs", space.epochs)):
+        if choices is not None and len(set(choices)) != len(choices):
+            yield FieldError(f"spec.tuning.searchSpace.{name}", "must not repeat a value")
+
+
+def _upper_bound(metadata: list[Any]) -> float:
+    """The `le` bound among a pydantic field's constraints."""
+    return next(float(m.le) for m in metadata if getattr(m, "le", None) is not None)

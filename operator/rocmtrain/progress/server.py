@@ -62,7 +62,7 @@ from rocmtrain.progress import tls
 from rocmtrain.progress.auth import MAX_TOKEN_BYTES, Identity, PodAuthoriser, TokenReviewAuthenticator
 from rocmtrain.progress.errors import Busy, Conflict, Forbidden, Gone, Unauthenticated, Unavailable
 from rocmtrain.progress.limits import MAX_BODY_BYTES, RateLimiter, ReportError, parse_report
-from rocmtrain.progress.status_patch import progress_patch, recovery_events
+from rocmtrain.progress.status_patch import progress_patch, report_events
 from rocmtrain.progress.store import KubeJobStore
 from rocmtrain.render import RenderOptions
 
@@ -238,7 +238,7 @@ def make_app(
             raise _refuse(
                 HTTPStatus.SERVICE_UNAVAILABLE, namespace, name, "job kept changing", **_RETRY_LATER
             ) from None
-        for event in recovery_events(report, before.get("status")):
+        for event in report_events(report, before.get("status")):
             await jobs.post_event(before, type=event.type, reason=event.reason, message=event.message)
         metrics.PROGRESS_REPORTS.inc()
         return web.Response(status=204)

@@ -8,10 +8,13 @@
   report at the same step as the last point completes that point, and a report
   at an earlier step (a restart from a checkpoint) drops the points after it.
   Evaluation values enter the curve only when they are new (see `history_point`).
+- `status.tuning` (a hyper-parameter search) is replaced as a whole, like progress: the driver
+  sends the search's whole state every time (the trial table is bounded).
 - `status.lastProgressTime` is the time the report was accepted; the operator's
   stall detection reads it.
 - `status.workerFailures` is the run's count of worker failures Ray Train
-  recovered from; `recovery_events` announces each new one.
+  recovered from; `recovery_events` announces each new one, `tuning_events` each new best
+  trial of a search.
 """
 
 from __future__ import annotations
@@ -20,11 +23,20 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rocmtrain.api.models import EVAL_METRICS, HISTORY_LENGTH, HistoryPoint, Metrics, Progress, ProgressReport
+from rocmtrain.api.models import (
+    EVAL_METRICS,
+    HISTORY_LENGTH,
+    HistoryPoint,
+    Metrics,
+    Progress,
+    ProgressReport,
+    TuningStatus,
+)
 from rocmtrain.api.timestamps import rfc3339
 from rocmtrain.status import Event
 
 _PROGRESS_FIELDS = tuple(field.alias or name for name, field in Progress.model_fields.items())
+_TUNING_FIELDS = tuple(field.alias or name for name, field in TuningStatus.model_fields.items())
 # Metrics that change only when the driver has evaluated again: the results, and the time
 # spent evaluating (which grows with every evaluation, even one with the same results).
 _EVALUATION_FIELDS = tuple(
@@ -74,6 +86,9 @@ def progress_patch(report: ProgressReport, status: Mapping[str, Any] | None, now
     }
     if metrics := report.metrics.dump():
         patch["metrics"] = metrics
+    if report.tuning is not None:
+        tuning = report.tuning.dump()
+        patch["tuning"] = {key: tuning.get(key) for key in _TUNING_FIELDS}
     status = status or {}
     if report.worker_failures or "workerFailures" in status:
         patch["workerFailures"] = report.worker_failures or 0
@@ -93,3 +108,24 @@ def recovery_events(report: ProgressReport, status: Mapping[str, Any] | None) ->
         f"training continued from the checkpoint{where}"
     )
     return [Event("Warning", "WorkerFailureRecovered", message)]
+
+
+def tuning_events(report: ProgressReport, status: Mapping[str, Any] | None) -> list[Event]:
+    """The event a report brings when its search has a new best trial."""
+    new = report.tuning
+    old = (status or {}).get("tuning") or {}
+    if (
+        new is None
+        or new.best_trial_id is None
+        or new.best_metric is None
+        or new.best_trial_id == old.get("bestTrialId")
+    ):
+        return []
+    config = ", ".join(f"{k}={v:.4g}" for k, v in (new.best_config.dump() if new.best_config else {}).items())
+    message = f"trial {new.best_trial_id} is the best so far: {new.metric}={new.best_metric:.4f}"
+    return [Event("Normal", "NewBestTrial", message + (f" ({config})" if config else ""))]
+
+
+def report_events(report: ProgressReport, status: Mapping[str, Any] | None) -> list[Event]:
+    """The events `report` deserves on top of `status` (the status it was patched onto)."""
+    return recovery_events(report, status) + tuning_events(report, status)

@@ -83,9 +83,9 @@ def mutable_rayjob_fields(job: RocmTrainingJob) -> dict[str, Any]:
 
 
 def ray_cluster_spec(job: RocmTrainingJob, options: RenderOptions) -> dict[str, Any]:
-    """One head group and one fixed-size worker group."""
+    """One head group and one fixed-size worker group: the job's workers for every trial that runs at once."""
     labels = job_labels(job)
-    workers = job.spec.resources.workers
+    workers = job.spec.worker_pods
     return {
         "rayVersion": RAY_VERSION,
         "enableInTreeAutoscaling": False,
