@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,8 +22,9 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from rocmtrain.api.models import ProgressReport, RocmTrainingJob
 from rocmtrain_train.config import RunSettings
-from rocmtrain_train.local import run_local
+from rocmtrain_train.local import embedded_ray_options, run_local
 from rocmtrain_train.search import SUMMARY_FILE, TRIALS_DIR, SearchOutcome
+from train.conftest import start_ray
 from train.jobs import EXAMPLES, job, settings
 
 pytestmark = pytest.mark.ray
@@ -45,7 +47,6 @@ def trial_ids(run: RunSettings) -> list[str]:
     return sorted(p.name for p in Path(run.run_path, TRIALS_DIR).iterdir())
 
 
-# Before the ASHA search below: a trial it stops keeps its worker's CPU (see the xfail test).
 def test_a_killed_trial_worker_is_recovered(ray_local, tmp_path):
     extra = {
         "data": {"train": {"maxSamples": 320}},  # 10 steps of 2 x 16: the kill lands while the trial trains
@@ -73,12 +74,21 @@ def test_a_killed_trial_worker_is_recovered(ray_local, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def asha_search(ray_local, tmp_path_factory) -> tuple[RunSettings, SearchOutcome]:
+def asha_search(ray_local, tmp_path_factory) -> Iterator[tuple[RunSettings, SearchOutcome]]:
+    """A search with ASHA on the Ray that `rocmtrain run` starts for it (the session's Ray is stopped meanwhile)."""
+    import ray
+
     spec = tuning(numTrials=4, maxConcurrentTrials=1, seed=3, scheduler={"gracePeriod": 1, "reductionFactor": 2})
     run = settings(job("search-asha", SMALL, spec), tmp_path_factory.mktemp("search-asha"))
-    outcome = run_local(run, console=False)
-    assert isinstance(outcome, SearchOutcome)
-    return run, outcome
+    ray.shutdown()
+    ray.init(**embedded_ray_options(run))
+    try:
+        outcome = run_local(run, console=False)
+        assert isinstance(outcome, SearchOutcome)
+        yield run, outcome
+    finally:
+        ray.shutdown()
+        start_ray()
 
 
 def test_asha_stops_poor_trials_early(asha_search):
@@ -131,14 +141,13 @@ def test_the_status_matches_the_trials(asha_search):
     assert any(r.tuning.trials_running == 1 and r.tuning.trials_done < 4 for r in reports if r.tuning)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known issue: the Ray Train workers of a trial ASHA stops stay alive and keep their resources "
-    "(Tune ends the trial, not the TrainController it started)",
-)
-def test_a_trial_stopped_early_frees_its_resources(asha_search):
+def test_trials_stopped_early_free_their_resources(asha_search):
+    """Ray Train's PlacementGroupCleaner removes a stopped trial's placement group once it sees (through
+    the state API that `embedded_ray_options` turns on) that the trial's controller died with it."""
     import ray
 
+    _, outcome = asha_search
+    assert any(t["state"] == "Stopped" for t in outcome.summary["trials"])
     deadline = time.monotonic() + 30
     while ray.available_resources().get("CPU") != ray.cluster_resources().get("CPU"):
         assert time.monotonic() < deadline, (ray.available_resources(), ray.cluster_resources())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rocmtrain_train import http_sink
 from rocmtrain_train.config import RunSettings
@@ -32,6 +32,25 @@ def available_gpus() -> int:
     return torch.cuda.device_count()
 
 
+def embedded_ray_options(settings: RunSettings) -> dict[str, Any]:
+    """`ray.init`'s arguments for the job's embedded Ray: enough CPUs and GPUs for every concurrent rank.
+
+    A search also gets Ray's dashboard, on the loopback address only: it serves the state API, which
+    Ray Train's PlacementGroupCleaner asks whether a trial's Train controller still lives. Without
+    it, a trial Tune stops early (its controller dies with it) keeps its workers' placement group,
+    and with it their CPUs and GPUs, until the search ends.
+    """
+    search = settings.job.spec.tuning is not None
+    return {
+        "num_cpus": max(os.cpu_count() or 1, int(settings.concurrent_workers * settings.cpus_per_worker)),
+        "num_gpus": settings.total_gpus * settings.job.spec.concurrent_runs,
+        "include_dashboard": search,
+        "dashboard_host": "127.0.0.1",
+        "log_to_driver": False,
+        "logging_level": logging.WARNING,
+    }
+
+
 def run_local(settings: RunSettings, *, console: bool = True) -> RunOutcome | SearchOutcome:
     """Check the job, start an embedded Ray unless one is running, and train (or search)."""
     import ray
@@ -39,13 +58,7 @@ def run_local(settings: RunSettings, *, console: bool = True) -> RunOutcome | Se
     preflight(settings, available_gpus=available_gpus() if settings.use_gpu else None)
     started_ray = not ray.is_initialized()
     if started_ray:
-        ray.init(
-            num_cpus=max(os.cpu_count() or 1, int(settings.concurrent_workers * settings.cpus_per_worker)),
-            num_gpus=settings.total_gpus * settings.job.spec.concurrent_runs,
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level=logging.WARNING,
-        )
+        ray.init(**embedded_ray_options(settings))
     sinks: list[Sink] = [JsonlSink(Path(settings.log_dir) / "metrics.jsonl")]
     if console:
         sinks.append(ConsoleSink())

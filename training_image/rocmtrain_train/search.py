@@ -25,6 +25,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 import pyarrow.fs as pafs
+import ray
 from pydantic.alias_generators import to_snake
 from ray import tune
 from ray.train import Checkpoint
@@ -319,6 +320,18 @@ def search_summary(reporter: SearchReporter, model_path: str, wall_seconds: floa
     }
 
 
+def state_api_reachable() -> bool:
+    """Whether the connected Ray serves its state API (its dashboard runs)."""
+    from ray.util.state import list_nodes
+    from ray.util.state.exception import RayStateApiException
+
+    try:  # this cluster's address: without one, Ray looks for a cluster and refuses when it finds several
+        list_nodes(address=ray.get_runtime_context().gcs_address, limit=1, timeout=10, raise_on_missing_output=False)
+    except RayStateApiException:
+        return False
+    return True
+
+
 def run_search(settings: RunSettings, sinks: list[Sink], *, echo_log: bool) -> SearchOutcome:
     """Run (or continue) the job's search on the connected Ray cluster and export the best trial's model."""
     tuning = settings.job.spec.tuning
@@ -333,6 +346,11 @@ def run_search(settings: RunSettings, sinks: list[Sink], *, echo_log: bool) -> S
         settings.layout.world_size,
         settings.run_path,
     )
+    if not state_api_reachable():
+        log.warning(
+            "Ray's state API is not reachable (is its dashboard off?): a trial stopped early keeps its "
+            "workers' CPUs and GPUs until the search ends, and later trials may wait for them"
+        )
     reporter = SearchReporter(settings, sinks, log)
     _REPORTERS[experiment] = reporter
     started = time.perf_counter()
