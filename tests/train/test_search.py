@@ -162,7 +162,7 @@ def trials_done(metrics: Path) -> int:
 
 
 def test_a_restarted_driver_continues_the_search_without_rerunning_finished_trials(ray_local, tmp_path):
-    raw = job("search-resume", SMALL, tuning(numTrials=3, maxConcurrentTrials=1, scheduler={"type": "None"})).dump()
+    raw = job("search-resume", SMALL, tuning(numTrials=2, maxConcurrentTrials=1, scheduler={"type": "None"})).dump()
     for source in (raw["spec"]["data"]["train"], raw["spec"]["data"]["eval"]):
         source["uri"] = str((EXAMPLES / source["uri"]).resolve())
     job_file = tmp_path / "job.yaml"
@@ -177,7 +177,7 @@ def test_a_restarted_driver_continues_the_search_without_rerunning_finished_tria
         assert first.poll() is None, first.stdout.read()
         assert time.monotonic() < deadline, "no trial finished within 400 s"
         time.sleep(0.5)
-    first.send_signal(signal.SIGINT)
+    first.send_signal(signal.SIGINT)  # the second trial is unfinished: Tune lists it in the grid, not ended
     output, _ = first.communicate(timeout=300)
     assert first.returncode == 1 and "interrupted" in output, output
     (done,) = [p.parent.parent for p in trials.glob("*/model/model.safetensors")]
@@ -187,7 +187,7 @@ def test_a_restarted_driver_continues_the_search_without_rerunning_finished_tria
     outcome = run_local(run, console=False)
     assert isinstance(outcome, SearchOutcome)
     rows = {t["id"]: t for t in outcome.summary["trials"]}
-    assert len(rows) == 3 and {t["state"] for t in rows.values()} == {"Succeeded"}
+    assert len(rows) == 2 and {t["state"] for t in rows.values()} == {"Succeeded"}
     assert done.name in rows
     assert (done / "model" / "model.safetensors").stat().st_mtime == exported_at, "a finished trial ran again"
     assert Path(run.log_dir, TRIALS_DIR, done.name, "rank-0.log").read_text().count("started: pid") == 1

@@ -38,7 +38,7 @@ from rocmtrain.api.models import Metrics, Progress, ProgressReport, TuningSpec
 from rocmtrain_train.config import RunSettings, join_location
 from rocmtrain_train.logs import main_logger
 from rocmtrain_train.rank_report import RankReport
-from rocmtrain_train.search_status import DONE_STATES, TrialView, best_trial, tuning_status
+from rocmtrain_train.search_status import TrialView, best_trial, tuning_status
 from rocmtrain_train.sinks import Sink
 from rocmtrain_train.trainer import build_trainer
 
@@ -175,7 +175,7 @@ class SearchReporter:
         self.emit(final=False)
 
     def ended(self, grid: tune.ResultGrid) -> None:
-        """The trials as the finished search left them (finished ones a restore did not run again included)."""
+        """The trials as the ended search left them (finished ones a restore did not run again included)."""
         self.trials = [
             self.view(
                 str((result.metrics or {}).get("trial_id") or PurePosixPath(result.path).name),
@@ -320,6 +320,17 @@ def search_summary(reporter: SearchReporter, model_path: str, wall_seconds: floa
     }
 
 
+def ended_trials(experiment: str) -> int:
+    """Trials that ended (ran to their end, stopped early, failed), as Tune's saved experiment state says.
+
+    Not the `ResultGrid`'s count: on SIGINT Tune saves the state and then stops the trials that still
+    run, which the grid then lists as terminated. The saved state keeps them unfinished, and a
+    restore runs them again.
+    """
+    trials = tune.ExperimentAnalysis(experiment).trials
+    return sum(t.status in (TuneTrial.TERMINATED, TuneTrial.ERROR) for t in trials)
+
+
 def state_api_reachable() -> bool:
     """Whether the connected Ray serves its state API (its dashboard runs)."""
     from ray.util.state import list_nodes
@@ -357,12 +368,12 @@ def run_search(settings: RunSettings, sinks: list[Sink], *, echo_log: bool) -> S
     try:
         tuner = _tuner(settings, experiment, log)
         grid = tuner.fit()
-        reporter.ended(grid)
-        if (done := sum(t.state in DONE_STATES for t in reporter.trials)) < tuning.num_trials:
+        if (done := ended_trials(experiment)) < tuning.num_trials:
             raise RuntimeError(
                 f"search {settings.name} was interrupted with {tuning.num_trials - done} trials unfinished; "
                 "run it again on the same storage to continue"
             )
+        reporter.ended(grid)
         best = best_trial(reporter.trials, reporter.metric, reporter.mode)
         if best is None or best.result.get("model_path") is None:
             raise RuntimeError(f"no trial of search {settings.name} finished with a model")
