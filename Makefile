@@ -38,7 +38,7 @@ run: quickstart
 # The README's test command: installs everything (Python deps, Go-built control plane), lints,
 # then every test in one pytest session (one control plane).
 test: deps lint
-	$(BIN)/pytest -q -ra tests
+	$(BIN)/pytest -q -ra --durations=25 tests
 
 # The Python environment and the Go-built control plane at once: pip waits on the network and the disk
 # while Go compiles.

@@ -144,6 +144,14 @@ class KubeCluster:
         """Generic REST call on the shared client; see :func:`request`."""
         return request(self.api, method, path, **kwargs)
 
+    def printed(self, path: str) -> dict[str, Any]:
+        """The object at ``path`` as `kubectl get` prints it: the API server's Table row, by column name."""
+        resp = self.api.rest_client.request(
+            "GET", self.server + path, headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}
+        )
+        table = json.loads(resp.read())
+        return dict(zip([c["name"] for c in table["columnDefinitions"]], table["rows"][0]["cells"], strict=True))
+
     # ---- apply -------------------------------------------------------------
 
     def _resource(self, api_version: str, kind: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ torn down. See conftest.py for what is real and what stands in.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from training_jobs import (
+    JOBS,
     TIMEOUT,
     Watch,
     condition,
@@ -205,3 +207,54 @@ def test_a_job_whose_data_does_not_parse_fails_with_the_drivers_error(
     assert warning["type"] == "Warning" and first in warning["message"]
     world.cluster.wait_for(lambda: ray_cluster_gone(world.cluster, ns, "minilm"), 120, "the Ray cluster to go")
     assert status(world.cluster, ns, "minilm")["phase"] == "Failed"
+
+
+def test_a_search_runs_its_trials_at_once_on_one_ray_cluster_and_reports_the_best(
+    world: World, scope: Scope, operator: Process, shared_dir: Path
+) -> None:
+    """spec.tuning on the cluster: a worker pod for each trial that runs at once, both trials training
+    side by side on the one Ray cluster, status.tuning that counts them and names the best, its metric
+    in `kubectl get`, the NewBestTrial event, and the best trial's model where a job's model goes."""
+    ns = scope.namespace("search", processes=True)
+    folder = volume(scope, ns, shared_dir / "volume")
+    tuning = {
+        "searchSpace": {"learningRate": {"min": 1e-5, "max": 1e-3}},
+        "numTrials": 2,
+        "maxConcurrentTrials": 2,
+        "scheduler": {"type": "None"},
+    }
+    world.cluster.create(cpu_job("search", ns, folder, samples=48, resources={"workers": 1}, tuning=tuning))
+    rayjob = world.cluster.wait_for(lambda: kuberay.rayjob(world.cluster, ns, "search"), 60, "the RayJob")
+    (group,) = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert group["replicas"] == 2, "1 worker for each of 2 concurrent trials"
+
+    watch = Watch(world.cluster, ns, "search")
+    final = watch.until(_finished, "the search to end")
+    assert final["phase"] == "Succeeded", final
+    RocmTrainingJobStatus.model_validate(final)
+    searched = final["tuning"]
+    counts = [searched[k] for k in ("trialsTotal", "trialsDone", "trialsRunning", "trialsPending")]
+    assert counts == [2, 2, 0, 0], searched
+    rows = searched["trials"]
+    assert len(rows) == 2 and {r["state"] for r in rows} == {"Succeeded"}, rows
+    best = max(rows, key=lambda r: r["metric"])
+    assert (searched["bestTrialId"], searched["bestMetric"]) == (best["id"], best["metric"])
+    assert searched["bestConfig"] == best["config"] and final["metrics"]["evalAccuracy"] == best["metric"]
+    assert final["progress"]["percent"] == 100
+    assert max(watch.workers_running, default=0) == 2, watch.workers_running
+    pushed = reports(folder, "search")
+    assert any(r["tuning"]["trialsRunning"] == 2 for r in pushed if r.get("tuning")), "the trials ran at once"
+
+    assert world.cluster.printed(JOBS.format(ns=ns) + "/search")["Best"] == best["metric"]
+    announced = world.cluster.wait_for(
+        lambda: [e for e in events(world.cluster, ns, "search") if e["reason"] == "NewBestTrial"],
+        30,
+        "the NewBestTrial event",
+    )
+    assert f"trial {best['id']} is the best so far" in announced[-1]["message"], announced
+    run = folder / "runs" / "search"
+    assert searched["bestCheckpoint"] == str(run / "model")
+    assert (run / "model" / "model.safetensors").is_file() and (run / "model" / "config.json").is_file()
+    summary = json.loads((run / "search-summary.json").read_text())
+    assert sorted(t["id"] for t in summary["trials"]) == sorted(r["id"] for r in rows)
+    world.cluster.wait_for(lambda: ray_cluster_gone(world.cluster, ns, "search"), 120, "the Ray cluster to go")

@@ -137,14 +137,6 @@ class RayHead:
     def job_path(self) -> str:
         return f"/apis/rocmtrain.dev/v1alpha1/namespaces/{self.namespace}/{PLURAL}/{self.job}"
 
-    def printed(self, kube: KubeCluster) -> dict[str, Any]:
-        """The job's row as `kubectl get` prints it: the API server's Table of the CRD's printer columns."""
-        resp = kube.api.rest_client.request(
-            "GET", kube.server + self.job_path, headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}
-        )
-        table = json.loads(resp.read())
-        return dict(zip([c["name"] for c in table["columnDefinitions"]], table["rows"][0]["cells"], strict=True))
-
 
 SMALL_SPEC = {
     "model": {"source": "sentence-transformers/all-MiniLM-L6-v2", "numLabels": 2},

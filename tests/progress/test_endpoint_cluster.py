@@ -97,7 +97,7 @@ def test_token_of_the_jobs_head_pod_updates_its_status(kube: KubeCluster, client
     written = dt.datetime.fromisoformat(status["lastProgressTime"].replace("Z", "+00:00"))
     assert abs((dt.datetime.now(dt.UTC) - written).total_seconds()) < 60
     RocmTrainingJobStatus.model_validate(status)
-    printed = head.printed(kube)
+    printed = kube.printed(head.job_path)
     assert (printed["Progress"], printed["Loss"], printed["ETA"]) == (25, 0.61, 60), "kubectl get shows them"
 
 
