@@ -40,6 +40,7 @@ from rocmtrain_train.logs import main_logger
 from rocmtrain_train.rank_report import RankReport
 from rocmtrain_train.search_status import TrialView, best_trial, tuning_status
 from rocmtrain_train.sinks import Sink
+from rocmtrain_train.storage import filesystem
 from rocmtrain_train.trainer import build_trainer
 
 SEARCH_DIR = "search"
@@ -279,15 +280,16 @@ def _tuner(settings: RunSettings, experiment: str, log: logging.Logger) -> tune.
     )
 
 
-def export_model(source: str, destination: str) -> None:
+def copy_model(source: str, destination: str) -> None:
     """Copy a trial's exported model (a folder, local or in an object store) to `destination`."""
-    fs, path = pafs.FileSystem.from_uri(destination)
-    fs.create_dir(path)
-    pafs.copy_files(source, destination)
+    source_fs, source_path = filesystem(source, None)
+    fs, path = filesystem(destination, None)
+    fs.create_dir(path, recursive=True)
+    pafs.copy_files(source_path, path, source_filesystem=source_fs, destination_filesystem=fs)
 
 
 def _write_json(location: str, document: dict[str, Any]) -> None:
-    fs, path = pafs.FileSystem.from_uri(location)
+    fs, path = filesystem(location, None)
     with fs.open_output_stream(path) as out:
         out.write((json.dumps(document, indent=2) + "\n").encode())
 
@@ -377,7 +379,7 @@ def run_search(settings: RunSettings, sinks: list[Sink], *, echo_log: bool) -> S
         best = best_trial(reporter.trials, reporter.metric, reporter.mode)
         if best is None or best.result.get("model_path") is None:
             raise RuntimeError(f"no trial of search {settings.name} finished with a model")
-        export_model(best.result["model_path"], settings.model_output)
+        copy_model(best.result["model_path"], settings.model_output)
         reporter.finish(settings.model_output)
         log.info(
             "best trial %s: %s=%.4f; model at %s",
