@@ -58,6 +58,7 @@ class Layout:
     ray_tmp: Path
     overlays: Path  # where the upper layers of overlays go
     forbidden: tuple[str, ...] = ()  # folders no overlay may cover (the runtime's state, volume sources)
+    image: tuple[str, ...] = ()  # the stand-in image's folders (the checkout, its venv): kept visible
 
 
 def ensure_ray_tmp() -> None:
@@ -95,10 +96,11 @@ def mount_script(layout: Layout, mounts: Sequence[Mount]) -> list[str]:
         options = f"lowerdir={root},upperdir={upper / 'upper'},workdir={upper / 'work'}"
         commands.append(f"mount -t overlay overlay -o {shlex.quote(options)} {shlex.quote(root)}")
         overlaid.append(root)
-    # A mount over a folder that holds sources (the pods' `/tmp` emptyDir over a runtime under /tmp)
-    # would hide them: such mounts go last, after the pod's own files are bound.
+    # A mount over a folder that holds sources or the image (the pods' `/tmp` emptyDir over a runtime
+    # or a checkout under /tmp) would hide them: such mounts go last, after the pod's own files are bound.
     sources = [os.path.realpath(str(source)) for source in (layout.hosts, layout.resolv_conf, layout.ray_tmp)]
     sources += [os.path.realpath(m.source) for m in mounts if m.source is not None]
+    sources += [os.path.realpath(f) for f in layout.image]
     hiding = [m for m in mounts if any(_covers(os.path.realpath(m.target), s) for s in sources)]
     commands += _mount_commands([m for m in mounts if m not in hiding])
     private = [(layout.hosts, "/etc/hosts"), (layout.resolv_conf, "/etc/resolv.conf")]
@@ -106,10 +108,26 @@ def mount_script(layout: Layout, mounts: Sequence[Mount]) -> list[str]:
         private.append((layout.ray_tmp, RAY_TMP))  # else the mount over it is the pod's own (its /tmp)
         commands.append(f"mkdir -p {RAY_TMP}")
     commands += [f"mount --bind {shlex.quote(str(source))} {target}" for source, target in private]
+    # The image lies in no real pod's /tmp: a mount that would hide it (a checkout under /tmp) gets
+    # the image's folders bound back at their paths, through a bind of each made beforehand.
+    hidden = [f for f in _outermost(layout.image) if any(_covers(os.path.realpath(m.target), f) for m in hiding)]
+    kept = [(folder, str(layout.overlays / f"image-{i}")) for i, folder in enumerate(hidden)]
+    commands += [_bind_folder(folder, stash) for folder, stash in kept]
     commands += _mount_commands(hiding)
+    commands += [_bind_folder(stash, folder) for folder, stash in kept]
     if len(private) == 2:
         commands.append(f"mkdir -p {RAY_TMP}")
     return commands
+
+
+def _outermost(folders: Sequence[str]) -> list[str]:
+    """The folders that lie in none of the others."""
+    real = sorted({os.path.realpath(f) for f in folders})
+    return [f for f in real if not any(o != f and _covers(o, f) for o in real)]
+
+
+def _bind_folder(source: str, target: str) -> str:
+    return f"mkdir -p {shlex.quote(target)} && mount --bind {shlex.quote(source)} {shlex.quote(target)}"
 
 
 def _mount_commands(mounts: Sequence[Mount]) -> list[str]:

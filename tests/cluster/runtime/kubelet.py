@@ -33,6 +33,7 @@ from kubernetes.client.exceptions import ApiException
 
 from cluster.api import KubeCluster
 from cluster.nodes import ProcessNode, heartbeat, register_process
+from cluster.paths import REPO_ROOT
 from cluster.runtime.network import Network
 from cluster.runtime.pod import PodWorker
 from cluster.runtime.podspec import CLUSTER_DOMAIN
@@ -72,6 +73,7 @@ class Kubelet:
         self.names = names
         self.network = network
         self.python_bin = python_bin
+        self.image = (str(REPO_ROOT.resolve()), str(python_bin.parent.resolve()))  # what stands in for the image
         self.nodes = [ProcessNode(name, network.host_address) for name in nodes]
         self.allocatable = self.nodes[0].resources
         self._node_names = {n.name for n in self.nodes}

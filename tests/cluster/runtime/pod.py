@@ -234,6 +234,7 @@ class PodWorker(threading.Thread):
                 ray_tmp=self.folder / "ray" / spec["name"],
                 overlays=self.folder / "overlays" / spec["name"],
                 forbidden=kubelet.forbidden,
+                image=kubelet.image,
             )
             layout.ray_tmp.mkdir(parents=True, exist_ok=True)
             argv = argv_for(
