@@ -134,4 +134,5 @@ def test_each_pure_module_is_listed_with_its_docstring(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text(STRICT.format(modules='["rocmtrain.render.*", "rocmtrain.api"]'))
     summaries = [(module.__doc__ or "").strip().splitlines()[0] for module in (render, api)]
     assert summaries[0] and summaries[1]
-    assert docs.pure_module_list(tmp_path) == f"- `rocmtrain.render.*`: {summaries[0]}\n- `rocmtrain.api`: {summaries[1]}"
+    expected = f"- `rocmtrain.render.*`: {summaries[0]}\n- `rocmtrain.api`: {summaries[1]}"
+    assert docs.pure_module_list(tmp_path) == expected
