@@ -66,8 +66,9 @@ manifests: crds
 	mkdir -p manifests/crd
 	cp crds/*.yaml manifests/crd/
 
+# The generated parts of docs/ (the field reference, the pure-module list); tests/unit/test_docs.py checks them.
 docs: install
-	$(PY) -m rocmtrain.docs README.md
+	$(PY) -m rocmtrain.docs
 
 render: install
 	$(BIN)/rocmtrain render $(or $(RENDER_JOB),examples/cluster-mi300x.yaml)
@@ -100,7 +101,7 @@ demo: install cluster-binaries
 run-operator: install
 	PYTHONPATH=tests $(PY) -m cluster.kubecluster operator
 
-# Side-by-side benchmarks; figures in README.md.
+# Side-by-side benchmarks; figures in docs/benchmarks.md.
 bench: bench-train bench-operator bench-world
 
 bench-train: install

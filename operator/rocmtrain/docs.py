@@ -1,27 +1,55 @@
-"""The README's field reference: a Markdown table of every spec and status field, from the CRD schema.
+"""The generated parts of the docs: the custom-resource field reference and the list of pure modules.
 
-`python -m rocmtrain.docs README.md` (`make docs`) rewrites the part of README.md
-between the markers; `--check` only reports whether it is current.
+`python -m rocmtrain.docs` (`make docs`) rewrites, in the checkout it runs in (`--root`), the part
+of each page between its markers: docs/reference/custom-resource.md from the CRD schema,
+docs/design/boundaries.md from the strict mypy section of pyproject.toml. `--check` only reports
+whether they are current.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 import json
 import re
 import sys
+import tomllib
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rocmtrain.api import crd
 from rocmtrain.api.patterns import describe_pattern
 
-BEGIN = "<!-- BEGIN FIELD REFERENCE -->"
-END = "<!-- END FIELD REFERENCE -->"
 _KEY_RULE = re.compile(r"^self\.all\(k, k\.matches\(r'(.*)'\)\)$")
 _IMMUTABLE_RULE = re.compile(r"^self\.(\w+) == oldSelf\.\1$")
 Notes = dict[str, list[str]]
+
+
+@dataclass(frozen=True)
+class Block:
+    """A generated part of one Markdown page, between two markers; `render` makes it from the checkout's root."""
+
+    name: str
+    path: str
+    source: str
+    render: Callable[[Path], str]
+
+    @property
+    def begin(self) -> str:
+        return f"<!-- BEGIN {self.name} -->"
+
+    @property
+    def end(self) -> str:
+        return f"<!-- END {self.name} -->"
+
+    def text(self, root: Path) -> str:
+        """The block, markers included."""
+        note = f"<!-- Generated from {self.source} by `python -m rocmtrain.docs` (`make docs`); do not edit. -->"
+        return f"{self.begin}\n{note}\n\n{self.render(root)}\n\n{self.end}"
 
 
 def _type(node: dict[str, Any]) -> str:
@@ -66,14 +94,19 @@ def _constraints(node: dict[str, Any], required: bool, notes: list[str]) -> list
     return out + notes
 
 
-def _default(node: dict[str, Any]) -> str:
-    if "default" not in node or node["default"] in ({}, []):
-        return ""
-    return f"`{json.dumps(node['default'])}`"
+def _entry(path: str, kind: str, default: Any, constraints: list[str], description: str) -> str:
+    """One field as a list item: name, type, default and constraints, then its description."""
+    facts = [kind]
+    if default is not None and default not in ({}, []):
+        facts.append(f"default `{json.dumps(default)}`")
+    facts += constraints
+    head = f"- **`{path}`** ({'; '.join(facts)})"
+    description = description.replace("\n", " ").strip()
+    return f"{head}:\n  {description}" if description else head
 
 
-def _rows(node: dict[str, Any], path: str, required: bool, notes: Notes) -> list[list[str]]:
-    """The row of `node` and of every field below it (list items as `path[].field`)."""
+def _entries(node: dict[str, Any], path: str, required: bool, notes: Notes) -> list[str]:
+    """The entry of `node` and of every field below it (list items as `path[].field`)."""
     item = node["items"] if node.get("type") == "array" else None
     _rule_notes(node, path, path, notes)
     if item is not None:
@@ -81,61 +114,80 @@ def _rows(node: dict[str, Any], path: str, required: bool, notes: Notes) -> list
         constraints = _constraints(node, required, []) + _constraints(item, False, notes[path])
     else:
         constraints = _constraints(node, required, notes[path])
-    rows = [[f"`{path}`", _type(node), _default(node), "; ".join(constraints), node.get("description", "")]]
+    entries = [_entry(path, _type(node), node.get("default"), constraints, node.get("description", ""))]
     holder, prefix = (item, path + "[]") if item is not None else (node, path)
     needed = set(holder.get("required", []))
     for name, child in holder.get("properties", {}).items():
-        rows += _rows(child, f"{prefix}.{name}", name in needed, notes)
-    return rows
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _table(rows: list[list[str]]) -> str:
-    lines = ["| Field | Type | Default | Constraints | Description |", "|---|---|---|---|---|"]
-    lines += ["| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
+        entries += _entries(child, f"{prefix}.{name}", name in needed, notes)
+    return entries
 
 
 def field_reference() -> str:
-    """The Markdown block, markers included."""
+    """Every metadata, spec and status field of the CRD, as a list per section."""
     schema = crd.openapi_schema()
     notes: Notes = defaultdict(list)
     name_rules = [rule["message"] for rule in schema["x-kubernetes-validations"] if "metadata.name" in rule["rule"]]
-    name_row = ["`metadata.name`", "string", "", "; ".join(["required", *name_rules]), "Job name."]
-    sections = [f"### metadata\n\n{_table([name_row])}"]
+    sections = [f"### metadata\n\n{_entry('metadata.name', 'string', None, ['required', *name_rules], 'Job name.')}"]
     for section in ("spec", "status"):
-        rows = _rows(schema["properties"][section], section, section in schema["required"], notes)
-        sections.append(f"### {section}\n\n{_table(rows)}")
-    body = "\n\n".join(sections)
-    generated = "<!-- Generated from the CRD by `python -m rocmtrain.docs README.md` (`make docs`); do not edit. -->"
-    return f"{BEGIN}\n{generated}\n\n{body}\n\n{END}"
+        entries = _entries(schema["properties"][section], section, section in schema["required"], notes)
+        sections.append(f"### {section}\n\n" + "\n".join(entries))
+    return "\n\n".join(sections)
 
 
-def update(text: str) -> str:
-    """`text` with its field reference replaced (or appended, with the markers, when missing)."""
-    if BEGIN in text and END in text:
-        start, end = text.index(BEGIN), text.index(END) + len(END)
-        return text[:start] + field_reference() + text[end:]
-    return text.rstrip("\n") + "\n\n" + field_reference() + "\n"
+def pure_modules(pyproject: Path) -> list[str]:
+    """The `module` list of the strict section of mypy's overrides: the pure modules, the single list."""
+    overrides = tomllib.loads(pyproject.read_text(encoding="utf-8"))["tool"]["mypy"]["overrides"]
+    (strict,) = [section for section in overrides if section.get("disallow_untyped_defs")]
+    modules = strict["module"]
+    return [modules] if isinstance(modules, str) else list(modules)
+
+
+def pure_module_list(root: Path) -> str:
+    """The pure modules as a Markdown list, each with the first line of its docstring."""
+    lines = []
+    for name in pure_modules(root / "pyproject.toml"):
+        summary = (inspect.getdoc(importlib.import_module(name.removesuffix(".*"))) or "").partition("\n")[0]
+        lines.append(f"- `{name}`: {summary}" if summary else f"- `{name}`")
+    return "\n".join(lines)
+
+
+BLOCKS = (
+    Block("FIELD REFERENCE", "docs/reference/custom-resource.md", "the CRD", lambda _root: field_reference()),
+    Block("PURE MODULES", "docs/design/boundaries.md", "pyproject.toml's strict mypy section", pure_module_list),
+)
+
+
+def update(text: str, block: Block, root: Path) -> str:
+    """`text` with `block` replaced between its markers (or appended, with them, when missing)."""
+    generated = block.text(root)
+    if block.begin in text and block.end in text:
+        start, end = text.index(block.begin), text.index(block.end) + len(block.end)
+        return text[:start] + generated + text[end:]
+    if not text.strip():
+        return generated + "\n"
+    return text.rstrip("\n") + "\n\n" + generated + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write (or with --check, verify) the field reference in a Markdown file."""
+    """Write (or with --check, verify) every generated block of the docs."""
     parser = argparse.ArgumentParser(prog="python -m rocmtrain.docs", description=__doc__)
-    parser.add_argument("readme", type=Path, help="the Markdown file, usually README.md")
-    parser.add_argument("--check", action="store_true", help="exit 1 if the file is not current; change nothing")
+    parser.add_argument("--root", type=Path, default=Path(), help="the checkout (default: the current folder)")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a page is not current; change nothing")
     args = parser.parse_args(argv)
-    current = args.readme.read_text(encoding="utf-8") if args.readme.exists() else "# rocm-train-operator\n"
-    wanted = update(current)
-    if args.check:
-        if wanted != current:
-            print(f"{args.readme}: the field reference is stale; run `make docs`", file=sys.stderr)
-            return 1
-        return 0
-    args.readme.write_text(wanted, encoding="utf-8")
+    stale = []
+    for block in BLOCKS:
+        page = args.root / block.path
+        current = page.read_text(encoding="utf-8") if page.exists() else ""
+        wanted = update(current, block, args.root)
+        if wanted == current:
+            continue
+        stale.append(block.path)
+        if not args.check:
+            page.parent.mkdir(parents=True, exist_ok=True)
+            page.write_text(wanted, encoding="utf-8")
+    if args.check and stale:
+        print(f"stale generated docs: {', '.join(stale)}; run `make docs`", file=sys.stderr)
+        return 1
     return 0
 
 

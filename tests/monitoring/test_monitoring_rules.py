@@ -120,10 +120,10 @@ def test_the_rule_file_is_a_prometheus_rule():
     assert document["apiVersion"] == "monitoring.coreos.com/v1" and document["kind"] == "PrometheusRule"
 
 
-def test_amd_gpu_metrics_join_jobs_by_the_label_the_readme_configures():
-    """The README's ExtraPodLabels copies the pods' job label; the exporter lowercases its key to the metrics' label."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    (snippet,) = re.findall(r'\{ "GPUConfig": .*\}', readme)
+def test_amd_gpu_metrics_join_jobs_by_the_label_the_docs_configure():
+    """The docs' ExtraPodLabels copies the pods' job label; the exporter lowercases its key to the metrics' label."""
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "observing.md").read_text()
+    (snippet,) = re.findall(r'\{ "GPUConfig": .*\}', guide)
     ((key, label),) = json.loads(snippet)["GPUConfig"]["ExtraPodLabels"].items()
     assert label == JOB_NAME_LABEL and key.lower() == JOB_LABEL
     job = RocmTrainingJob.model_validate(full_job())

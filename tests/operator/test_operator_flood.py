@@ -8,7 +8,7 @@ Measured side by side: 50 jobs created at once, the time from each create to its
 and Pending status (reconcile), then from a RayJob status write to the job's phase
 (status), before the flood, during it, and after it; "without the flood" is the worse of
 before and after, so that a change in the machine's other load is not blamed on the flood.
-The figures are printed (`-s`) and in README.
+The figures are printed (`-s`) and in docs/benchmarks.md.
 """
 
 from __future__ import annotations
