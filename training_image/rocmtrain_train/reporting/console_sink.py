@@ -1,24 +1,15 @@
-"""Where progress reports go: the Sink protocol, a console sink and a JSON-lines file sink."""
+"""The console sink: a live progress bar (or one line per report) and the final summary table."""
 
 from __future__ import annotations
 
 import os
 import sys
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Protocol, TextIO
+from typing import TextIO
 
 from tqdm import tqdm
 
 from rocmtrain.api.models import ProgressReport
-
-
-class Sink(Protocol):
-    """A consumer of the driver's aggregated progress reports."""
-
-    def emit(self, report: ProgressReport) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def _fmt(value: float | int | None, spec: str) -> str:
@@ -122,18 +113,3 @@ class ConsoleSink:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-
-
-class JsonlSink:
-    """Appends every report, as its wire JSON, to a file (one line per report)."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("a", encoding="utf-8")
-
-    def emit(self, report: ProgressReport) -> None:
-        self._file.write(report.model_dump_json(by_alias=True, exclude_none=True) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
