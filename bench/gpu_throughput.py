@@ -35,7 +35,7 @@ import ray
 import torch
 from transformers import AutoConfig, AutoTokenizer, BertConfig, BertModel
 
-from rocmtrain_train.model import resolve_model
+from rocmtrain_train.model.pretrained import resolve_model
 from train_throughput import (
     ARMS,
     COLUMNS,

@@ -14,7 +14,7 @@ import yaml
 from operator_testkit import JOBS, Api, job_manifest, wait_until
 
 from cluster.kubecluster import KubeCluster
-from rocmtrain_train import scale
+from rocmtrain_train.cli import scale_study as scale
 
 pytestmark = pytest.mark.cluster
 

@@ -25,7 +25,7 @@ from progress.endpoint import ServerThread, bound_token, create_job, create_ray_
 from rocmtrain.api.models import ProgressReport
 from rocmtrain.progress import tls
 from rocmtrain.progress.server import ProgressServerConfig
-from rocmtrain_train.http_sink import HttpSink
+from rocmtrain_train.reporting.operator_sink import HttpSink
 
 pytestmark = pytest.mark.cluster
 
@@ -83,7 +83,7 @@ def test_a_rotation_while_a_job_reports_loses_no_report(
         assert server.server.ca_crt.startswith(old["ca.crt"]) and server.server.ca_crt != old["ca.crt"], "overlap"
         kubelet.start()
         sink = HttpSink(server.url(job_namespace, name), ca_file, token_file, min_interval=0.2)
-        caplog.set_level(logging.INFO, logger="rocmtrain_train.http_sink")
+        caplog.set_level(logging.INFO, logger="rocmtrain_train.reporting.operator_sink")
         for step in range(1, REPORTS + 1):
             sink.emit(ProgressReport.model_validate({"progress": {"step": step}, "metrics": {"trainLoss": 1.0}}))
             stop.wait(INTERVAL)

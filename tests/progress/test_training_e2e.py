@@ -20,7 +20,7 @@ from progress.endpoint import ServerThread, bound_token, create_job, create_ray_
 from rocmtrain.api.contract import PROGRESS_CA_ENV, PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV
 from rocmtrain.api.models import RocmTrainingJob, RocmTrainingJobStatus
 from rocmtrain_train.config import local_settings
-from rocmtrain_train.local import run_local
+from rocmtrain_train.driver.train_job import run_local
 
 pytestmark = [pytest.mark.cluster, pytest.mark.ray]
 

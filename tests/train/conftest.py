@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertModel, LlamaConfig, LlamaModel
 
-from rocmtrain_train.model import packaged_model
+from rocmtrain_train.model.pretrained import packaged_model
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from rocmtrain_train import checkpoint
-from rocmtrain_train.checkpoint import TrainState
+from rocmtrain_train.checkpoint import train_state as checkpoint
+from rocmtrain_train.checkpoint.train_state import TrainState
 
 CPU = torch.device("cpu")
 

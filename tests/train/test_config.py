@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rocmtrain.api.contract import JOB_ENV
-from rocmtrain_train.checkpoint import resumable
+from rocmtrain_train.checkpoint.train_state import resumable
 from rocmtrain_train.config import (
     CLUSTER_LOG_ROOT,
     ConfigError,

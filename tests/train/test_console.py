@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from rocmtrain.api.models import Metrics, Progress, ProgressReport
-from rocmtrain_train.sinks import ConsoleSink
+from rocmtrain_train.reporting.console_sink import ConsoleSink
 
 TOTAL = 4
 

@@ -13,7 +13,7 @@ import pytest
 
 from rocmtrain.api.models import DataSource, DataSpec, ModelSpec
 from rocmtrain_train.config import ConfigError
-from rocmtrain_train.data import (
+from rocmtrain_train.data.records import (
     fingerprint,
     read_records,
     read_table,

@@ -21,8 +21,8 @@ import yaml
 from safetensors.torch import load_file
 
 from rocmtrain.api.models import ProgressReport
-from rocmtrain_train import cli
-from rocmtrain_train.local import run_local
+from rocmtrain_train.cli import run as cli
+from rocmtrain_train.driver.train_job import run_local
 from train.jobs import EXAMPLES, job, settings
 
 pytestmark = pytest.mark.ray

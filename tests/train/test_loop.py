@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from rocmtrain_train.loop import steps_until_report
-from rocmtrain_train.prefetch import Prefetcher
+from rocmtrain_train.data.prefetch import Prefetcher
+from rocmtrain_train.loop.step_loop import steps_until_report
 
 
 @pytest.mark.parametrize(

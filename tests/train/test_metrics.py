@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from rocmtrain_train.metrics import ResourceSampler, UtilizationSampler, rocm_smi_utilization
+from rocmtrain_train.loop.resource_sampling import ResourceSampler, UtilizationSampler, rocm_smi_utilization
 
 
 def test_cpu_use_is_measured_and_gpu_fields_are_omitted_without_a_gpu():

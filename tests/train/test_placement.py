@@ -21,8 +21,8 @@ from ray.train import RunConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from rocmtrain_train.config import local_settings
-from rocmtrain_train.relay import Inbox, ReportRelay
-from rocmtrain_train.trainer import scaling_config
+from rocmtrain_train.driver.torch_trainer import scaling_config
+from rocmtrain_train.reporting.relay import Inbox, ReportRelay
 from train.conftest import start_ray
 from train.jobs import EXAMPLES, job
 

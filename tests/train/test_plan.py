@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from rocmtrain_train.data import sample_order
-from rocmtrain_train.plan import GROUP_STEPS, batch_plan, micro_batches, sorted_batches
+from rocmtrain_train.data.batch_plan import GROUP_STEPS, batch_plan, micro_batches, sorted_batches
+from rocmtrain_train.data.records import sample_order
 
 LENGTHS = [(i * 37) % 200 + 1 for i in range(1000)]
 

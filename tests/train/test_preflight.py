@@ -13,10 +13,11 @@ import yaml
 from transformers import AutoConfig, AutoTokenizer, ViTConfig
 
 from rocmtrain.api.contract import JOB_ENV
-from rocmtrain_train import cli, local
+from rocmtrain_train.cli import run as cli
 from rocmtrain_train.config import ConfigError
-from rocmtrain_train.model import position_limit
-from rocmtrain_train.preflight import preflight
+from rocmtrain_train.driver import train_job as local
+from rocmtrain_train.driver.driver_checks import preflight
+from rocmtrain_train.model.pretrained import position_limit
 from train.jobs import EXAMPLES, job, settings
 
 

@@ -11,9 +11,10 @@ import pytest
 
 from fakes import Clock
 from rocmtrain.api.models import ProgressReport
-from rocmtrain_train.rank_report import RankReport
-from rocmtrain_train.reporting import Aggregator, Reporter, summary
-from rocmtrain_train.sinks import ConsoleSink, JsonlSink
+from rocmtrain_train.reporting.console_sink import ConsoleSink
+from rocmtrain_train.reporting.driver_report import Aggregator, Reporter, summary
+from rocmtrain_train.reporting.jsonl_sink import JsonlSink
+from rocmtrain_train.reporting.rank_report import RankReport
 
 
 def rank(r: int, evaluation: dict | None = None, **extra) -> RankReport:

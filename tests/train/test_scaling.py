@@ -8,8 +8,8 @@ import pytest
 import yaml
 from PIL import Image
 
-from rocmtrain_train import scale
-from rocmtrain_train.scaling import SizeResult, as_json, chart, markdown, scaling_rows
+from rocmtrain_train.cli import scale_study as scale
+from rocmtrain_train.cli.scaling_report import SizeResult, as_json, chart, markdown, scaling_rows
 from train.jobs import QUICKSTART, job
 
 # The seed blog's headline: 37 s on 2 GPUs, 20 s on 4.

@@ -22,8 +22,8 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from rocmtrain.api.models import ProgressReport, RocmTrainingJob
 from rocmtrain_train.config import RunSettings
-from rocmtrain_train.local import embedded_ray_options, run_local
-from rocmtrain_train.search import SUMMARY_FILE, TRIALS_DIR, SearchOutcome
+from rocmtrain_train.driver.train_job import embedded_ray_options, run_local
+from rocmtrain_train.search.tune_trials import SUMMARY_FILE, TRIALS_DIR, SearchOutcome
 from train.conftest import start_ray
 from train.jobs import EXAMPLES, job, settings
 

@@ -8,7 +8,7 @@ import pytest
 
 from rocmtrain.api.models import TRIAL_TABLE_LENGTH, ProgressReport, TuningStatus
 from rocmtrain.progress.limits import MAX_BODY_BYTES
-from rocmtrain_train.search_status import TrialView, best_trial, tuning_status
+from rocmtrain_train.search.trial_status import TrialView, best_trial, tuning_status
 
 
 def trial(id: str, state: str = "TERMINATED", finished: bool = True, **result: float) -> TrialView:

@@ -13,11 +13,11 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from rocmtrain.api.models import ModelSpec, TrainingSpec
-from rocmtrain_train.data import Records
-from rocmtrain_train.local import run_local
-from rocmtrain_train.model import compile_model, load_model
-from rocmtrain_train.tokens import collate, encode
-from rocmtrain_train.worker import COMPILE_BUCKET, pad_multiple
+from rocmtrain_train.data.records import Records
+from rocmtrain_train.data.tokens import collate, encode
+from rocmtrain_train.driver.train_job import run_local
+from rocmtrain_train.loop.rank_setup import COMPILE_BUCKET, pad_multiple
+from rocmtrain_train.model.pretrained import compile_model, load_model
 from train.jobs import EXAMPLES, job, settings
 
 CLASSIFY = ModelSpec(source="/tiny", numLabels=3)

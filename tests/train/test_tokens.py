@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from rocmtrain_train.data import Records
-from rocmtrain_train.model import packaged_model
-from rocmtrain_train.tokens import Encoded, cache_key, collate, encode, load_cached, save_cached
+from rocmtrain_train.data.records import Records
+from rocmtrain_train.data.tokens import Encoded, cache_key, collate, encode, load_cached, save_cached
+from rocmtrain_train.model.pretrained import packaged_model
 
 MODEL_DIR = packaged_model("sentence-transformers/all-MiniLM-L6-v2")
 

@@ -19,8 +19,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from rocmtrain.api.models import ProgressReport
 from rocmtrain_train.config import RunSettings
-from rocmtrain_train.local import run_local
-from rocmtrain_train.trainer import RunOutcome
+from rocmtrain_train.driver.torch_trainer import RunOutcome
+from rocmtrain_train.driver.train_job import run_local
 from train.jobs import job, settings
 
 pytestmark = pytest.mark.ray

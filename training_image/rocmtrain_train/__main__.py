@@ -16,12 +16,14 @@ from pathlib import Path
 import ray
 
 from rocmtrain.api.contract import DRIVER_ERROR_PREFIX
-from rocmtrain_train import http_sink
 from rocmtrain_train.config import ConfigError, cluster_settings, job_from_env
-from rocmtrain_train.local import train
-from rocmtrain_train.preflight import preflight
-from rocmtrain_train.sinks import ConsoleSink, JsonlSink, Sink
-from rocmtrain_train.trainer import failure_line
+from rocmtrain_train.driver.driver_checks import preflight
+from rocmtrain_train.driver.torch_trainer import failure_line
+from rocmtrain_train.driver.train_job import train
+from rocmtrain_train.reporting import operator_sink
+from rocmtrain_train.reporting.console_sink import ConsoleSink
+from rocmtrain_train.reporting.driver_report import Sink
+from rocmtrain_train.reporting.jsonl_sink import JsonlSink
 
 
 def _fail(message: str) -> None:
@@ -40,7 +42,7 @@ def main() -> int:
         ConsoleSink(sys.stdout, progress_bar=False),
         JsonlSink(Path(settings.log_dir) / "metrics.jsonl"),
     ]
-    if (progress := http_sink.from_env()) is not None:  # the operator's progress endpoint
+    if (progress := operator_sink.from_env()) is not None:  # the operator's progress endpoint
         sinks.append(progress)
     try:
         outcome = train(settings, sinks, echo_log=True)

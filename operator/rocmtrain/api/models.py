@@ -10,6 +10,7 @@ the test suite checks both reject the same objects.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
@@ -811,60 +812,121 @@ _EVALUATION = _Evaluation()
 EvalMetric = Annotated[float | None, _EVALUATION]
 
 
+@dataclass(frozen=True)
+class Shown:
+    """How a `Metrics` field is shown (`metric_rows`): its label, unit and format spec."""
+
+    label: str
+    format: str
+    unit: str = ""
+
+
 class Metrics(ApiModel):
     """Latest training metrics, aggregated over all workers."""
 
     model_config = ConfigDict(allow_inf_nan=False)
 
-    train_loss: float | None = Field(default=None, ge=-1e12, le=1e12, description="Mean training loss, last interval.")
-    learning_rate: float | None = Field(default=None, ge=0, le=10, description="Current learning rate.")
-    eval_loss: EvalMetric = Field(default=None, ge=-1e12, le=1e12, description="Loss on the evaluation set.")
-    eval_accuracy: EvalMetric = Field(default=None, ge=0, le=1, description="Accuracy on the evaluation set.")
-    eval_f1: EvalMetric = Field(default=None, ge=0, le=1, description="Macro-F1 on the evaluation set.")
-    eval_mse: EvalMetric = Field(default=None, ge=0, le=1e12, description="Mean squared error (regression).")
-    eval_mae: EvalMetric = Field(default=None, ge=0, le=1e12, description="Mean absolute error (regression).")
-    train_seconds: float | None = Field(default=None, ge=0, le=1e9, description="Seconds spent training so far.")
-    eval_seconds: float | None = Field(default=None, ge=0, le=1e9, description="Seconds spent evaluating so far.")
-    samples_per_second: float | None = Field(
+    train_loss: Annotated[float | None, Shown("train loss", ".4f")] = Field(
+        default=None, ge=-1e12, le=1e12, description="Mean training loss, last interval."
+    )
+    learning_rate: Annotated[float | None, Shown("learning rate", ".2e")] = Field(
+        default=None, ge=0, le=10, description="Current learning rate."
+    )
+    eval_loss: Annotated[EvalMetric, Shown("eval loss", ".4f")] = Field(
+        default=None, ge=-1e12, le=1e12, description="Loss on the evaluation set."
+    )
+    eval_accuracy: Annotated[EvalMetric, Shown("eval accuracy", ".4f")] = Field(
+        default=None, ge=0, le=1, description="Accuracy on the evaluation set."
+    )
+    eval_f1: Annotated[EvalMetric, Shown("eval macro-F1", ".4f")] = Field(
+        default=None, ge=0, le=1, description="Macro-F1 on the evaluation set."
+    )
+    eval_mse: Annotated[EvalMetric, Shown("eval MSE", ".4f")] = Field(
+        default=None, ge=0, le=1e12, description="Mean squared error (regression)."
+    )
+    eval_mae: Annotated[EvalMetric, Shown("eval MAE", ".4f")] = Field(
+        default=None, ge=0, le=1e12, description="Mean absolute error (regression)."
+    )
+    train_seconds: Annotated[float | None, Shown("train time", ".1f", "s")] = Field(
+        default=None, ge=0, le=1e9, description="Seconds spent training so far."
+    )
+    eval_seconds: Annotated[float | None, Shown("eval time", ".1f", "s")] = Field(
+        default=None, ge=0, le=1e9, description="Seconds spent evaluating so far."
+    )
+    samples_per_second: Annotated[float | None, Shown("samples/s", ".1f")] = Field(
         default=None, ge=0, le=1e9, description="Training throughput, all workers."
     )
-    tokens_per_second: float | None = Field(
+    tokens_per_second: Annotated[float | None, Shown("tokens/s", ".0f")] = Field(
         default=None, ge=0, le=1e12, description="Non-padding tokens per second, all workers."
     )
-    data_wait_fraction: float | None = Field(
+    data_wait_fraction: Annotated[float | None, Shown("data wait", ".1%")] = Field(
         default=None, ge=0, le=1, description="Share of training time spent waiting for data."
     )
-    cpu_utilization_percent: float | None = Field(
+    cpu_utilization_percent: Annotated[float | None, Shown("CPU use", ".0f", "% of a core")] = Field(
         default=None, ge=0, le=100_000, description="CPU use of the training processes, in percent of one core."
     )
-    gpu_memory_peak_bytes: int | None = Field(
+    gpu_memory_peak_bytes: Annotated[int | None, Shown("GPU memory peak", ",", "bytes")] = Field(
         default=None, ge=0, le=2**50, description="Largest GPU memory peak of any rank, in bytes, last interval."
     )
-    gpu_memory_peak_bytes_min: int | None = Field(
+    gpu_memory_peak_bytes_min: Annotated[int | None, Shown("GPU memory peak, lowest rank", ",", "bytes")] = Field(
         default=None, ge=0, le=2**50, description="Smallest GPU memory peak of any rank, in bytes, last interval."
     )
-    gpu_memory_reserved_bytes: int | None = Field(
+    gpu_memory_reserved_bytes: Annotated[int | None, Shown("GPU memory reserved", ",", "bytes")] = Field(
         default=None,
         ge=0,
         le=2**50,
         description="Most GPU memory the allocator of any rank held, in bytes, last interval.",
     )
-    gpu_utilization_percent: float | None = Field(
+    gpu_utilization_percent: Annotated[float | None, Shown("GPU utilisation", ".0f", "%")] = Field(
         default=None,
         ge=0,
         le=100,
         description="GPU utilisation averaged over the last interval and the ranks, in percent.",
     )
-    gpu_utilization_percent_min: float | None = Field(
+    gpu_utilization_percent_min: Annotated[float | None, Shown("GPU utilisation, lowest rank", ".0f", "%")] = Field(
         default=None, ge=0, le=100, description="Lowest interval-average GPU utilisation of any rank, in percent."
     )
-    gpu_utilization_percent_max: float | None = Field(
+    gpu_utilization_percent_max: Annotated[float | None, Shown("GPU utilisation, highest rank", ".0f", "%")] = Field(
         default=None, ge=0, le=100, description="Highest interval-average GPU utilisation of any rank, in percent."
     )
 
 
 # Metrics an evaluation produces: identical on every rank, and new only after an evaluation.
 EVAL_METRICS = tuple(name for name, info in Metrics.model_fields.items() if _EVALUATION in info.metadata)
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    """One row of the metric display table: a `Metrics` field and how it is shown."""
+
+    name: str  # the field's name in `Metrics`
+    key: str  # its key in `status.metrics` (the wire name)
+    label: str
+    unit: str
+    format: str
+    description: str
+
+    @property
+    def heading(self) -> str:
+        """The label with its unit: `GPU utilisation (%)`."""
+        return f"{self.label} ({self.unit})" if self.unit else self.label
+
+    def text(self, value: float) -> str:
+        """The value as this row shows it."""
+        return format(value, self.format)
+
+
+def metric_rows() -> tuple[MetricRow, ...]:
+    """The metric display table, one row per `Metrics` field in field order: `rocmtrain status`, the run
+    summary and the reference show the metrics by it. A field without its `Shown` is an error."""
+    rows = []
+    for name, info in Metrics.model_fields.items():
+        shown = next((m for m in info.metadata if isinstance(m, Shown)), None)
+        if shown is None:
+            raise TypeError(f"Metrics.{name} has no Shown(label, format, unit) annotation")
+        rows.append(MetricRow(name, info.alias or name, shown.label, shown.unit, shown.format, info.description or ""))
+    return tuple(rows)
+
 
 HISTORY_LENGTH = 50
 

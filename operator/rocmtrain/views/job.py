@@ -8,27 +8,14 @@ from typing import Any
 
 from rocmtrain.accounting import gpu_seconds_at
 from rocmtrain.api.contract import GPU_NODE_LABELS
+from rocmtrain.api.models import metric_rows
 from rocmtrain.api.timestamps import parse_time
 from rocmtrain.views.pool import pod_gpus
 from rocmtrain.views.table import table
 
 BAR_WIDTH = 30
 EVENTS_SHOWN = 10
-# (label, status.metrics key, format)
-METRIC_ROWS = (
-    ("train loss", "trainLoss", ".4f"),
-    ("eval loss", "evalLoss", ".4f"),
-    ("eval accuracy", "evalAccuracy", ".4f"),
-    ("eval macro-F1", "evalF1", ".4f"),
-    ("eval MSE", "evalMse", ".4f"),
-    ("learning rate", "learningRate", ".2e"),
-    ("samples/s", "samplesPerSecond", ".1f"),
-    ("tokens/s", "tokensPerSecond", ".0f"),
-    ("train seconds", "trainSeconds", ".1f"),
-    ("eval seconds", "evalSeconds", ".1f"),
-    ("GPU utilisation %", "gpuUtilizationPercent", ".0f"),
-    ("GPU memory peak", "gpuMemoryPeakBytes", ","),
-)
+METRICS_WIDTH = 100  # the metrics section wraps before this column
 
 
 def duration(seconds: float) -> str:
@@ -55,6 +42,16 @@ def progress_bar(percent: float | None, width: int = BAR_WIDTH) -> str:
 def _age(moment: object, now: dt.datetime) -> str:
     parsed = parse_time(moment)
     return duration((now - parsed).total_seconds()) if parsed else "-"
+
+
+def _wrapped(items: Sequence[str], width: int, indent: int) -> str:
+    """`items` three spaces apart, on as many lines (indented by `indent`) as keep each within `width`."""
+    lines = [""]
+    for item in items:
+        if lines[-1] and indent + len(lines[-1]) + 3 + len(item) > width:
+            lines.append("")
+        lines[-1] += f"   {item}" if lines[-1] else item
+    return ("\n" + " " * indent).join(lines)
 
 
 def _progress_line(status: Mapping[str, Any]) -> str:
@@ -98,14 +95,14 @@ def job_text(
     if ready.get("message"):
         headline += f"   {ready['message']}"
     metrics = status.get("metrics") or {}
-    shown = [(label, format(metrics[key], spec)) for label, key, spec in METRIC_ROWS if metrics.get(key) is not None]
+    shown = [f"{row.heading} {row.text(metrics[row.key])}" for row in metric_rows() if metrics.get(row.key) is not None]
     sections = [
         headline,
         "progress   " + _progress_line(status),
         "GPUs       " + _gpu_line(job, now),
     ]
     if shown:
-        sections.append("metrics    " + "   ".join(f"{label} {value}" for label, value in shown))
+        sections.append("metrics    " + _wrapped(shown, METRICS_WIDTH, indent=len("metrics    ")))
     if conditions:
         rows = [
             [c.get("type"), c.get("status"), c.get("reason"), _age(c.get("lastTransitionTime"), now), c.get("message")]

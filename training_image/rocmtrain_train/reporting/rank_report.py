@@ -2,7 +2,7 @@
 
 Workers report it as a flat dict (`to_metrics`), because Ray Train keeps reported
 metrics as JSON; the driver turns each rank's dict back into a RankReport
-(`from_metrics`) before `reporting` aggregates them. Fields that mean per rank what a
+(`from_metrics`) before `driver_report` aggregates them. Fields that mean per rank what a
 status `Metrics` field means for the job carry that field's name, so nothing is renamed
 on the way; evaluation results are keyed by `EVAL_METRICS`.
 """

@@ -58,8 +58,8 @@ def main(argv: list[str]) -> int:
     if job is None:
         return EXIT_CONFIG
     try:
-        from rocmtrain_train import local
         from rocmtrain_train.config import ConfigError, local_settings
+        from rocmtrain_train.driver import train_job
     except ModuleNotFoundError as exc:
         print(
             f"error: rocmtrain run needs the `train` extra (missing {exc.name}): "
@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        outcome = local.run_local(settings)
+        outcome = train_job.run_local(settings)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -11,11 +11,18 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from rocmtrain.api.models import EVAL_METRICS, Metrics, Progress, ProgressReport
-from rocmtrain_train.rank_report import Evaluation, RankReport
-from rocmtrain_train.sinks import Sink
+from rocmtrain_train.reporting.rank_report import Evaluation, RankReport
+
+
+class Sink(Protocol):
+    """A consumer of the driver's aggregated progress reports."""
+
+    def emit(self, report: ProgressReport) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def _finite(value: float | None) -> float | None:

@@ -1,54 +1,26 @@
-"""Where progress reports go: the Sink protocol, a console sink and a JSON-lines file sink."""
+"""The console sink: a live progress bar (or one line per report) and the final summary table."""
 
 from __future__ import annotations
 
 import os
 import sys
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Protocol, TextIO
+from typing import TextIO
 
 from tqdm import tqdm
 
-from rocmtrain.api.models import ProgressReport
-
-
-class Sink(Protocol):
-    """A consumer of the driver's aggregated progress reports."""
-
-    def emit(self, report: ProgressReport) -> None: ...
-
-    def close(self) -> None: ...
+from rocmtrain.api.models import ProgressReport, metric_rows
 
 
 def _fmt(value: float | int | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-SUMMARY_ROWS = (
-    ("train loss", "train_loss", ".4f"),
-    ("eval loss", "eval_loss", ".4f"),
-    ("eval accuracy", "eval_accuracy", ".4f"),
-    ("eval macro-F1", "eval_f1", ".4f"),
-    ("eval MSE", "eval_mse", ".4f"),
-    ("eval MAE", "eval_mae", ".4f"),
-    ("train seconds", "train_seconds", ".1f"),
-    ("eval seconds", "eval_seconds", ".1f"),
-    ("samples/s", "samples_per_second", ".1f"),
-    ("tokens/s", "tokens_per_second", ".0f"),
-    ("data wait", "data_wait_fraction", ".1%"),
-    ("CPU use (% of a core)", "cpu_utilization_percent", ".0f"),
-    ("GPU memory peak (bytes)", "gpu_memory_peak_bytes", ","),
-    ("GPU memory reserved (bytes)", "gpu_memory_reserved_bytes", ","),
-    ("GPU utilisation (%)", "gpu_utilization_percent", ".0f"),
-)
-
-
 def summary_table(report: ProgressReport) -> str:
     """The final metrics (of a search: the best trial's) as a two-column table (rows without a value are left out)."""
     rows = [("trials" if report.tuning else "steps", f"{report.progress.step}/{report.progress.total_steps}")]
-    rows += [(label, _fmt(getattr(report.metrics, key), spec)) for label, key, spec in SUMMARY_ROWS]
-    rows = [(label, value) for label, value in rows if value != "-"]
+    values = ((row, getattr(report.metrics, row.name)) for row in metric_rows())
+    rows += [(row.heading, row.text(value)) for row, value in values if value is not None]
     width = max(len(label) for label, _ in rows)
     rule = "-" * (width + 2 + max(len(value) for _, value in rows))
     return "\n".join([rule, *(f"{label:<{width}}  {value}" for label, value in rows), rule])
@@ -122,18 +94,3 @@ class ConsoleSink:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-
-
-class JsonlSink:
-    """Appends every report, as its wire JSON, to a file (one line per report)."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("a", encoding="utf-8")
-
-    def emit(self, report: ProgressReport) -> None:
-        self._file.write(report.model_dump_json(by_alias=True, exclude_none=True) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()

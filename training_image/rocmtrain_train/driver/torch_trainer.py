@@ -9,7 +9,7 @@ Fault tolerance and resume are Ray Train's: `FailureConfig(max_failures)` restar
 a failure, and `RunConfig(storage_path, name)` keeps a snapshot of the reported checkpoints under
 `<storage>/<job name>/`, so a new driver on the same storage (a whole-job retry) finds them too. In
 both cases every worker gets the latest checkpoint from `ray.train.get_checkpoint()` and continues
-from its step, including the position inside the epoch (see `loop`).
+from its step, including the position inside the epoch (see `loop.step_loop`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,11 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig,
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from rocmtrain_train.config import RunSettings
-from rocmtrain_train.logs import main_logger
-from rocmtrain_train.loop import train_worker
-from rocmtrain_train.rank_report import RankReport
-from rocmtrain_train.relay import Inbox, Pump, ReportRelay, error_line
-from rocmtrain_train.reporting import Reporter, summary
-from rocmtrain_train.sinks import Sink
+from rocmtrain_train.loop.step_loop import train_worker
+from rocmtrain_train.reporting.driver_report import Reporter, Sink, summary
+from rocmtrain_train.reporting.log_files import main_logger
+from rocmtrain_train.reporting.rank_report import RankReport
+from rocmtrain_train.reporting.relay import Inbox, Pump, ReportRelay, error_line
 
 
 @dataclass(frozen=True)

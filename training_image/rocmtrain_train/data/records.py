@@ -3,7 +3,7 @@
 A data source is read into an Arrow table of just the fields the job names (`text`, `pair`,
 `label`), columnar and compact; only the rows a rank trains on become Python strings
 (`records`). The records are shuffled once with `data.shuffleSeed` and cut to `maxSamples`
-(`sample_order`); which rank trains on which of them is `plan`'s business.
+(`sample_order`); which rank trains on which of them is `batch_plan`'s business.
 """
 
 from __future__ import annotations

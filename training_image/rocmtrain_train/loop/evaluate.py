@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from rocmtrain.api.models import ModelSpec
-from rocmtrain_train.rank_report import Evaluation
+from rocmtrain_train.reporting.rank_report import Evaluation
 
 
 def sum_width(model: ModelSpec) -> int:

@@ -8,7 +8,7 @@ job's GPUs. With `--cluster`, each size is created as a RocmTrainingJob in `--na
 followed until it ends; its `status.metrics` are the measurements (the cluster needs the
 operator, and `rocmtrain scale` the `operator` extra for its Kubernetes client).
 
-The report (`rocmtrain_train.scaling`) goes to stdout as Markdown, and to `--out` as
+The report (`rocmtrain_train.cli.scaling_report`) goes to stdout as Markdown, and to `--out` as
 scaling.md, scaling.json and scaling.png. Exit status: 0 measured, 1 a run failed,
 2 the job or the sizes cannot run as configured.
 """
@@ -28,8 +28,8 @@ from typing import Any
 from rocmtrain.api.contract import GROUP, PLURAL, VERSION
 from rocmtrain.api.models import MAX_NAME_LENGTH, RocmTrainingJob
 from rocmtrain.api.validate import validate_job
-from rocmtrain_train.cli import EXIT_CONFIG, EXIT_FAILED, LOCAL_REPORT_INTERVAL_SECONDS, read_one_job
-from rocmtrain_train.scaling import SizeResult, as_json, chart, markdown, scaling_rows
+from rocmtrain_train.cli.run import EXIT_CONFIG, EXIT_FAILED, LOCAL_REPORT_INTERVAL_SECONDS, read_one_job
+from rocmtrain_train.cli.scaling_report import SizeResult, as_json, chart, markdown, scaling_rows
 
 POLL_SECONDS = 5.0
 METRICS_GRACE_SECONDS = 60.0  # a succeeded job's last progress report arrives within this
@@ -82,8 +82,8 @@ def variant(job: RocmTrainingJob, workers: int, context: str) -> RocmTrainingJob
 
 def measure_locally(job: RocmTrainingJob, sizes: list[int], job_dir: Path, out: Path, cpu: bool) -> list[SizeResult]:
     """Train each size with an embedded Ray; every worker gets the same share of this machine's CPUs."""
-    from rocmtrain_train import local
     from rocmtrain_train.config import local_settings
+    from rocmtrain_train.driver import train_job
 
     per_worker = max(1, (os.cpu_count() or 1) // max(sizes))
     results = []
@@ -98,7 +98,7 @@ def measure_locally(job: RocmTrainingJob, sizes: list[int], job_dir: Path, out: 
             report_interval_s=LOCAL_REPORT_INTERVAL_SECONDS,
         )
         print(f"{workers} worker(s): training ({settings.log_dir})", file=sys.stderr, flush=True)
-        outcome = local.run_local(settings, console=False)
+        outcome = train_job.run_local(settings, console=False)
         results.append(SizeResult.from_summary(workers, outcome.summary))
         _said(results[-1])
     return results

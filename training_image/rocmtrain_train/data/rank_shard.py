@@ -1,8 +1,8 @@
 """This rank's records: the batch plan every rank shares, and its own rows, read and tokenised.
 
 Each rank reads the data source's fields into Arrow, plans the batches from the records' lengths
-(`plan`), and decodes and tokenises only the rows it trains on; the tokenised rows are cached
-under `$ROCMTRAIN_CACHE/tokens` (`tokens`), so a restarted worker skips tokenising. Evaluation
+(`batch_plan`), and decodes and tokenises only the rows it trains on; the tokenised rows are cached
+under `$ROCMTRAIN_CACHE/tokens` (`data.tokens`), so a restarted worker skips tokenising. Evaluation
 records are shared out every W-th to each rank.
 """
 
@@ -20,10 +20,10 @@ import torch
 
 from rocmtrain.api.models import DataSource
 from rocmtrain_train.config import RunSettings
-from rocmtrain_train.data import fingerprint, read_table, records, sample_order, text_lengths
-from rocmtrain_train.model import cache_dir
-from rocmtrain_train.plan import BatchPlan, batch_plan
-from rocmtrain_train.tokens import Encoded, cache_key, encode, load_cached, save_cached
+from rocmtrain_train.data.batch_plan import BatchPlan, batch_plan
+from rocmtrain_train.data.records import fingerprint, read_table, records, sample_order, text_lengths
+from rocmtrain_train.data.tokens import Encoded, cache_key, encode, load_cached, save_cached
+from rocmtrain_train.model.pretrained import cache_dir
 
 
 @dataclass(frozen=True)

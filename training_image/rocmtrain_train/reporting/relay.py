@@ -19,8 +19,8 @@ from typing import Any
 import ray
 from ray.train import Checkpoint, UserCallback
 
-from rocmtrain_train.rank_report import RankReport
-from rocmtrain_train.reporting import Reporter
+from rocmtrain_train.reporting.driver_report import Reporter
+from rocmtrain_train.reporting.rank_report import RankReport
 
 # Longest error text passed on per failed worker (the full error is in the worker's log).
 MAX_ERROR_CHARS = 500

@@ -1,27 +1,20 @@
-"""Checkpoints: everything needed to continue a run where it stopped, and the final model export.
+"""Checkpoints: everything needed to continue a run where it stopped.
 
 Rank 0 writes the model, optimiser, gradient scaler and the position (`TrainState`, with the run's
 totals over all ranks); every rank writes its own random-number state (dropout), into the same
 directory (Ray Train merges the ranks' files into one checkpoint). A checkpoint of the same batch
 plan resumes exactly at its step; one written at another world size resumes by samples seen (see
-`plan`), with each rank's random numbers seeded from the seed, its rank and the step.
+`data.batch_plan`), with each rank's random numbers seeded from the seed, its rank and the step.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import pyarrow.fs as pafs
 import torch
-
-from rocmtrain_train.storage import filesystem
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
 
 STATE_FILE = "train_state.pt"
 RNG_DIR = "rng"
@@ -137,17 +130,3 @@ def restore(
     optimizer.load_state_dict(saved["optimizer"])
     scaler.load_state_dict(saved["scaler"])
     return TrainState(**saved["state"])
-
-
-def export_model(model: PreTrainedModel, tokenizer: Any, destination: str) -> None:
-    """Save the model and tokenizer where `from_pretrained` loads them: a local folder or an object store."""
-    fs, path = filesystem(destination, None)
-    if isinstance(fs, pafs.LocalFileSystem):
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
-        return
-    with tempfile.TemporaryDirectory() as staging:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        fs.create_dir(path, recursive=True)
-        pafs.copy_files(staging, path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)

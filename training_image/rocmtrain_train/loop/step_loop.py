@@ -1,6 +1,6 @@
 """The per-rank training function that Ray Train runs under DDP: a step loop over a built `Worker`.
 
-`worker.build_worker` sets everything up (model, batch plan, tokenised records, optimiser,
+`rank_setup.build_worker` sets everything up (model, batch plan, tokenised records, optimiser,
 checkpoint restore); `TrainLoop` then trains with gradient accumulation and (on GPUs) autocast.
 
 No step waits for the device or for the other ranks beyond DDP's own gradient all-reduce: the
@@ -27,14 +27,15 @@ import torch
 import torch.distributed as dist
 from ray.train import CheckpointUploadMode
 
-from rocmtrain_train import checkpoint
-from rocmtrain_train.evaluate import evaluate
-from rocmtrain_train.metrics import ResourceSampler, utilization_sampler
-from rocmtrain_train.plan import micro_batches, sorted_batches
-from rocmtrain_train.prefetch import Prefetcher
-from rocmtrain_train.rank_report import Evaluation, RankReport
-from rocmtrain_train.tokens import collate
-from rocmtrain_train.worker import Worker, build_worker
+from rocmtrain_train.checkpoint import train_state
+from rocmtrain_train.checkpoint.model_export import export_model
+from rocmtrain_train.data.batch_plan import micro_batches, sorted_batches
+from rocmtrain_train.data.prefetch import Prefetcher
+from rocmtrain_train.data.tokens import collate
+from rocmtrain_train.loop.evaluate import evaluate
+from rocmtrain_train.loop.rank_setup import Worker, build_worker
+from rocmtrain_train.loop.resource_sampling import ResourceSampler, utilization_sampler
+from rocmtrain_train.reporting.rank_report import Evaluation, RankReport
 
 
 def synchronize(device: torch.device) -> None:
@@ -243,7 +244,7 @@ class TrainLoop:
             zip(w.state.TOTALS, sum_over_ranks([getattr(w.state, n) for n in w.state.TOTALS], w.device), strict=True)
         )
         directory = Path(tempfile.mkdtemp(prefix="rocmtrain-checkpoint-"))
-        checkpoint.save(
+        train_state.save(
             directory,
             rank=w.rank,
             device=w.device,
@@ -282,7 +283,7 @@ class TrainLoop:
         evaluate = self.spec.data.eval is not None and w.state.last_eval_step != w.state.step
         output = w.settings.model_output
         if w.rank == 0:
-            checkpoint.export_model(w.model, w.tokenizer, output)
+            export_model(w.model, w.tokenizer, output)
             w.log.info("model saved to %s", output)
         self._report(
             evaluate=evaluate,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from rocmtrain.api.contract import is_local
 from rocmtrain_train.config import ConfigError, RunSettings
-from rocmtrain_train.data import read_table
-from rocmtrain_train.model import check_model_files, resolve_model
+from rocmtrain_train.data.records import read_table
+from rocmtrain_train.model.pretrained import check_model_files, resolve_model
 
 
 def check_gpus(settings: RunSettings, available: int) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rocmtrain_train.data import Records
+from rocmtrain_train.data.records import Records
 
 # Texts handed to the tokenizer at once (it spreads each call over its threads).
 ENCODE_CHUNK = 4096

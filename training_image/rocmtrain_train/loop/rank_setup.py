@@ -1,7 +1,7 @@
-"""Building one training rank: everything `loop` needs, set up once when Ray Train starts the worker.
+"""Building one training rank: everything `step_loop` needs, set up once when Ray Train starts the worker.
 
 `build_worker` loads the model (attention kernels, gradient checkpointing, torch.compile as the
-job says), plans the batches and tokenises this rank's records (`plan`, `tokens`), sets up
+job says), plans the batches and tokenises this rank's records (`batch_plan`, `tokens`), sets up
 AdamW, the linear warmup schedule, autocast and (with more than one rank) DDP, and restores the
 latest checkpoint if there is one. The result, a `Worker`, holds no behaviour beyond that: the
 step loop (`loop.TrainLoop`) runs it. Each rank has one GPU (`ray.train.torch.get_device`).
@@ -26,14 +26,14 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedModel, get_linear_schedule_with_warmup
 
 from rocmtrain.api.models import TrainingSpec
-from rocmtrain_train import checkpoint
-from rocmtrain_train.checkpoint import TrainState
+from rocmtrain_train.checkpoint import train_state
+from rocmtrain_train.checkpoint.train_state import TrainState
 from rocmtrain_train.config import ConfigError, RunSettings
-from rocmtrain_train.logs import rank_logger
-from rocmtrain_train.model import compile_model, load_model, resolve_model
-from rocmtrain_train.plan import BatchPlan
-from rocmtrain_train.rank_data import Tokenizing, TrainData, load_eval_data, load_train_data, takes_token_types
-from rocmtrain_train.tokens import Encoded
+from rocmtrain_train.data.batch_plan import BatchPlan
+from rocmtrain_train.data.rank_shard import Tokenizing, TrainData, load_eval_data, load_train_data, takes_token_types
+from rocmtrain_train.data.tokens import Encoded
+from rocmtrain_train.model.pretrained import compile_model, load_model, resolve_model
+from rocmtrain_train.reporting.log_files import rank_logger
 
 LR_SCALING: dict[str, Callable[[int], float]] = {"none": lambda w: 1.0, "linear": float, "sqrt": math.sqrt}
 FUSED_ADAMW_DEVICES = ("cuda", "cpu")
@@ -133,8 +133,8 @@ def _latest_checkpoint(settings: RunSettings, rank: int, log: logging.Logger) ->
     if found is None:
         return None
     with found.as_directory() as directory:
-        saved = checkpoint.load(Path(directory), rank)
-    if not checkpoint.resumable(saved, resume=settings.job.spec.checkpoint.resume, run_id=settings.run_id):
+        saved = train_state.load(Path(directory), rank)
+    if not train_state.resumable(saved, resume=settings.job.spec.checkpoint.resume, run_id=settings.run_id):
         log.info("not resuming from %s: checkpoint.resume is never", found.path)
         return None
     log.info("resuming from %s", found.path)
@@ -157,9 +157,9 @@ def _restore(
     seed = settings.job.spec.training.seed
     saved = _latest_checkpoint(settings, rank, log)
     if saved is None:
-        torch.manual_seed(checkpoint.rng_seed(seed, rank, 0))
+        torch.manual_seed(train_state.rng_seed(seed, rank, 0))
         return TrainState(), None
-    state = checkpoint.restore(saved, model=parts["model"], optimizer=parts["optimizer"], scaler=parts["scaler"])
+    state = train_state.restore(saved, model=parts["model"], optimizer=parts["optimizer"], scaler=parts["scaler"])
     resumed_from = state.step
     same_steps = saved["plan"] == plan.digest
     if not same_steps:
@@ -175,9 +175,9 @@ def _restore(
             state.step,
         )
     if same_steps and saved["world_size"] == world_size and saved["rng"] is not None:
-        checkpoint.set_rng_state(saved["rng"], parts["device"])
+        train_state.set_rng_state(saved["rng"], parts["device"])
     else:
-        torch.manual_seed(checkpoint.rng_seed(seed, rank, state.step))
+        torch.manual_seed(train_state.rng_seed(seed, rank, state.step))
     log.info("resumed at epoch %d, step %d", state.epoch, state.step)
     return state.share(rank, world_size), resumed_from
 

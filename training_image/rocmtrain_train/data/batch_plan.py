@@ -1,6 +1,6 @@
 """The batch plan: which records each rank trains on at each optimiser step, computed alike on every rank.
 
-The sampled records (`data.sample_order`) are padded to a multiple of the world size W by
+The sampled records (`records.sample_order`) are padded to a multiple of the world size W by
 repeating the first ones (fewer than W, as torch's DistributedSampler does), sorted by length
 within groups of `GROUP_STEPS` steps (length in characters: known before tokenising), and cut into
 step batches of the global batch B = W x batchSizePerWorker x gradientAccumulationSteps. Rank r

@@ -28,7 +28,7 @@ class TrialView:
     id: str
     tune_state: str  # Ray Tune's: PENDING, RUNNING, PAUSED, TERMINATED, ERROR
     config: Mapping[str, Any]  # hyper-parameters by TrainingSpec field name
-    result: Mapping[str, Any] = field(default_factory=dict)  # its last reported result (see `search.tune_result`)
+    result: Mapping[str, Any] = field(default_factory=dict)  # its last reported result (see `tune_trials.tune_result`)
     finished: bool = False  # the run reached its end (not stopped early)
     checkpoint: str | None = None  # its latest checkpoint, or its exported model once finished
 

@@ -7,20 +7,22 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rocmtrain_train import http_sink
 from rocmtrain_train.config import RunSettings
-from rocmtrain_train.preflight import preflight
-from rocmtrain_train.sinks import ConsoleSink, JsonlSink, Sink
-from rocmtrain_train.trainer import RunOutcome, run
+from rocmtrain_train.driver.driver_checks import preflight
+from rocmtrain_train.driver.torch_trainer import RunOutcome, run
+from rocmtrain_train.reporting import operator_sink
+from rocmtrain_train.reporting.console_sink import ConsoleSink
+from rocmtrain_train.reporting.driver_report import Sink
+from rocmtrain_train.reporting.jsonl_sink import JsonlSink
 
 if TYPE_CHECKING:
-    from rocmtrain_train.search import SearchOutcome
+    from rocmtrain_train.search.tune_trials import SearchOutcome
 
 
 def train(settings: RunSettings, sinks: list[Sink], *, echo_log: bool) -> RunOutcome | SearchOutcome:
     """One training run, or the job's hyper-parameter search when it has `spec.tuning`."""
     if settings.job.spec.tuning is not None:
-        from rocmtrain_train.search import run_search
+        from rocmtrain_train.search.tune_trials import run_search
 
         return run_search(settings, sinks, echo_log=echo_log)
     return run(settings, sinks, echo_log=echo_log)
@@ -62,7 +64,7 @@ def run_local(settings: RunSettings, *, console: bool = True) -> RunOutcome | Se
     sinks: list[Sink] = [JsonlSink(Path(settings.log_dir) / "metrics.jsonl")]
     if console:
         sinks.append(ConsoleSink())
-    if (progress := http_sink.from_env()) is not None:  # report into a cluster job's status, if asked to
+    if (progress := operator_sink.from_env()) is not None:  # report into a cluster job's status, if asked to
         sinks.append(progress)
     try:
         return train(settings, sinks, echo_log=False)

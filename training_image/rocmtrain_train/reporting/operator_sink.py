@@ -1,4 +1,4 @@
-"""A reporter sink that pushes progress reports to the operator's HTTPS endpoint.
+"""The operator sink: progress reports pushed to the operator's HTTPS endpoint.
 
 The operator sets three variables on the Ray head (where the driver runs), named in
 `rocmtrain.api.contract`: `ROCMTRAIN_PROGRESS_URL`, `ROCMTRAIN_PROGRESS_CA` (CA bundle

@@ -1,0 +1,1 @@
+"""The model: `pretrained` finds the weights (path, installed package, hub, object store) and loads them."""
