@@ -22,15 +22,15 @@ through a small client of its own, with request deadlines.
 
 `make_app` builds the aiohttp application from injected parts (authenticator,
 authoriser, job store, rate limiter), so it runs without kopf or a cluster.
-`start_progress_server` wires the real parts and serves; the operator calls it
-from a kopf startup handler and stops it on cleanup::
+`start_progress_server` wires the real parts and serves; the operator's runtime
+(`rocmtrain.controller.runtime`) starts it at startup and stops it on cleanup::
 
     config = ProgressServerConfig.from_env()  # None: the endpoint is off
-    memo.progress = await start_progress_server(config, api) if config else None
+    progress = await start_progress_server(config) if config else None
     ...
-    await memo.progress.publish_ca(namespace)  # before rendering a job's RayJob there
+    await progress.publish_ca(namespace, api)  # before rendering a job's RayJob there
     ...
-    await memo.progress.stop()  # on cleanup
+    await progress.stop()  # on cleanup
 """
 
 from __future__ import annotations
@@ -390,7 +390,6 @@ class ProgressServer:
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
         self._refresher: asyncio.Task[None] | None = None
-        self.authenticator: TokenReviewAuthenticator | None = None
 
     @property
     def ca_crt(self) -> bytes:
@@ -495,9 +494,8 @@ async def start_progress_server(cfg: ProgressServerConfig, api: client.ApiClient
             await api.close()
         raise
     server = ProgressServer(cfg, api, material, own_api=own)
-    server.authenticator = TokenReviewAuthenticator(api, cfg.audience)
     app = make_app(
-        authenticate=server.authenticator,
+        authenticate=TokenReviewAuthenticator(api, cfg.audience),
         authorise=PodAuthoriser(api),
         jobs=KubeJobStore(api),
         limiter=RateLimiter(cfg.rate_per_second, cfg.burst),
