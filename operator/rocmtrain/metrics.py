@@ -12,7 +12,9 @@
   `JOBS.max_jobs` jobs (`ROCMTRAIN_METRICS_MAX_JOBS`); `rocmtrain_job_series_dropped` counts the rest.
 - `rocmtrain_reconciles_in_flight`: reconciles holding one of the reconciler's slots;
 - `rocmtrain_jobs_remembered`: jobs the reconciler keeps state for (deleted ones are forgotten);
-- `rocmtrain_progress_token_reviews_total`: TokenReviews the progress endpoint sent.
+- `rocmtrain_progress_token_reviews_total`: TokenReviews the progress endpoint sent;
+- `rocmtrain_watch_restarts_total{watch}`: watches (RayJobs, Ray pods, Kueue Workloads) started again
+  after an unexpected error.
 
 Job gauges are computed at scrape time from the operator's job index (the
 operator passes a view of it), so they cannot drift and vanish with their job.
@@ -72,6 +74,9 @@ RECONCILES_IN_FLIGHT = Gauge(
 )
 TOKEN_REVIEWS = Counter(
     "rocmtrain_progress_token_reviews_total", "TokenReviews the progress endpoint sent.", registry=REGISTRY
+)
+WATCH_RESTARTS = Counter(
+    "rocmtrain_watch_restarts_total", "Watches started again after an unexpected error.", ["watch"], registry=REGISTRY
 )
 JOBS_REMEMBERED = Gauge(
     "rocmtrain_jobs_remembered", "Jobs the reconciler keeps state for (deleted ones are forgotten).", registry=REGISTRY

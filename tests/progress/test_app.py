@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from fakes import merge_patch
 from rocmtrain.api.contract import PROGRESS_AUDIENCE, progress_path
 from rocmtrain.api.models import RocmTrainingJob
-from rocmtrain.progress import tls
+from rocmtrain.progress import errors, tls
 from rocmtrain.progress.auth import Identity
 from rocmtrain.progress.errors import Conflict, Forbidden, Gone, Unauthenticated, Unavailable
 from rocmtrain.progress.limits import MAX_BODY_BYTES, RateLimiter
@@ -141,6 +141,36 @@ async def test_refusals_write_nothing(http: TestClient, jobs: Jobs, url: str, he
     assert "error" in await resp.json()
     if status == 401:
         assert resp.headers["WWW-Authenticate"] == "Bearer"
+    assert jobs.patches == []
+
+
+@pytest.mark.parametrize(
+    ("refusal", "status", "headers"),
+    [
+        (errors.Unauthenticated("token revoked"), 401, {"WWW-Authenticate": "Bearer"}),
+        (errors.Forbidden("not this job's head"), 403, {}),
+        (errors.NotFound(), 404, {}),
+        (errors.TooManyRequests(2.5, "slow down"), 429, {"Retry-After": "3"}),
+        (errors.Busy(0.1), 429, {"Retry-After": "1"}),
+        (errors.Unavailable("pod lookup failed with HTTP 500"), 503, {"Retry-After": "5"}),
+        (errors.Conflict(), 503, {"Retry-After": "5"}),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, errors.Refusal) else None,
+)
+async def test_a_refusal_from_any_part_is_answered_with_its_own_status(
+    jobs: Jobs, refusal: errors.Refusal, status: int, headers: dict[str, str]
+):
+    """One handler answers every refusal: the status its class names, its reason, its headers."""
+
+    async def refusing(identity: Identity, job: Mapping[str, Any]) -> None:
+        raise refusal
+
+    app = make_app(authenticate=authenticate, authorise=refusing, jobs=jobs, limiter=RateLimiter(2, 10))
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.post(URL, json=REPORT, headers=bearer("good"))
+        assert (resp.status, await resp.json()) == (status, {"error": str(refusal)})
+        assert {name: resp.headers[name] for name in headers} == headers
+    assert str(errors.NotFound()) == "no such job" and str(errors.Busy(1)) == "busy"
     assert jobs.patches == []
 
 

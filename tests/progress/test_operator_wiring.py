@@ -1,8 +1,8 @@
 """The operator's wiring of the endpoint: config, startup, CA publishing, rendering, cleanup.
 
-The operator's own configuration and handler functions run here, on one event loop,
-as the operator's ServiceAccount (manifests/rbac.yaml), against kube-apiserver;
-kopf's event loop is not started, so this test never competes with the operator
+The operator's own configuration and runtime (`open_runtime`, not started) run here, on
+one event loop, as the operator's ServiceAccount (manifests/rbac.yaml), against
+kube-apiserver; kopf's event loop is not started, so this test never competes with the operator
 that tests/operator run. Not real: no KubeRay controller, so the test writes the
 RayJob's `status.rayClusterName` and creates the RayCluster and the head pod from
 the rendered template as KubeRay would; no kubelet, so that pod never runs.
@@ -13,9 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import kopf
 import pytest
-from kubernetes_asyncio import config as async_config
 
 from cluster.kubecluster import KubeCluster, free_port
 from progress.endpoint import (
@@ -30,8 +28,8 @@ from progress.endpoint import (
 from rocmtrain.api.contract import API_VERSION, KIND
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.controller import handlers
+from rocmtrain.controller.runtime import open_runtime, publish_progress_ca
 from rocmtrain.controller.settings import OperatorConfig
-from rocmtrain.kube import Kube
 from rocmtrain.objects import owner_reference
 from rocmtrain.progress import tls
 from rocmtrain.render import render_rayjob
@@ -69,14 +67,16 @@ def test_operator_serves_progress_for_the_jobs_it_renders(
             "ROCMTRAIN_PROGRESS_PORT": str(port),
             "ROCMTRAIN_PROGRESS_ADVERTISE_HOST": "localhost",
             "ROCMTRAIN_PROGRESS_ADVERTISE_PORT": str(port),
+            "ROCMTRAIN_METRICS_PORT": "0",
         }
     )
     assert config.progress is not None
     kubeconfig = operator_kubeconfig(kube, tmp_path / "kubeconfig")
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))  # the endpoint makes its own client, as in the operator
-    api = loop.run(async_config.new_client_from_config(config_file=str(kubeconfig)))
-    memo = kopf.Memo(config=config, kube=Kube(api))
-    loop.run(handlers.progress_endpoint(memo=memo))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))  # the runtime's clients read it, as in the operator
+    runtime = loop.run(
+        open_runtime(config, {}, {}, rayjob_changed=handlers.rayjob_changed, rayjob_touched=handlers.rayjob_touched)
+    )
+    assert runtime.progress is not None
     try:
         namespace, name = kube.new_namespace("wired"), "wired-job"
         job = kube.create(
@@ -84,7 +84,7 @@ def test_operator_serves_progress_for_the_jobs_it_renders(
         )
         # What the `reconcile` handler does: publish the CA, then create the RayJob rendered with the
         # operator's render options (the Reconciler's own run needs kopf's context for its events).
-        assert loop.run(handlers.publish_progress_ca(memo, namespace)) is None
+        assert loop.run(publish_progress_ca(runtime.progress, runtime.kube, namespace)) is None
         rendered = render_rayjob(RocmTrainingJob.model_validate(job), options=config.render_options)
         rendered["metadata"]["ownerReferences"] = [owner_reference(job)]
         rayjob_object = kube.create(rendered)
@@ -140,5 +140,4 @@ def test_operator_serves_progress_for_the_jobs_it_renders(
         status = head.job_object(kube)["status"]
         assert status["progress"]["step"] == 3 and status["metrics"]["trainLoss"] == 0.9
     finally:
-        loop.run(handlers.stop_progress_endpoint(memo=memo))
-        loop.run(api.close())
+        loop.run(runtime.close())

@@ -9,7 +9,13 @@
 - the Ray pods of our jobs (`PodWatch`) and Kueue's Workloads of our RayJobs
   (`WorkloadWatch`): recompute the job's status (pods that cannot run, Kueue's verdict);
 - running jobs: stall detection, by one periodic loop over the job index;
-- indexes of jobs and Nodes keep lookups off the API server.
+- indexes of jobs and Nodes keep lookups off the API server;
+- `/healthz` (kopf's liveness endpoint, probe `watches`) fails while a watch keeps
+  failing unexpectedly (`supervision`), so that the kubelet restarts the operator.
+
+What the handlers share (configuration, connections, indexes, watches, reconciler,
+progress endpoint) is one `runtime.OperatorRuntime`, which the one startup handler
+builds and keeps in kopf's memo.
 
 No deletion handler: the RayJob goes with its job through its owner reference and
 Kubernetes' garbage collector, so jobs carry no finalizer.
@@ -18,7 +24,6 @@ Kubernetes' garbage collector, so jobs carry no finalizer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -26,25 +31,14 @@ from typing import Any
 import kopf
 
 from rocmtrain import metrics, preflight
-from rocmtrain.api.contract import GROUP, MANAGED_SELECTOR, PLURAL, VERSION
-from rocmtrain.api.names import rayjob_name_of
-from rocmtrain.controller.pod_watch import PodWatch
-from rocmtrain.controller.rayjob_watch import RayJobWatch
-from rocmtrain.controller.reconciler import Reconciler
+from rocmtrain.api.contract import GROUP, PLURAL, VERSION
+from rocmtrain.controller.informer import Key, View
+from rocmtrain.controller.runtime import JobIndex, OperatorRuntime, open_runtime, runtime_of
 from rocmtrain.controller.settings import OperatorConfig, configure_kopf
-from rocmtrain.controller.workload_watch import WorkloadWatch, rayjob_key
-from rocmtrain.kube import Kube, new_api_client
 from rocmtrain.objects import controller_ref, is_jobs_rayjob, job_view, requested_gpus
-from rocmtrain.pod_health import job_key
-from rocmtrain.progress.server import start_progress_server
-from rocmtrain.progress.tls import ConfigMapTaken
-from rocmtrain.status import TERMINAL_PHASES, Hold, HoldKind
+from rocmtrain.status import TERMINAL_PHASES
 
 JOB = (GROUP, VERSION, PLURAL)
-# The informers (RayJobs, Ray pods, Kueue Workloads) that share the watch client, and its
-# connections beyond their long requests (a list or watch being replaced, say).
-WATCHES = 3
-WATCH_SPARE_CONNECTIONS = 4
 
 logger = logging.getLogger(__name__)
 
@@ -53,57 +47,12 @@ logger = logging.getLogger(__name__)
 async def startup(
     settings: kopf.OperatorSettings, memo: kopf.Memo, jobs: kopf.Index, nodes: kopf.Index, **_: Any
 ) -> None:
-    """Read the configuration, configure kopf, connect, serve metrics, watch RayJobs, pods, Workloads and stalls."""
-    memo.config = config = OperatorConfig.from_env()
+    """Read the configuration, configure kopf, build the runtime; start the watches and the stall loop."""
+    config = OperatorConfig.from_env()
     configure_kopf(settings, namespaced=bool(config.namespaces))
-    memo.kube = await Kube.connect(timeout=config.api_timeout_seconds)
-    memo.metrics = await metrics.serve(config.metrics_port, config.metrics_host) if config.metrics_port else None
-    metrics.JOBS.source = lambda: (job for store in list(jobs.values()) for job in store)
-    metrics.JOBS.max_jobs = config.metrics_max_jobs
-
-    async def handle(kind: str, rayjob: dict[str, Any]) -> None:
-        await rayjob_changed(kind, rayjob, memo, jobs, nodes)
-
-    async def refresh(source: str, key: tuple[str, str] | None) -> None:
-        if key is not None:
-            with metrics.observe(f"{source}_event"):
-                await refresh_rayjob(*key, memo, jobs)
-
-    # The watches' own connections (one long request per watch and namespace), so that
-    # they never take the reconciler's.
-    memo.watch_api = await new_api_client(
-        WATCHES * (len(config.namespaces) or 1) + WATCH_SPARE_CONNECTIONS, config.api_timeout_seconds
-    )
-    memo.rayjobs = RayJobWatch(
-        memo.watch_api,
-        handle,
-        label_selector=MANAGED_SELECTOR,
-        namespaces=config.namespaces,
-        missing_retry_seconds=config.retry_seconds,
-    )
-    memo.pods = PodWatch(
-        memo.watch_api,
-        lambda _, pod: refresh("pod", rayjob_of(job_key(pod))),
-        namespaces=config.namespaces,
-        retry_seconds=config.retry_seconds,
-    )
-    memo.workloads = WorkloadWatch(
-        memo.watch_api,
-        lambda _, workload: refresh("workload", rayjob_key(workload)),
-        namespaces=config.namespaces,
-        retry_seconds=config.retry_seconds,
-    )
-    memo.reconciler = Reconciler(
-        memo.kube,
-        config,
-        known=memo.rayjobs.get,
-        before_render=lambda namespace: publish_progress_ca(memo, namespace),
-        pods=memo.pods.of_job,
-        workload=memo.workloads.of_rayjob,
-    )
-    for watch in (memo.rayjobs, memo.pods, memo.workloads):
-        watch.start()
-    memo.stall_watch = asyncio.create_task(watch_stalls(memo, jobs), name="stall watch")
+    runtime = await open_runtime(config, jobs, nodes, rayjob_changed=rayjob_changed, rayjob_touched=rayjob_touched)
+    memo.runtime = runtime
+    runtime.start(watch_stalls)
 
 
 @kopf.on.login()
@@ -112,25 +61,20 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
+@kopf.on.probe(id="watches")
+def watches(memo: kopf.Memo, **_: Any) -> str:
+    """`/healthz` fails while a watch keeps failing unexpectedly, so that the kubelet restarts the operator."""
+    failing = runtime_of(memo).failing_watches()
+    if failing:
+        raise kopf.PermanentError(f"watches failing: {', '.join(failing)}")
+    return "ok"
+
+
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the watches, the retries and the metrics, and close the API connection."""
-    for watch in ("rayjobs", "pods", "workloads"):
-        if memo.get(watch) is not None:
-            await memo[watch].stop()
-    if memo.get("reconciler") is not None:
-        await memo.reconciler.stop()
-    if memo.get("stall_watch") is not None:
-        memo.stall_watch.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await memo.stall_watch
-    metrics.JOBS.source = tuple
-    if memo.get("metrics") is not None:
-        await memo.metrics.cleanup()
-    if memo.get("watch_api") is not None:
-        await memo.watch_api.close()
-    if memo.get("kube") is not None:
-        await memo.kube.close()
+    """Stop the loops, watches, retries, metrics and progress endpoint, and close the API connections."""
+    if memo.get("runtime") is not None:
+        await runtime_of(memo).close()
 
 
 # ---- indexes ------------------------------------------------------------------------
@@ -151,12 +95,8 @@ def jobs(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[tuple[str
     return {(namespace, name): view}
 
 
-def _node_list(index: kopf.Index) -> list[preflight.NodeInfo]:
-    return [info for store in index.values() for info in store]
-
-
-def _one(index: kopf.Index, key: tuple[str, str], uid: str | None = None) -> Mapping[str, Any] | None:
-    """The indexed object under `key` (with `uid`, when given)."""
+def _one(index: JobIndex, key: tuple[str, str], uid: str | None = None) -> Mapping[str, Any] | None:
+    """The indexed job under `key` (with `uid`, when given)."""
     for value in index.get(key, ()):
         if uid is None or value["metadata"].get("uid") == uid:
             return value
@@ -166,54 +106,56 @@ def _one(index: kopf.Index, key: tuple[str, str], uid: str | None = None) -> Map
 # ---- jobs ---------------------------------------------------------------------------
 
 
-@kopf.on.event(*JOB)  # type: ignore[arg-type]  # kopf also passes its indexes, which its protocols do not name
-async def job_event(
-    type: str, body: kopf.Body, uid: str, memo: kopf.Memo, jobs: kopf.Index, nodes: kopf.Index, **_: Any
-) -> None:
+@kopf.on.event(*JOB)
+async def job_event(type: str, body: kopf.Body, uid: str, memo: kopf.Memo, **_: Any) -> None:
     """Any job event: bring its RayJob in line (when it is not already); drop a deleted job's state."""
+    runtime = runtime_of(memo)
     if type == "DELETED":
-        memo.reconciler.forget(uid)
+        runtime.reconciler.forget(uid)
     elif "deletionTimestamp" not in body["metadata"]:
-        await sync(memo, job_view(body), jobs, nodes)
+        await sync(runtime, job_view(body))
 
 
-async def sync(memo: kopf.Memo, job: Mapping[str, Any], jobs: kopf.Index, nodes: kopf.Index) -> None:
+async def sync(runtime: OperatorRuntime, job: Mapping[str, Any]) -> None:
     """Reconcile one job; schedule a retry (with the job as the index then holds it) when held or failed."""
     meta = job["metadata"]
+    nodes = [info for store in runtime.nodes.values() for info in store]
     try:
         with metrics.observe("reconcile"):
-            delay = await memo.reconciler.sync(job, _node_list(nodes))
+            delay = await runtime.reconciler.sync(job, nodes)
     except Exception:
         logger.exception("reconciling %s/%s failed; retrying", meta["namespace"], meta["name"])
-        delay = memo.config.retry_seconds
+        delay = runtime.config.retry_seconds
     if delay is None:
         return
 
     async def again() -> None:
-        latest = _one(jobs, (meta["namespace"], meta["name"]), meta["uid"])
+        latest = _one(runtime.jobs, (meta["namespace"], meta["name"]), meta["uid"])
         if latest is not None and "deletionTimestamp" not in latest["metadata"]:
-            await sync(memo, latest, jobs, nodes)
+            await sync(runtime, latest)
 
-    memo.reconciler.retry_later(meta["uid"], delay, again)
+    runtime.reconciler.retry_later(meta["uid"], delay, again)
 
 
-async def watch_stalls(memo: kopf.Memo, jobs: kopf.Index) -> None:
+async def watch_stalls(runtime: OperatorRuntime) -> None:
     """Re-evaluate every running job periodically, so that `Stalled` turns True when nothing moves.
 
     One loop over the job index rather than a kopf timer per job: a timer is a task
     with its own state per object, which at a thousand running jobs costs tens of MiB.
     """
     while True:
-        await asyncio.sleep(memo.config.stall_check_seconds)
-        running = [job for store in list(jobs.values()) for job in store if job["status"].get("phase") == "Running"]
+        await asyncio.sleep(runtime.config.stall_check_seconds)
+        running = [
+            job for store in list(runtime.jobs.values()) for job in store if job["status"].get("phase") == "Running"
+        ]
         for job in running:
             meta = job["metadata"]
-            rayjob = memo.rayjobs.get(meta["namespace"], meta["name"])
+            rayjob = runtime.rayjobs.get(meta["namespace"], meta["name"])
             if rayjob is None:  # not seen (yet), or deleted: the RayJob handler deals with that
                 continue
             try:
                 with metrics.observe("stall_check"):
-                    await memo.reconciler.refresh(job, rayjob)
+                    await runtime.reconciler.refresh(job, rayjob)
             except Exception:
                 logger.exception("stall check of %s/%s failed", meta["namespace"], meta["name"])
 
@@ -221,71 +163,30 @@ async def watch_stalls(memo: kopf.Memo, jobs: kopf.Index) -> None:
 # ---- RayJobs ------------------------------------------------------------------------
 
 
-async def rayjob_changed(
-    kind: str, rayjob: dict[str, Any], memo: kopf.Memo, jobs: kopf.Index, nodes: kopf.Index
-) -> None:
+async def rayjob_changed(runtime: OperatorRuntime, kind: str, rayjob: View) -> None:
     """Mirror the RayJob's state into its job; recreate it if it was deleted before the job ended."""
     with metrics.observe("rayjob_event"):
         owner = controller_ref(rayjob)
-        job = _one(jobs, (rayjob["metadata"]["namespace"], owner.get("name", "")), owner.get("uid"))
+        job = _one(runtime.jobs, (rayjob["metadata"]["namespace"], owner.get("name", "")), owner.get("uid"))
         if job is None or "deletionTimestamp" in job["metadata"] or not is_jobs_rayjob(job, rayjob):
             return
         if kind != "DELETED":
-            await memo.reconciler.refresh(job, rayjob)
+            await runtime.reconciler.refresh(job, rayjob)
         elif job["status"].get("phase") not in TERMINAL_PHASES:
-            await memo.kube.post_event(
+            await runtime.kube.post_event(
                 job, type="Warning", reason="RayJobDeleted", message="the RayJob was deleted; recreating it"
             )
-            memo.reconciler.invalidate(job["metadata"]["uid"])
-            await sync(memo, job, jobs, nodes)
+            runtime.reconciler.invalidate(job["metadata"]["uid"])
+            await sync(runtime, job)
 
 
-def rayjob_of(job: tuple[str, str] | None) -> tuple[str, str] | None:
-    """(namespace, RayJob name) of the job `(namespace, name)`."""
-    return (job[0], rayjob_name_of(job[1])) if job is not None else None
-
-
-async def refresh_rayjob(namespace: str, name: str, memo: kopf.Memo, jobs: kopf.Index) -> None:
-    """Recompute the status of the job owning RayJob `namespace/name` (its pods or its Workload changed)."""
-    rayjob = memo.rayjobs.get(namespace, name)
-    if rayjob is None:  # not seen yet: its own event recomputes the status
-        return
-    owner = controller_ref(rayjob)
-    job = _one(jobs, (namespace, owner.get("name", "")), owner.get("uid"))
-    if job is not None and "deletionTimestamp" not in job["metadata"] and is_jobs_rayjob(job, rayjob):
-        await memo.reconciler.refresh(job, rayjob)
-
-
-# ---- progress endpoint: training drivers push ProgressReports (rocmtrain.progress) ------------
-
-
-@kopf.on.startup()
-async def progress_endpoint(memo: kopf.Memo, **_: Any) -> None:
-    """Serve the progress endpoint, when configured (after `startup`: it reads its config).
-
-    The endpoint talks to the API server through a small client of its own, so a flood
-    of reports never takes the connections that reconciles and the watches use.
-    """
-    cfg = memo.config.progress
-    memo.progress = await start_progress_server(cfg) if cfg is not None else None
-
-
-@kopf.on.cleanup()
-async def stop_progress_endpoint(memo: kopf.Memo, **_: Any) -> None:
-    """Stop serving progress."""
-    if memo.get("progress") is not None:
-        await memo.progress.stop()
-
-
-async def publish_progress_ca(memo: kopf.Memo, namespace: str) -> Hold | None:
-    """Put the endpoint's CA into a job's namespace before its RayJob is rendered (the head pod mounts it).
-
-    A ConfigMap of that name that is not the operator's is left alone, and holds the job.
-    """
-    if memo.get("progress") is None:
-        return None
-    try:
-        await memo.progress.publish_ca(namespace, memo.kube.api)
-    except ConfigMapTaken as exc:
-        return Hold(HoldKind.BLOCKED, "ProgressCAConflict", str(exc))
-    return None
+async def rayjob_touched(runtime: OperatorRuntime, source: str, key: Key) -> None:
+    """Recompute the status of the job owning RayJob `key` (its pods or its Workload, the `source`, changed)."""
+    with metrics.observe(f"{source}_event"):
+        rayjob = runtime.rayjobs.get(*key)
+        if rayjob is None:  # not seen yet: its own event recomputes the status
+            return
+        owner = controller_ref(rayjob)
+        job = _one(runtime.jobs, (key[0], owner.get("name", "")), owner.get("uid"))
+        if job is not None and "deletionTimestamp" not in job["metadata"] and is_jobs_rayjob(job, rayjob):
+            await runtime.reconciler.refresh(job, rayjob)

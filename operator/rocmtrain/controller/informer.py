@@ -14,7 +14,11 @@ its jobs (RayJobs, the Ray pods, Kueue's Workloads):
   handled are coalesced into the last;
 - a change whose handling fails (the job's status write did not go through) is handed
   over again after a backoff, unless a newer change of its group came meanwhile, so a
-  job's status never stays stale until the object happens to change again.
+  job's status never stays stale until the object happens to change again;
+- the watch is supervised: an unexpected exception (a bug in a view function, say) is
+  logged with its traceback, counted (`rocmtrain_watch_restarts_total{watch}`), and
+  the watch lists again after a capped back-off with jitter; `healthy()` is False once
+  it keeps failing for longer than its `RestartPolicy` allows (`supervision`).
 
 Each informer holds one long request per watched namespace (one in all when it watches
 every namespace); the operator gives its informers an API client of their own, so that
@@ -33,6 +37,9 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
+
+from rocmtrain import metrics
+from rocmtrain.controller.supervision import DEFAULT_RESTART, RestartPolicy, Supervision, capped_backoff
 
 Key = tuple[str, str]
 View = dict[str, Any]
@@ -105,14 +112,16 @@ class Informer:
         group: Callable[[View], Key | None] = object_key,
         namespaces: Iterable[str] = (),
         missing_retry_seconds: float = 30.0,
+        restart: RestartPolicy = DEFAULT_RESTART,
     ) -> None:
         self._lister = lister
         self._view = view
         self._handle = handle
-        self._what = what
+        self.what = what
         self._group = group
         self._namespaces: tuple[str | None, ...] = tuple(namespaces) or (None,)
         self._missing_retry = missing_retry_seconds
+        self._supervision = {namespace: Supervision(restart) for namespace in self._namespaces}
         self.views: dict[Key, View] = {}
         self._groups: dict[Key, dict[Key, View]] = {}
         self._pending: dict[Key, tuple[str, View]] = {}
@@ -122,7 +131,7 @@ class Informer:
 
     def start(self) -> None:
         """Start watching (in the background)."""
-        self._task = asyncio.create_task(self._run_all(), name=f"{self._what} watch")
+        self._task = asyncio.create_task(self._run_all(), name=f"{self.what} watch")
 
     async def stop(self) -> None:
         """Stop watching and handling."""
@@ -132,6 +141,10 @@ class Informer:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    def healthy(self) -> bool:
+        """False when a watch loop keeps failing unexpectedly (see `supervision`)."""
+        return all(supervision.healthy() for supervision in self._supervision.values())
 
     def members(self, group: Key) -> list[View]:
         """The current views of one group."""
@@ -149,14 +162,14 @@ class Informer:
             try:
                 version = await self._list(namespace)
                 if missing:
-                    logger.info("%s are served again (%s); watching", self._what, where)
+                    logger.info("%s are served again (%s); watching", self.what, where)
                 missing = False
                 while True:
                     version = await self._watch(namespace, version)
             except _Expired:
                 continue
             except ApiException as exc:
-                what, status = self._what, exc.status
+                what, status = self.what, exc.status
                 if status not in NOT_SERVED:
                     logger.warning("%s watch (%s) failed: %s %s; listing again", what, where, status, exc.reason)
                     await asyncio.sleep(ERROR_BACKOFF_SECONDS)
@@ -168,8 +181,13 @@ class Informer:
                 self._replace(namespace, [])  # a removed CRD took its objects with it
                 await asyncio.sleep(self._missing_retry)
             except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
-                logger.warning("%s watch (%s) broke: %r; listing again", self._what, where, exc)
+                logger.warning("%s watch (%s) broke: %r; listing again", self.what, where, exc)
                 await asyncio.sleep(ERROR_BACKOFF_SECONDS)
+            except Exception:
+                delay = self._supervision[namespace].failed()
+                logger.exception("%s watch (%s) failed unexpectedly; listing again in %.1fs", self.what, where, delay)
+                metrics.WATCH_RESTARTS.labels(self.what).inc()
+                await asyncio.sleep(delay)
 
     async def _list(self, namespace: str | None) -> str:
         """List, replace the namespace's views, hand over the differences; the list's resourceVersion."""
@@ -244,7 +262,7 @@ class Informer:
             members[key] = view
         self._pending[group] = (kind, view)
         if group not in self._workers:
-            self._workers[group] = asyncio.create_task(self._drain(group), name=f"{self._what} {group[0]}/{group[1]}")
+            self._workers[group] = asyncio.create_task(self._drain(group), name=f"{self.what} {group[0]}/{group[1]}")
 
     async def _drain(self, group: Key) -> None:
         failures = 0
@@ -257,9 +275,9 @@ class Informer:
                         failures = 0
                         continue
                     except Exception:
-                        logger.exception("handling %s of %s %s/%s failed; retrying", kind, self._what, *group)
+                        logger.exception("handling %s of %s %s/%s failed; retrying", kind, self.what, *group)
                 failures += 1
-                await asyncio.sleep(min(HANDLING_BACKOFF_MAX_SECONDS, ERROR_BACKOFF_SECONDS * 2 ** (failures - 1)))
+                await asyncio.sleep(capped_backoff(failures, ERROR_BACKOFF_SECONDS, HANDLING_BACKOFF_MAX_SECONDS))
                 self._pending.setdefault(group, (kind, view))  # a newer change, if one came, replaces it
         finally:
             self._workers.pop(group, None)

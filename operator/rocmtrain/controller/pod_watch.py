@@ -15,13 +15,20 @@ from kubernetes_asyncio import client
 from rocmtrain import pod_health
 from rocmtrain.api.contract import RAY_PODS_SELECTOR
 from rocmtrain.controller.informer import Handler, Informer, View, pods
+from rocmtrain.controller.supervision import DEFAULT_RESTART, RestartPolicy
 
 
 class PodWatch(Informer):
     """The Ray pods of every job, by (namespace, job name)."""
 
     def __init__(
-        self, api: client.ApiClient, handle: Handler, *, namespaces: Iterable[str] = (), retry_seconds: float = 30.0
+        self,
+        api: client.ApiClient,
+        handle: Handler,
+        *,
+        namespaces: Iterable[str] = (),
+        retry_seconds: float = 30.0,
+        restart: RestartPolicy = DEFAULT_RESTART,
     ) -> None:
         super().__init__(
             pods(api, label_selector=RAY_PODS_SELECTOR),
@@ -31,6 +38,7 @@ class PodWatch(Informer):
             group=pod_health.job_key,
             namespaces=namespaces,
             missing_retry_seconds=retry_seconds,
+            restart=restart,
         )
 
     def of_job(self, namespace: str, job: str) -> list[View]:

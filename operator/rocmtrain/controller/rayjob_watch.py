@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from kubernetes_asyncio import client
 
 from rocmtrain.controller.informer import Handler, Informer, View, custom_objects
+from rocmtrain.controller.supervision import DEFAULT_RESTART, RestartPolicy
 from rocmtrain.kube import RAYJOBS
 from rocmtrain.objects import rayjob_view
 
@@ -31,6 +32,7 @@ class RayJobWatch(Informer):
         label_selector: str,
         namespaces: Iterable[str] = (),
         missing_retry_seconds: float = 30.0,
+        restart: RestartPolicy = DEFAULT_RESTART,
     ) -> None:
         super().__init__(
             custom_objects(api, RAYJOBS.group, RAYJOBS.version, RAYJOBS.plural, label_selector=label_selector),
@@ -39,6 +41,7 @@ class RayJobWatch(Informer):
             what="RayJobs",
             namespaces=namespaces,
             missing_retry_seconds=missing_retry_seconds,
+            restart=restart,
         )
 
     def get(self, namespace: str, name: str) -> View | None:

@@ -110,10 +110,6 @@ class Reconciler:
         self._retries: set[asyncio.Task[None]] = set()
         metrics.JOBS_REMEMBERED.set_function(lambda: len(self._states))
 
-    def remembers(self, uid: str) -> bool:
-        """Whether the reconciler keeps state for the job `uid`."""
-        return uid in self._states
-
     def forget(self, uid: str) -> None:
         """Drop what is remembered about a deleted job, and its scheduled retry, for good."""
         self._forgotten[uid] = None

@@ -10,6 +10,7 @@
 | ROCMTRAIN_STALL_SECONDS                  | 900       | a Running job without progress this long is Stalled  |
 | ROCMTRAIN_RETRY_SECONDS                  | 30        | re-check interval of a held job or after a failure   |
 | ROCMTRAIN_API_TIMEOUT_SECONDS            | 15        | deadline of one API request                          |
+| ROCMTRAIN_WATCH_FAILING_SECONDS          | 300       | a watch failing unexpectedly this long fails /healthz|
 | ROCMTRAIN_SUBMITTER_RETRIES              | 2         | retries of a RayJob's submitter pod (submitterConfig)|
 | ROCMTRAIN_ALLOWED_IMAGES                 | (any)     | comma-separated image prefixes jobs may use          |
 | ROCMTRAIN_ALLOWED_PRIORITY_CLASSES       | (any)     | PriorityClass names jobs may use                     |
@@ -36,6 +37,7 @@ import kopf
 from rocmtrain.accounting import Pricing, parse_currency, parse_pricing
 from rocmtrain.api.contract import OPERATOR_NAME
 from rocmtrain.api.patterns import DNS_LABEL, DNS_SUBDOMAIN, IMAGE
+from rocmtrain.controller.supervision import RestartPolicy
 from rocmtrain.policy import Policy
 from rocmtrain.progress.server import ProgressServerConfig, listen_host
 from rocmtrain.render import RenderOptions
@@ -108,6 +110,7 @@ class OperatorConfig:
     stall_seconds: int = 900
     retry_seconds: int = 30
     api_timeout_seconds: int = 15
+    watch_failing_seconds: int = 300
     policy: Policy = field(default_factory=Policy)
     metrics_max_jobs: int = 500
     pricing: Pricing | None = None  # None: no prices, no status.cost
@@ -128,6 +131,7 @@ class OperatorConfig:
             stall_seconds=_int(env, "ROCMTRAIN_STALL_SECONDS", 900, 1, 30 * 86400),
             retry_seconds=_int(env, "ROCMTRAIN_RETRY_SECONDS", 30, 1, 3600),
             api_timeout_seconds=_int(env, "ROCMTRAIN_API_TIMEOUT_SECONDS", 15, 1, 300),
+            watch_failing_seconds=_int(env, "ROCMTRAIN_WATCH_FAILING_SECONDS", 300, 1, 86400),
             policy=_policy(env),
             metrics_max_jobs=_int(env, "ROCMTRAIN_METRICS_MAX_JOBS", 500, 0, 100_000),
             pricing=_pricing(env),
@@ -145,6 +149,11 @@ class OperatorConfig:
         """kopf's liveness endpoint URL, if enabled."""
         host = f"[{self.health_host}]" if ":" in self.health_host else self.health_host
         return f"http://{host}:{self.health_port}/healthz" if self.health_port else None
+
+    @property
+    def watch_restart(self) -> RestartPolicy:
+        """How the informers start again after an unexpected error, and when they fail `/healthz` (`supervision`)."""
+        return RestartPolicy(unhealthy_after=float(self.watch_failing_seconds))
 
     @property
     def reconcile_deadline(self) -> float:

@@ -16,6 +16,7 @@ from kubernetes_asyncio import client
 
 from rocmtrain.api.contract import WORKLOAD_GROUP, WORKLOAD_PLURAL, WORKLOAD_VERSION
 from rocmtrain.controller.informer import Handler, Informer, Key, View, custom_objects
+from rocmtrain.controller.supervision import DEFAULT_RESTART, RestartPolicy
 from rocmtrain.kueue_workload import rayjob_owner, workload_view
 
 
@@ -32,7 +33,13 @@ class WorkloadWatch(Informer):
     """Kueue's Workloads of RayJobs, by (namespace, RayJob name)."""
 
     def __init__(
-        self, api: client.ApiClient, handle: Handler, *, namespaces: Iterable[str] = (), retry_seconds: float = 30.0
+        self,
+        api: client.ApiClient,
+        handle: Handler,
+        *,
+        namespaces: Iterable[str] = (),
+        retry_seconds: float = 30.0,
+        restart: RestartPolicy = DEFAULT_RESTART,
     ) -> None:
         super().__init__(
             custom_objects(api, WORKLOAD_GROUP, WORKLOAD_VERSION, WORKLOAD_PLURAL),
@@ -42,6 +49,7 @@ class WorkloadWatch(Informer):
             group=rayjob_key,
             namespaces=namespaces,
             missing_retry_seconds=retry_seconds,
+            restart=restart,
         )
 
     def of_rayjob(self, rayjob: Mapping[str, Any]) -> View | None:

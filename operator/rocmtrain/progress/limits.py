@@ -17,16 +17,13 @@ from pydantic_core import ErrorDetails
 
 from rocmtrain.api.contract import PROGRESS_BURST, PROGRESS_RATE_PER_SECOND
 from rocmtrain.api.models import ProgressReport
+from rocmtrain.progress.errors import ReportError
 
 MAX_BODY_BYTES = 16 * 1024
 # ProgressReport has 3 + 5 + 18 fields; anything beyond this many keys is not one.
 MAX_KEYS = 64
 # Idle buckets are forgotten once this many jobs are tracked.
 MAX_TRACKED_KEYS = 4096
-
-
-class ReportError(ValueError):
-    """The body is not a well-formed, finite, schema-valid ProgressReport."""
 
 
 def _reject_constant(token: str) -> float:
@@ -60,8 +57,6 @@ def parse_report(body: bytes) -> ProgressReport:
         data = json.loads(
             body.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float, object_pairs_hook=pairs
         )
-    except ReportError:
-        raise
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ReportError("body is not valid JSON") from exc
     if not isinstance(data, dict):

@@ -22,15 +22,15 @@ through a small client of its own, with request deadlines.
 
 `make_app` builds the aiohttp application from injected parts (authenticator,
 authoriser, job store, rate limiter), so it runs without kopf or a cluster.
-`start_progress_server` wires the real parts and serves; the operator calls it
-from a kopf startup handler and stops it on cleanup::
+`start_progress_server` wires the real parts and serves; the operator's runtime
+(`rocmtrain.controller.runtime`) starts it at startup and stops it on cleanup::
 
     config = ProgressServerConfig.from_env()  # None: the endpoint is off
-    memo.progress = await start_progress_server(config, api) if config else None
+    progress = await start_progress_server(config) if config else None
     ...
-    await memo.progress.publish_ca(namespace)  # before rendering a job's RayJob there
+    await progress.publish_ca(namespace, api)  # before rendering a job's RayJob there
     ...
-    await memo.progress.stop()  # on cleanup
+    await progress.stop()  # on cleanup
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ import datetime as dt
 import ipaddress
 import json
 import logging
-import math
 import os
 import re
 from collections.abc import Awaitable, Callable, Mapping
@@ -51,6 +50,7 @@ from http import HTTPStatus
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from kubernetes_asyncio import client
 
 from rocmtrain import metrics
@@ -60,8 +60,18 @@ from rocmtrain.api.patterns import DNS_LABEL
 from rocmtrain.kube import new_api_client
 from rocmtrain.progress import tls
 from rocmtrain.progress.auth import MAX_TOKEN_BYTES, Identity, PodAuthoriser, TokenReviewAuthenticator
-from rocmtrain.progress.errors import Busy, Conflict, Forbidden, Gone, Unauthenticated, Unavailable
-from rocmtrain.progress.limits import MAX_BODY_BYTES, RateLimiter, ReportError, parse_report
+from rocmtrain.progress.errors import (
+    BodyTimeout,
+    Conflict,
+    Forbidden,
+    Gone,
+    NotFound,
+    Refusal,
+    TooLarge,
+    TooManyRequests,
+    Unauthenticated,
+)
+from rocmtrain.progress.limits import MAX_BODY_BYTES, RateLimiter, parse_report
 from rocmtrain.progress.status_patch import progress_patch, report_events
 from rocmtrain.progress.store import KubeJobStore
 from rocmtrain.render import RenderOptions
@@ -76,8 +86,6 @@ PATCH_ATTEMPTS = 3
 SOURCE_RATE_PER_SECOND = 5.0
 SOURCE_BURST = 20
 _LABEL = re.compile(DNS_LABEL)
-_CHALLENGE = {"WWW-Authenticate": "Bearer"}
-_RETRY_LATER = {"Retry-After": "5"}
 
 Authenticate = Callable[[str], Awaitable[Identity]]
 Authorise = Callable[[Identity, Mapping[str, Any]], Awaitable[None]]
@@ -104,26 +112,43 @@ def _utcnow() -> dt.datetime:
 _UNAUTHENTICATED = frozenset({HTTPStatus.UNAUTHORIZED, HTTPStatus.TOO_MANY_REQUESTS})
 
 
-def _refuse(status: int, namespace: str, name: str, reason: str, **headers: str) -> web.HTTPException:
-    """An HTTP error answer with a short reason; logged without token or body."""
+def _answer(refusal: Refusal, namespace: str, name: str) -> web.Response:
+    """The HTTP answer to a refusal, with its short reason; logged without token or body."""
+    status, reason = refusal.status, str(refusal)
     level = logging.DEBUG if status in _UNAUTHENTICATED else logging.INFO
     log.log(level, "progress for %s/%s refused: %d %s", namespace, name, status, reason)
     metrics.PROGRESS_REFUSALS.labels(str(int(status))).inc()
-    error = web.HTTPException(
-        text=json.dumps({"error": reason}), content_type="application/json", headers=headers or None
+    return web.Response(
+        status=status,
+        text=json.dumps({"error": reason}),
+        content_type="application/json",
+        headers=refusal.answer_headers() or None,
     )
-    error.set_status(status)
-    return error
 
 
-async def _read_bounded(request: web.Request, limit: int, timeout: float) -> bytes | None:
-    """The body, or None as soon as it proves longer than `limit` bytes; TimeoutError after `timeout` s."""
+@web.middleware
+async def _refusals(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Any `Refusal` a handler raises, as its HTTP answer."""
+    try:
+        return await handler(request)
+    except Refusal as refusal:
+        namespace, name = request.match_info.get("namespace", ""), request.match_info.get("name", "")
+        if not (_LABEL.match(namespace) and _LABEL.match(name)):
+            namespace = name = "-"
+        return _answer(refusal, namespace, name)
+
+
+async def _read_bounded(request: web.Request, limit: int, timeout: float) -> bytes:
+    """The body; TooLarge as soon as it proves longer than `limit` bytes, BodyTimeout after `timeout` s."""
     body = bytearray()
-    async with asyncio.timeout(timeout):
-        while chunk := await request.content.read(limit + 1 - len(body)):
-            body += chunk
-            if len(body) > limit:
-                return None
+    try:
+        async with asyncio.timeout(timeout):
+            while chunk := await request.content.read(limit + 1 - len(body)):
+                body += chunk
+                if len(body) > limit:
+                    raise TooLarge
+    except TimeoutError:
+        raise BodyTimeout from None
     return bytes(body)
 
 
@@ -161,10 +186,6 @@ async def _record(
     raise Conflict
 
 
-def _retry_after(seconds: float) -> dict[str, str]:
-    return {"Retry-After": str(max(1, math.ceil(seconds)))}
-
-
 def make_app(
     *,
     authenticate: Authenticate,
@@ -175,7 +196,10 @@ def make_app(
     body_timeout: float = 10.0,
     now: Callable[[], dt.datetime] = _utcnow,
 ) -> web.Application:
-    """The endpoint's aiohttp application, built from its parts (`sources`: the per-address limit)."""
+    """The endpoint's aiohttp application, built from its parts (`sources`: the per-address limit).
+
+    Handlers refuse a request by raising a `Refusal`; one middleware turns it into the answer.
+    """
     sources = sources or RateLimiter(SOURCE_RATE_PER_SECOND, SOURCE_BURST)
 
     async def healthz(_: web.Request) -> web.Response:
@@ -185,65 +209,37 @@ def make_app(
         """The job, once the request is small enough, within its source's rate, and its token may write it."""
         wait = sources.acquire(request.remote or "")
         if wait > 0:
-            raise _refuse(HTTPStatus.TOO_MANY_REQUESTS, namespace, name, "source rate limited", **_retry_after(wait))
+            raise TooManyRequests(wait, "source rate limited")
         if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-            raise _refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, namespace, name, "body too large")
+            raise TooLarge
         token = _bearer(request)
         if token is None:
-            raise _refuse(HTTPStatus.UNAUTHORIZED, namespace, name, "bearer token required", **_CHALLENGE)
-        try:
-            identity = await authenticate(token)
-            if identity.namespace != namespace:  # before the lookup: no hint whether the job exists
-                raise Forbidden("token is for another namespace")
-            job = await jobs.get(namespace, name)
-            if job is None:
-                raise _refuse(HTTPStatus.NOT_FOUND, namespace, name, "no such job")
-            await authorise(identity, job)
-        except Unauthenticated as exc:
-            raise _refuse(HTTPStatus.UNAUTHORIZED, namespace, name, str(exc), **_CHALLENGE) from None
-        except Forbidden as exc:
-            raise _refuse(HTTPStatus.FORBIDDEN, namespace, name, str(exc)) from None
-        except Busy as exc:
-            raise _refuse(
-                HTTPStatus.TOO_MANY_REQUESTS, namespace, name, "busy", **_retry_after(exc.retry_after)
-            ) from None
-        except Unavailable as exc:
-            raise _refuse(HTTPStatus.SERVICE_UNAVAILABLE, namespace, name, str(exc), **_RETRY_LATER) from None
+            raise Unauthenticated("bearer token required")
+        identity = await authenticate(token)
+        if identity.namespace != namespace:  # before the lookup: no hint whether the job exists
+            raise Forbidden("token is for another namespace")
+        job = await jobs.get(namespace, name)
+        if job is None:
+            raise NotFound
+        await authorise(identity, job)
         return job
 
     async def progress(request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         if not (_LABEL.match(namespace) and _LABEL.match(name)):
-            raise _refuse(HTTPStatus.NOT_FOUND, "-", "-", "no such job")
+            raise NotFound
         job = await admit(request, namespace, name)
         wait = limiter.acquire(f"{namespace}/{name}")
         if wait > 0:
-            raise _refuse(HTTPStatus.TOO_MANY_REQUESTS, namespace, name, "rate limited", **_retry_after(wait))
-        try:
-            body = await _read_bounded(request, MAX_BODY_BYTES, body_timeout)
-        except TimeoutError:
-            raise _refuse(HTTPStatus.REQUEST_TIMEOUT, namespace, name, "body too slow") from None
-        if body is None:
-            raise _refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, namespace, name, "body too large")
-        try:
-            report = parse_report(body)
-            before = await _record(jobs, job, report, now)
-        except ReportError as exc:
-            raise _refuse(HTTPStatus.BAD_REQUEST, namespace, name, str(exc)) from None
-        except Gone:
-            raise _refuse(HTTPStatus.NOT_FOUND, namespace, name, "no such job") from None
-        except Unavailable as exc:
-            raise _refuse(HTTPStatus.SERVICE_UNAVAILABLE, namespace, name, str(exc), **_RETRY_LATER) from None
-        except Conflict:
-            raise _refuse(
-                HTTPStatus.SERVICE_UNAVAILABLE, namespace, name, "job kept changing", **_RETRY_LATER
-            ) from None
+            raise TooManyRequests(wait)
+        report = parse_report(await _read_bounded(request, MAX_BODY_BYTES, body_timeout))
+        before = await _record(jobs, job, report, now)
         for event in report_events(report, before.get("status")):
             await jobs.post_event(before, type=event.type, reason=event.reason, message=event.message)
         metrics.PROGRESS_REPORTS.inc()
         return web.Response(status=204)
 
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_refusals])
     app.router.add_get("/healthz", healthz)
     app.router.add_post(PROGRESS_PATH, progress)
     return app
@@ -394,7 +390,6 @@ class ProgressServer:
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
         self._refresher: asyncio.Task[None] | None = None
-        self.authenticator: TokenReviewAuthenticator | None = None
 
     @property
     def ca_crt(self) -> bytes:
@@ -499,9 +494,8 @@ async def start_progress_server(cfg: ProgressServerConfig, api: client.ApiClient
             await api.close()
         raise
     server = ProgressServer(cfg, api, material, own_api=own)
-    server.authenticator = TokenReviewAuthenticator(api, cfg.audience)
     app = make_app(
-        authenticate=server.authenticator,
+        authenticate=TokenReviewAuthenticator(api, cfg.audience),
         authorise=PodAuthoriser(api),
         jobs=KubeJobStore(api),
         limiter=RateLimiter(cfg.rate_per_second, cfg.burst),

@@ -1,0 +1,184 @@
+"""What the operator's handlers share: one typed object, built once at startup, closed on cleanup.
+
+`open_runtime` builds it in order, with nothing running yet: the API connection, the
+metrics server, the progress endpoint, the watches' own API client, the three watches
+(RayJobs, Ray pods, Kueue Workloads) and the reconciler; `OperatorRuntime.start`
+then starts the watches and the operator's loops; `OperatorRuntime.close` stops and
+closes everything in the reverse order (as does a build that fails half-way). kopf's
+memo holds it as its one attribute `runtime` (`runtime_of`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from rocmtrain import metrics
+from rocmtrain.api.contract import MANAGED_SELECTOR
+from rocmtrain.api.names import rayjob_name_of
+from rocmtrain.controller.informer import Informer, Key, View
+from rocmtrain.controller.pod_watch import PodWatch
+from rocmtrain.controller.rayjob_watch import RayJobWatch
+from rocmtrain.controller.reconciler import Reconciler
+from rocmtrain.controller.settings import OperatorConfig
+from rocmtrain.controller.workload_watch import WorkloadWatch, rayjob_key
+from rocmtrain.kube import Kube, new_api_client
+from rocmtrain.pod_health import job_key
+from rocmtrain.preflight import NodeInfo
+from rocmtrain.progress.server import ProgressServer, start_progress_server
+from rocmtrain.progress.tls import ConfigMapTaken
+from rocmtrain.status import Hold, HoldKind
+
+# The informers that share the watch client, and its connections beyond their long
+# requests (a list or watch being replaced, say).
+WATCHES = 3
+WATCH_SPARE_CONNECTIONS = 4
+
+JobIndex = kopf.Index[tuple[str, str], dict[str, Any]]  # kopf's live index of jobs (`handlers.jobs`)
+NodeIndex = kopf.Index[str, NodeInfo]  # kopf's live index of schedulable nodes (`handlers.nodes`)
+# rayjob_changed(runtime, kind, RayJob view): a RayJob changed.
+RayJobHandler = Callable[["OperatorRuntime", str, View], Awaitable[None]]
+# rayjob_touched(runtime, source, (namespace, RayJob name)): what a RayJob's status reads changed ("pod", "workload").
+TouchHandler = Callable[["OperatorRuntime", str, Key], Awaitable[None]]
+Loop = Callable[["OperatorRuntime"], Coroutine[Any, Any, None]]
+
+
+@dataclass
+class OperatorRuntime:
+    """The operator's configuration, connections, indexes, watches and reconciler (see the module docstring)."""
+
+    config: OperatorConfig
+    kube: Kube
+    jobs: JobIndex
+    nodes: NodeIndex
+    rayjobs: RayJobWatch
+    pods: PodWatch
+    workloads: WorkloadWatch
+    reconciler: Reconciler
+    progress: ProgressServer | None
+    _resources: contextlib.AsyncExitStack = field(repr=False)
+
+    @property
+    def watches(self) -> tuple[Informer, ...]:
+        return self.rayjobs, self.pods, self.workloads
+
+    def start(self, *loops: Loop) -> None:
+        """Start the watches, and each of `loops` as a task of its own (cancelled by `close`)."""
+        for watch in self.watches:
+            watch.start()
+        for loop in loops:
+            task = asyncio.create_task(loop(self), name=loop.__name__)
+            self._resources.push_async_callback(_cancel, task)
+
+    def failing_watches(self) -> list[str]:
+        """The watches that keep failing unexpectedly (`supervision`): the operator is not healthy."""
+        return [watch.what for watch in self.watches if not watch.healthy()]
+
+    async def close(self) -> None:
+        """Stop the loops, the watches and the reconciler's retries; stop serving; close the connections."""
+        await self._resources.aclose()
+
+
+async def open_runtime(
+    config: OperatorConfig,
+    jobs: JobIndex,
+    nodes: NodeIndex,
+    *,
+    rayjob_changed: RayJobHandler,
+    rayjob_touched: TouchHandler,
+) -> OperatorRuntime:
+    """Connect, serve metrics and progress, and build the watches and the reconciler; start nothing yet."""
+    runtime: OperatorRuntime  # bound below, before `start` lets any watch call these
+
+    async def on_rayjob(kind: str, rayjob: View) -> None:
+        await rayjob_changed(runtime, kind, rayjob)
+
+    async def on_pod(_: str, pod: View) -> None:
+        if (job := job_key(pod)) is not None:
+            await rayjob_touched(runtime, "pod", (job[0], rayjob_name_of(job[1])))
+
+    async def on_workload(_: str, workload: View) -> None:
+        await rayjob_touched(runtime, "workload", rayjob_key(workload))
+
+    resources = contextlib.AsyncExitStack()
+    try:
+        kube = await Kube.connect(timeout=config.api_timeout_seconds)
+        resources.push_async_callback(kube.close)
+        if config.metrics_port:
+            served = await metrics.serve(config.metrics_port, config.metrics_host)
+            resources.push_async_callback(served.cleanup)
+        metrics.JOBS.source = lambda: (job for store in list(jobs.values()) for job in store)
+        metrics.JOBS.max_jobs = config.metrics_max_jobs
+        resources.callback(_stop_job_metrics)
+        # The endpoint talks to the API server through a small client of its own, so a flood
+        # of reports never takes the connections that reconciles and the watches use.
+        progress = await start_progress_server(config.progress) if config.progress is not None else None
+        if progress is not None:
+            resources.push_async_callback(progress.stop)
+        # The watches' own connections (one long request per watch and namespace), so that
+        # they never take the reconciler's.
+        watch_api = await new_api_client(
+            WATCHES * (len(config.namespaces) or 1) + WATCH_SPARE_CONNECTIONS, config.api_timeout_seconds
+        )
+        resources.push_async_callback(watch_api.close)
+        namespaces, retry, restart = config.namespaces, config.retry_seconds, config.watch_restart
+        rayjobs = RayJobWatch(
+            watch_api,
+            on_rayjob,
+            label_selector=MANAGED_SELECTOR,
+            namespaces=namespaces,
+            missing_retry_seconds=retry,
+            restart=restart,
+        )
+        pods = PodWatch(watch_api, on_pod, namespaces=namespaces, retry_seconds=retry, restart=restart)
+        workloads = WorkloadWatch(watch_api, on_workload, namespaces=namespaces, retry_seconds=retry, restart=restart)
+        reconciler = Reconciler(
+            kube,
+            config,
+            known=rayjobs.get,
+            before_render=functools.partial(publish_progress_ca, progress, kube) if progress is not None else None,
+            pods=pods.of_job,
+            workload=workloads.of_rayjob,
+        )
+        resources.push_async_callback(reconciler.stop)
+        for watch in (rayjobs, pods, workloads):  # stopped before the reconciler: no retry is scheduled after
+            resources.push_async_callback(watch.stop)
+    except BaseException:
+        await resources.aclose()
+        raise
+    runtime = OperatorRuntime(config, kube, jobs, nodes, rayjobs, pods, workloads, reconciler, progress, resources)
+    return runtime
+
+
+def runtime_of(memo: kopf.Memo) -> OperatorRuntime:
+    """The runtime the startup handler keeps in kopf's memo."""
+    runtime: OperatorRuntime = memo["runtime"]
+    return runtime
+
+
+async def publish_progress_ca(progress: ProgressServer, kube: Kube, namespace: str) -> Hold | None:
+    """Put the endpoint's CA into a job's namespace before its RayJob is rendered (the head pod mounts it).
+
+    A ConfigMap of that name that is not the operator's is left alone, and holds the job.
+    """
+    try:
+        await progress.publish_ca(namespace, kube.api)
+    except ConfigMapTaken as exc:
+        return Hold(HoldKind.BLOCKED, "ProgressCAConflict", str(exc))
+    return None
+
+
+def _stop_job_metrics() -> None:
+    metrics.JOBS.source = tuple
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
