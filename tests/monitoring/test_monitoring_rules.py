@@ -28,7 +28,7 @@ from monitoring.promql import (
 )
 from rocmtrain.api.contract import JOB_NAME_LABEL
 from rocmtrain.api.models import RocmTrainingJob
-from rocmtrain.metrics import JOB_LABEL
+from rocmtrain.prometheus import JOB_LABEL
 from rocmtrain.render import render_rayjob
 from unit.samples import full_job
 

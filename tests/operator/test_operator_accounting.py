@@ -1,4 +1,4 @@
-"""GPU-seconds and cost (`rocmtrain.accounting`), alone and inside the status mapping; pure."""
+"""GPU-seconds and cost (`rocmtrain.status.accounting`), alone and inside the status mapping; pure."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from test_operator_status import RUN, T0, cluster, rayjob, spec
 
-from rocmtrain.accounting import FLUSH_SECONDS, Price, Pricing, account, gpu_seconds_at, parse_pricing
-from rocmtrain.status import Observation, compute_status, status_patch
+from rocmtrain.status.accounting import FLUSH_SECONDS, Price, Pricing, account, gpu_seconds_at, parse_pricing
+from rocmtrain.status.phase import Observation, compute_status, status_patch
 
 
 def at(seconds: float) -> dt.datetime:

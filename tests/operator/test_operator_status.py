@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from rocmtrain.api.models import RocmTrainingJobSpec
-from rocmtrain.status import (
+from rocmtrain.status.phase import (
     KUBERAY_NOT_INSTALLED,
     NOT_ALLOWED,
     OWNED_FIELDS,

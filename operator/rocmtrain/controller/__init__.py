@@ -4,5 +4,5 @@
 environment), `reconciler` (per-job orchestration around `rocmtrain.kube`),
 `rayjob_watch` (the RayJob informer). The decisions they sequence are pure
 modules outside this package: `rocmtrain.api.validate`, `rocmtrain.render`,
-`rocmtrain.preflight`, `rocmtrain.status` and `rocmtrain.objects`.
+`rocmtrain.node_fit` and `rocmtrain.status`.
 """

@@ -25,7 +25,8 @@ from typing import Any
 
 import kopf
 
-from rocmtrain import metrics, preflight
+from rocmtrain import node_fit, prometheus
+from rocmtrain.api.conditions import Reason
 from rocmtrain.api.contract import GROUP, MANAGED_SELECTOR, PLURAL, VERSION
 from rocmtrain.api.names import rayjob_name_of
 from rocmtrain.controller.pod_watch import PodWatch
@@ -34,11 +35,11 @@ from rocmtrain.controller.reconciler import Reconciler
 from rocmtrain.controller.settings import OperatorConfig, configure_kopf
 from rocmtrain.controller.workload_watch import WorkloadWatch, rayjob_key
 from rocmtrain.kube import Kube, new_api_client
-from rocmtrain.objects import controller_ref, is_jobs_rayjob, job_view, requested_gpus
-from rocmtrain.pod_health import job_key
 from rocmtrain.progress.server import start_progress_server
 from rocmtrain.progress.tls import ConfigMapTaken
-from rocmtrain.status import TERMINAL_PHASES, Hold, HoldKind
+from rocmtrain.status.objects import controller_ref, is_jobs_rayjob, job_view, requested_gpus
+from rocmtrain.status.phase import TERMINAL_PHASES, Hold, HoldKind
+from rocmtrain.status.pods import job_key
 
 JOB = (GROUP, VERSION, PLURAL)
 # The informers (RayJobs, Ray pods, Kueue Workloads) that share the watch client, and its
@@ -57,16 +58,16 @@ async def startup(
     memo.config = config = OperatorConfig.from_env()
     configure_kopf(settings, namespaced=bool(config.namespaces))
     memo.kube = await Kube.connect(timeout=config.api_timeout_seconds)
-    memo.metrics = await metrics.serve(config.metrics_port, config.metrics_host) if config.metrics_port else None
-    metrics.JOBS.source = lambda: (job for store in list(jobs.values()) for job in store)
-    metrics.JOBS.max_jobs = config.metrics_max_jobs
+    memo.metrics = await prometheus.serve(config.metrics_port, config.metrics_host) if config.metrics_port else None
+    prometheus.JOBS.source = lambda: (job for store in list(jobs.values()) for job in store)
+    prometheus.JOBS.max_jobs = config.metrics_max_jobs
 
     async def handle(kind: str, rayjob: dict[str, Any]) -> None:
         await rayjob_changed(kind, rayjob, memo, jobs, nodes)
 
     async def refresh(source: str, key: tuple[str, str] | None) -> None:
         if key is not None:
-            with metrics.observe(f"{source}_event"):
+            with prometheus.observe(f"{source}_event"):
                 await refresh_rayjob(*key, memo, jobs)
 
     # The watches' own connections (one long request per watch and namespace), so that
@@ -124,7 +125,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         memo.stall_watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await memo.stall_watch
-    metrics.JOBS.source = tuple
+    prometheus.JOBS.source = tuple
     if memo.get("metrics") is not None:
         await memo.metrics.cleanup()
     if memo.get("watch_api") is not None:
@@ -137,9 +138,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.index("", "v1", "nodes")
-def nodes(body: kopf.Body, **_: Any) -> dict[str, preflight.NodeInfo] | None:
+def nodes(body: kopf.Body, **_: Any) -> dict[str, node_fit.NodeInfo] | None:
     """Schedulable nodes with their allocatable GPUs and labels, by name."""
-    info = preflight.node_info(body)
+    info = node_fit.node_info(body)
     return {info.name: info} if info is not None else None
 
 
@@ -151,7 +152,7 @@ def jobs(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[tuple[str
     return {(namespace, name): view}
 
 
-def _node_list(index: kopf.Index) -> list[preflight.NodeInfo]:
+def _node_list(index: kopf.Index) -> list[node_fit.NodeInfo]:
     return [info for store in index.values() for info in store]
 
 
@@ -181,7 +182,7 @@ async def sync(memo: kopf.Memo, job: Mapping[str, Any], jobs: kopf.Index, nodes:
     """Reconcile one job; schedule a retry (with the job as the index then holds it) when held or failed."""
     meta = job["metadata"]
     try:
-        with metrics.observe("reconcile"):
+        with prometheus.observe("reconcile"):
             delay = await memo.reconciler.sync(job, _node_list(nodes))
     except Exception:
         logger.exception("reconciling %s/%s failed; retrying", meta["namespace"], meta["name"])
@@ -212,7 +213,7 @@ async def watch_stalls(memo: kopf.Memo, jobs: kopf.Index) -> None:
             if rayjob is None:  # not seen (yet), or deleted: the RayJob handler deals with that
                 continue
             try:
-                with metrics.observe("stall_check"):
+                with prometheus.observe("stall_check"):
                     await memo.reconciler.refresh(job, rayjob)
             except Exception:
                 logger.exception("stall check of %s/%s failed", meta["namespace"], meta["name"])
@@ -225,7 +226,7 @@ async def rayjob_changed(
     kind: str, rayjob: dict[str, Any], memo: kopf.Memo, jobs: kopf.Index, nodes: kopf.Index
 ) -> None:
     """Mirror the RayJob's state into its job; recreate it if it was deleted before the job ended."""
-    with metrics.observe("rayjob_event"):
+    with prometheus.observe("rayjob_event"):
         owner = controller_ref(rayjob)
         job = _one(jobs, (rayjob["metadata"]["namespace"], owner.get("name", "")), owner.get("uid"))
         if job is None or "deletionTimestamp" in job["metadata"] or not is_jobs_rayjob(job, rayjob):
@@ -287,5 +288,5 @@ async def publish_progress_ca(memo: kopf.Memo, namespace: str) -> Hold | None:
     try:
         await memo.progress.publish_ca(namespace, memo.kube.api)
     except ConfigMapTaken as exc:
-        return Hold(HoldKind.BLOCKED, "ProgressCAConflict", str(exc))
+        return Hold(HoldKind.BLOCKED, Reason.PROGRESS_CA_CONFLICT, str(exc))
     return None

@@ -53,7 +53,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from rocmtrain import metrics
+from rocmtrain import prometheus
 from rocmtrain.api.contract import PROGRESS_AUDIENCE, PROGRESS_BURST, PROGRESS_PATH, PROGRESS_RATE_PER_SECOND
 from rocmtrain.api.models import ProgressReport
 from rocmtrain.api.patterns import DNS_LABEL
@@ -108,7 +108,7 @@ def _refuse(status: int, namespace: str, name: str, reason: str, **headers: str)
     """An HTTP error answer with a short reason; logged without token or body."""
     level = logging.DEBUG if status in _UNAUTHENTICATED else logging.INFO
     log.log(level, "progress for %s/%s refused: %d %s", namespace, name, status, reason)
-    metrics.PROGRESS_REFUSALS.labels(str(int(status))).inc()
+    prometheus.PROGRESS_REFUSALS.labels(str(int(status))).inc()
     error = web.HTTPException(
         text=json.dumps({"error": reason}), content_type="application/json", headers=headers or None
     )
@@ -240,7 +240,7 @@ def make_app(
             ) from None
         for event in report_events(report, before.get("status")):
             await jobs.post_event(before, type=event.type, reason=event.reason, message=event.message)
-        metrics.PROGRESS_REPORTS.inc()
+        prometheus.PROGRESS_REPORTS.inc()
         return web.Response(status=204)
 
     app = web.Application(client_max_size=MAX_BODY_BYTES)
