@@ -9,6 +9,7 @@ import pytest
 
 from rocmtrain import node_fit
 from rocmtrain.api import crd
+from rocmtrain.api.conditions import Reason
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.api.validate import validate_job
 from rocmtrain.node_fit import NodeInfo
@@ -74,7 +75,7 @@ def test_preflight_counts_the_trials_that_run_at_once(nodes: int, fits: bool):
     if fits:
         assert hold is None
     else:
-        assert hold is not None and hold.reason == "InsufficientGPUs"
+        assert hold is not None and hold.reason == Reason.INSUFFICIENT_GPUS
         assert "needs 6 workers (2 for each of 3 concurrent trials) with 4 amd.com/gpu each" in hold.message
 
 

@@ -1,7 +1,7 @@
 """Kueue's Workload read into an admission verdict (pure: `rocmtrain.status.kueue`, no cluster).
 
 The Workloads are written the way Kueue v0.17 writes them (conditions and messages as
-seen in the world); test_operator_kueue.py shows the same against the real Kueue.
+seen in the world); test_kueue.py shows the same against the real Kueue.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The pods are written the way the scheduler and the kubelet write them (messages taken
 from kube-scheduler v1.36 and the kubelet); the world's tests show the same against
-the real scheduler and kwok (test_operator_pods.py).
+the real scheduler and kwok (test_pods.py).
 """
 
 from __future__ import annotations
