@@ -468,7 +468,7 @@ def test_status_patch_touches_only_owned_fields_and_clears_vanished_ones():
 
 
 def ray_pod(name: str, *, cluster: str = "job-x7k2p", ready: bool = True, **status: Any) -> dict[str, Any]:
-    """A pod view (`pod_health.pod_view`) of a worker of Ray cluster `cluster`."""
+    """A pod view (`rocmtrain.status.pods.pod_view`) of a worker of Ray cluster `cluster`."""
     return {
         "metadata": {
             "namespace": "ns",
@@ -550,7 +550,7 @@ PREEMPTED = "Preempted to accommodate a workload (UID: 1, JobUID: 2) due to prio
 
 
 def kueue_view(*conds: tuple[str, str, str, str], flavor: str | None = None) -> dict[str, Any]:
-    """A Workload view (`kueue_workload.workload_view`)."""
+    """A Workload view (`rocmtrain.status.kueue.workload_view`)."""
     return {
         "metadata": {
             "namespace": "ns",

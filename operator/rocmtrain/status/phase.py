@@ -139,8 +139,8 @@ class Observation:
     stall_after: float  # seconds without progress before a running job counts as stalled
     hold: Hold | None = None  # why the RayJob is held back; None when nothing holds it
     price: Price | None = None  # the price of the job's GPU-hours, when the operator has one
-    pods: Sequence[Mapping[str, Any]] = ()  # the job's Ray pods (`pod_health.pod_view`), of any Ray cluster
-    workload: Mapping[str, Any] | None = None  # Kueue's Workload of the RayJob (`kueue_workload.workload_view`)
+    pods: Sequence[Mapping[str, Any]] = ()  # the job's Ray pods (`rocmtrain.status.pods.pod_view`), of any Ray cluster
+    workload: Mapping[str, Any] | None = None  # Kueue's Workload of the RayJob (`rocmtrain.status.kueue.workload_view`)
 
 
 @dataclass(frozen=True)
