@@ -2,7 +2,7 @@
 Lua 5.1 interpreter, as Argo CD runs it) and Flux's (kstatus, built from sigs.k8s.io/cli-utils).
 
 `CASES` names each situation a job can be in and what both tools must say about it; the
-live test (tests/operator/test_operator_gitops.py) produces each one on the control plane, and
+live test (tests/operator/test_gitops.py) produces each one on the control plane, and
 can record them under `recorded/` (`ROCMTRAIN_RECORD_STATUSES=tests/gitops/recorded`), which
 test_gitops_recorded.py checks without a cluster.
 """

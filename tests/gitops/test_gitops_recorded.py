@@ -1,7 +1,7 @@
 """Argo CD's health check and Flux's kstatus on job objects recorded from real operator runs (`recorded/`).
 
-Recorded by tests/operator/test_operator_gitops.py:
-`ROCMTRAIN_RECORD_STATUSES=tests/gitops/recorded pytest tests/operator/test_operator_gitops.py`.
+Recorded by tests/operator/test_gitops.py:
+`ROCMTRAIN_RECORD_STATUSES=tests/gitops/recorded pytest tests/operator/test_gitops.py`.
 """
 
 from __future__ import annotations

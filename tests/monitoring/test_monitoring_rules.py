@@ -2,7 +2,7 @@
 
 promtool is built from the Prometheus Go module by tests/cluster/build.sh. That every
 metric they name is in the operator's real /metrics output is checked against a running
-operator in tests/operator/test_operator_monitoring.py.
+operator in tests/operator/test_monitoring.py.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from monitoring.promql import (
 )
 from rocmtrain.api.contract import JOB_NAME_LABEL
 from rocmtrain.api.models import RocmTrainingJob
-from rocmtrain.metrics import JOB_LABEL
+from rocmtrain.prometheus import JOB_LABEL
 from rocmtrain.render import render_rayjob
 from unit.samples import full_job
 

@@ -21,6 +21,7 @@ from cluster.kubecluster import KubeCluster, free_port
 from cluster.processes import healthz_ok
 from cluster.rocmtrain_operator import kustomize
 from gotools import go_tool
+from rocmtrain.api.conditions import ConditionType, Reason
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_NAMESPACE, OPERATOR_SA = rocmtrain_operator.NAMESPACE, rocmtrain_operator.ACCOUNT
@@ -201,8 +202,8 @@ def submitting(status: dict[str, Any]) -> bool:
     No Ray runs in the world, so KubeRay's RayJob is `Running` without a Ray job status
     until the submitter pod ends.
     """
-    ready = next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
-    return status.get("phase") == "Initializing" and ready.get("reason") == "Submitting"
+    ready = next((c for c in status.get("conditions") or [] if c["type"] == ConditionType.READY), {})
+    return status.get("phase") == "Initializing" and ready.get("reason") == Reason.SUBMITTING
 
 
 def kustomize_build(folder: Path) -> list[dict[str, Any]]:

@@ -17,9 +17,9 @@ import pytest
 from operator_testkit import Api, Operator, wait_until
 
 from cluster.kubecluster import KubeCluster
-from rocmtrain import metrics
+from rocmtrain import prometheus
 from rocmtrain.controller import rayjob_watch
-from rocmtrain.objects import rayjob_view
+from rocmtrain.status.objects import rayjob_view
 
 pytestmark = pytest.mark.cluster
 
@@ -27,7 +27,7 @@ RUNNING = {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}
 
 
 def _restarts() -> float:
-    return metrics.REGISTRY.get_sample_value("rocmtrain_watch_restarts_total", {"watch": "RayJobs"}) or 0.0
+    return prometheus.REGISTRY.get_sample_value("rocmtrain_watch_restarts_total", {"watch": "RayJobs"}) or 0.0
 
 
 def _failing_in(namespace: str, times: int | None) -> Any:

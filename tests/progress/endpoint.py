@@ -37,10 +37,10 @@ from rocmtrain.api.contract import (
     progress_path,
 )
 from rocmtrain.api.models import RocmTrainingJob
-from rocmtrain.objects import owner_reference
 from rocmtrain.progress.auth import RAY_NODE_TYPE_LABEL
 from rocmtrain.progress.server import ProgressServer, ProgressServerConfig, start_progress_server
 from rocmtrain.render import render_rayjob
+from rocmtrain.status.objects import owner_reference
 
 T = TypeVar("T")
 

@@ -16,6 +16,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from fakes import merge_patch
+from rocmtrain.api.conditions import Reason
 from rocmtrain.api.contract import PROGRESS_AUDIENCE, progress_path
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.progress import errors, tls
@@ -114,7 +115,7 @@ async def test_a_recovered_worker_failure_is_an_event_on_the_job(http: TestClien
     for body in (REPORT, recovered, recovered):
         assert (await http.post(URL, json=body, headers=bearer("good"))).status == 204
     assert jobs.objects["team-a", "job1"]["status"]["workerFailures"] == 1
-    assert jobs.events == [("job1", "Warning", "WorkerFailureRecovered")]
+    assert jobs.events == [("job1", "Warning", Reason.WORKER_FAILURE_RECOVERED)]
 
 
 async def test_healthz(http: TestClient):
@@ -312,5 +313,5 @@ async def test_a_new_best_trial_posts_one_event(jobs: Jobs):
         for extra in ({}, best, best, {"bestTrialId": "t_2", "bestMetric": 0.25}):
             body = {"progress": {"step": 0, "totalSteps": 2}, "tuning": {**tuning, **extra}}
             assert (await client.post(URL, json=body, headers=bearer("good"))).status == 204
-    assert jobs.events == [("job1", "Normal", "NewBestTrial")] * 2
+    assert jobs.events == [("job1", "Normal", Reason.NEW_BEST_TRIAL)] * 2
     assert jobs.objects["team-a", "job1"]["status"]["tuning"]["bestTrialId"] == "t_2"

@@ -30,9 +30,9 @@ from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.controller import handlers
 from rocmtrain.controller.runtime import open_runtime, publish_progress_ca
 from rocmtrain.controller.settings import OperatorConfig
-from rocmtrain.objects import owner_reference
 from rocmtrain.progress import tls
 from rocmtrain.render import render_rayjob
+from rocmtrain.status.objects import owner_reference
 
 pytestmark = pytest.mark.cluster
 

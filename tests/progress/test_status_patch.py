@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from fakes import merge_patch
+from rocmtrain.api.conditions import Reason
 from rocmtrain.api.models import HISTORY_LENGTH, ProgressReport, RocmTrainingJobStatus
 from rocmtrain.progress.status_patch import progress_patch, recovery_events, report_events, tuning_events
 
@@ -83,7 +84,7 @@ def test_worker_failures_are_counted_and_each_new_one_announced():
     assert "workerFailures" not in status and recovery_events(first, status) == []
     recovered = ProgressReport.model_validate({"progress": {"step": 6}, "workerFailures": 1, "resumedFromStep": 6})
     (event,) = recovery_events(recovered, status)
-    assert (event.type, event.reason) == ("Warning", "WorkerFailureRecovered")
+    assert (event.type, event.reason) == ("Warning", Reason.WORKER_FAILURE_RECOVERED)
     assert "1 so far" in event.message and "checkpoint at step 6" in event.message
     status = merge_patch(status, progress_patch(recovered, status, NOW)["status"])
     assert status["workerFailures"] == 1
@@ -112,13 +113,13 @@ def test_tuning_is_replaced_and_new_best_trials_are_announced():
     status = merge_patch({}, first)
     assert status["tuning"]["bestTrialId"] == "a" and status["tuning"]["trials"][0]["iterations"] == 2
     (event,) = report_events(tuning_report("a", 0.7), None)
-    assert (event.type, event.reason) == ("Normal", "NewBestTrial")
+    assert (event.type, event.reason) == ("Normal", Reason.NEW_BEST_TRIAL)
     assert event.message == "trial a is the best so far: evalAccuracy=0.7000 (learningRate=0.0001)"
     assert tuning_events(tuning_report("a", 0.8, running=0), status) == [], "the same trial, better: no event"
     status = merge_patch(status, progress_patch(tuning_report(None, None, running=0), status, NOW)["status"])
     assert "bestTrialId" not in status["tuning"] and "bestCheckpoint" not in status["tuning"], "replaced whole"
     assert [e.reason for e in tuning_events(tuning_report("b", 0.9), {"tuning": {"bestTrialId": "a"}})] == [
-        "NewBestTrial"
+        Reason.NEW_BEST_TRIAL
     ]
     assert tuning_events(report(1, trainLoss=1.0), status) == []
     RocmTrainingJobStatus.model_validate(status)

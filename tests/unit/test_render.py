@@ -157,7 +157,7 @@ def test_worker_group_is_fixed_size_with_amd_gpus(full: RocmTrainingJob) -> None
     assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (3, 3, 3)
     assert group["groupName"] == "gpu"
     # KubeRay derives --num-gpus from any limit ending in "gpu", so no rayStartParams are needed; the
-    # empty map is there for Kueue's webhook (tests/operator/test_operator_kueue.py shows why).
+    # empty map is there for Kueue's webhook (tests/operator/test_kueue.py shows why).
     assert group["rayStartParams"] == {}
     amounts = {"cpu": "12500m", "memory": "96Gi", "amd.com/gpu": "2"}
     assert group["template"]["spec"]["containers"][0]["resources"] == {"limits": amounts, "requests": amounts}

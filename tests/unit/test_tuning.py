@@ -7,14 +7,15 @@ from typing import Any
 
 import pytest
 
-from rocmtrain import preflight
+from rocmtrain import node_fit
 from rocmtrain.api import crd
+from rocmtrain.api.conditions import Reason
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.api.validate import validate_job
-from rocmtrain.objects import requested_gpus
-from rocmtrain.preflight import NodeInfo
+from rocmtrain.node_fit import NodeInfo
 from rocmtrain.render import render_rayjob
-from rocmtrain.status import Observation, compute_status
+from rocmtrain.status.objects import requested_gpus
+from rocmtrain.status.phase import Observation, compute_status
 from unit.samples import example, full_job
 
 SEARCH = {"searchSpace": {"learningRate": {"min": 1e-5, "max": 1e-3}}, "numTrials": 6, "maxConcurrentTrials": 3}
@@ -70,11 +71,11 @@ def test_the_worker_group_holds_the_workers_of_every_concurrent_trial():
 def test_preflight_counts_the_trials_that_run_at_once(nodes: int, fits: bool):
     job = with_tuning(workers=2, gpusPerWorker=4, gpu=None)
     spec = job.spec.model_copy(update={"scheduling": job.spec.scheduling.model_copy(update={"node_selector": {}})})
-    hold = preflight.check(spec, [NodeInfo(name=f"n{i}", gpus=8) for i in range(nodes)])
+    hold = node_fit.check(spec, [NodeInfo(name=f"n{i}", gpus=8) for i in range(nodes)])
     if fits:
         assert hold is None
     else:
-        assert hold is not None and hold.reason == "InsufficientGPUs"
+        assert hold is not None and hold.reason == Reason.INSUFFICIENT_GPUS
         assert "needs 6 workers (2 for each of 3 concurrent trials) with 4 amd.com/gpu each" in hold.message
 
 

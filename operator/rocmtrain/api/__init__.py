@@ -9,6 +9,8 @@ enforces both.
   resource and node labels, object-store schemes, environment variables, reserved
   volumes, the progress channel's path, audience and rate);
 - `models`: the RocmTrainingJob spec and status (pydantic), the single source of the CRD;
+- `conditions`: the status' condition types and every reason the operator writes;
+- `kuberay` and `kueue`: KubeRay's words for a RayJob's state, Kueue's for a Workload's;
 - `validate`: the one validation of every entry point, for a cluster or a local run;
 - `manifests`: reading job files (YAML as kubectl reads it) into validated jobs;
 - `names`: the names KubeRay derives from a job; `patterns` and `types`: the string

@@ -12,7 +12,7 @@
 - `__main__`: `python -m rocmtrain.controller`.
 
 The decisions they sequence are pure modules outside this package:
-`rocmtrain.api.validate`, `rocmtrain.render`, `rocmtrain.preflight`,
-`rocmtrain.status` and `rocmtrain.objects`; the progress endpoint the runtime
+`rocmtrain.api.validate`, `rocmtrain.render`, `rocmtrain.node_fit`
+and `rocmtrain.status.phase`; the progress endpoint the runtime
 serves is `rocmtrain.progress`.
 """

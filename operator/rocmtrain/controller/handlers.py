@@ -30,13 +30,13 @@ from typing import Any
 
 import kopf
 
-from rocmtrain import metrics, preflight
+from rocmtrain import node_fit, prometheus
 from rocmtrain.api.contract import GROUP, PLURAL, VERSION
 from rocmtrain.controller.informer import Key, View
 from rocmtrain.controller.runtime import JobIndex, OperatorRuntime, open_runtime, runtime_of
 from rocmtrain.controller.settings import OperatorConfig, configure_kopf
-from rocmtrain.objects import controller_ref, is_jobs_rayjob, job_view, requested_gpus
-from rocmtrain.status import TERMINAL_PHASES
+from rocmtrain.status.objects import controller_ref, is_jobs_rayjob, job_view, requested_gpus
+from rocmtrain.status.phase import TERMINAL_PHASES
 
 JOB = (GROUP, VERSION, PLURAL)
 
@@ -81,9 +81,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.index("", "v1", "nodes")
-def nodes(body: kopf.Body, **_: Any) -> dict[str, preflight.NodeInfo] | None:
+def nodes(body: kopf.Body, **_: Any) -> dict[str, node_fit.NodeInfo] | None:
     """Schedulable nodes with their allocatable GPUs and labels, by name."""
-    info = preflight.node_info(body)
+    info = node_fit.node_info(body)
     return {info.name: info} if info is not None else None
 
 
@@ -121,7 +121,7 @@ async def sync(runtime: OperatorRuntime, job: Mapping[str, Any]) -> None:
     meta = job["metadata"]
     nodes = [info for store in runtime.nodes.values() for info in store]
     try:
-        with metrics.observe("reconcile"):
+        with prometheus.observe("reconcile"):
             delay = await runtime.reconciler.sync(job, nodes)
     except Exception:
         logger.exception("reconciling %s/%s failed; retrying", meta["namespace"], meta["name"])
@@ -154,7 +154,7 @@ async def watch_stalls(runtime: OperatorRuntime) -> None:
             if rayjob is None:  # not seen (yet), or deleted: the RayJob handler deals with that
                 continue
             try:
-                with metrics.observe("stall_check"):
+                with prometheus.observe("stall_check"):
                     await runtime.reconciler.refresh(job, rayjob)
             except Exception:
                 logger.exception("stall check of %s/%s failed", meta["namespace"], meta["name"])
@@ -165,7 +165,7 @@ async def watch_stalls(runtime: OperatorRuntime) -> None:
 
 async def rayjob_changed(runtime: OperatorRuntime, kind: str, rayjob: View) -> None:
     """Mirror the RayJob's state into its job; recreate it if it was deleted before the job ended."""
-    with metrics.observe("rayjob_event"):
+    with prometheus.observe("rayjob_event"):
         owner = controller_ref(rayjob)
         job = _one(runtime.jobs, (rayjob["metadata"]["namespace"], owner.get("name", "")), owner.get("uid"))
         if job is None or "deletionTimestamp" in job["metadata"] or not is_jobs_rayjob(job, rayjob):
@@ -182,7 +182,7 @@ async def rayjob_changed(runtime: OperatorRuntime, kind: str, rayjob: View) -> N
 
 async def rayjob_touched(runtime: OperatorRuntime, source: str, key: Key) -> None:
     """Recompute the status of the job owning RayJob `key` (its pods or its Workload, the `source`, changed)."""
-    with metrics.observe(f"{source}_event"):
+    with prometheus.observe(f"{source}_event"):
         rayjob = runtime.rayjobs.get(*key)
         if rayjob is None:  # not seen yet: its own event recomputes the status
             return

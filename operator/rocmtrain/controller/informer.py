@@ -38,7 +38,7 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from rocmtrain import metrics
+from rocmtrain import prometheus
 from rocmtrain.controller.supervision import DEFAULT_RESTART, RestartPolicy, Supervision, capped_backoff
 
 Key = tuple[str, str]
@@ -186,7 +186,7 @@ class Informer:
             except Exception:
                 delay = self._supervision[namespace].failed()
                 logger.exception("%s watch (%s) failed unexpectedly; listing again in %.1fs", self.what, where, delay)
-                metrics.WATCH_RESTARTS.labels(self.what).inc()
+                prometheus.WATCH_RESTARTS.labels(self.what).inc()
                 await asyncio.sleep(delay)
 
     async def _list(self, namespace: str | None) -> str:

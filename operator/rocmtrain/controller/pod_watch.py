@@ -2,7 +2,7 @@
 
 Selected by label on the API server (`RAY_PODS_SELECTOR`: the labels of the rendered
 templates, which KubeRay keeps, plus KubeRay's cluster label), kept as
-`pod_health.pod_view`s, and handed over one job at a time: a burst of pod changes of
+`rocmtrain.status.pods.pod_view`s, and handed over one job at a time: a burst of pod changes of
 one job (eight workers turning Ready) makes one status update.
 """
 
@@ -12,10 +12,10 @@ from collections.abc import Iterable
 
 from kubernetes_asyncio import client
 
-from rocmtrain import pod_health
 from rocmtrain.api.contract import RAY_PODS_SELECTOR
 from rocmtrain.controller.informer import Handler, Informer, View, pods
 from rocmtrain.controller.supervision import DEFAULT_RESTART, RestartPolicy
+from rocmtrain.status.pods import job_key, pod_view
 
 
 class PodWatch(Informer):
@@ -32,10 +32,10 @@ class PodWatch(Informer):
     ) -> None:
         super().__init__(
             pods(api, label_selector=RAY_PODS_SELECTOR),
-            pod_health.pod_view,
+            pod_view,
             handle,
             what="Ray pods",
-            group=pod_health.job_key,
+            group=job_key,
             namespaces=namespaces,
             missing_retry_seconds=retry_seconds,
             restart=restart,

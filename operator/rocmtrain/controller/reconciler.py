@@ -1,7 +1,7 @@
 """Per-job orchestration: validate, pre-flight, create or update the RayJob, write the status.
 
 The decisions live in pure modules (`rocmtrain.api.validate`, `rocmtrain.render`,
-`rocmtrain.preflight`, `rocmtrain.status`, `rocmtrain.objects`); this module
+`rocmtrain.node_fit`, `rocmtrain.status`); this module
 sequences them around the few API calls of `rocmtrain.kube`. A job's spec is read
 one way everywhere here: `validate_job` in the cluster context.
 
@@ -37,16 +37,19 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, S
 from dataclasses import dataclass, field
 from typing import Any
 
-from rocmtrain import metrics, preflight, status
-from rocmtrain.accounting import Price
+from rocmtrain import node_fit, prometheus
+from rocmtrain.api.conditions import Reason
 from rocmtrain.api.models import RocmTrainingJob, RocmTrainingJobSpec
 from rocmtrain.api.validate import FieldError, validate_job
 from rocmtrain.controller.settings import OperatorConfig
-from rocmtrain.job_gauges import queue_wait
 from rocmtrain.kube import JOBS, RAYJOBS, ApiMissing, Kube, Refused
-from rocmtrain.objects import controller_ref, job_document, mutable_patch, owner_reference, queued, rayjob_view
 from rocmtrain.render import render_rayjob
-from rocmtrain.status import Hold, HoldKind
+from rocmtrain.status import phase
+from rocmtrain.status.accounting import Price
+from rocmtrain.status.events import transition_events
+from rocmtrain.status.gauges import queue_wait
+from rocmtrain.status.objects import controller_ref, job_document, mutable_patch, owner_reference, queued, rayjob_view
+from rocmtrain.status.phase import Hold, HoldKind
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +111,7 @@ class Reconciler:
         self._forgotten: OrderedDict[str, None] = OrderedDict()
         self._slots = asyncio.Semaphore(ACTIVE_RECONCILES)
         self._retries: set[asyncio.Task[None]] = set()
-        metrics.JOBS_REMEMBERED.set_function(lambda: len(self._states))
+        prometheus.JOBS_REMEMBERED.set_function(lambda: len(self._states))
 
     def forget(self, uid: str) -> None:
         """Drop what is remembered about a deleted job, and its scheduled retry, for good."""
@@ -172,10 +175,10 @@ class Reconciler:
         generation: int | None,
         rayjob: Mapping[str, Any] | None,
         hold: Hold | None = None,
-    ) -> status.Observation:
+    ) -> phase.Observation:
         """What the job's status is computed from: its RayJob (a view), Ray pods and Kueue Workload, now."""
         meta = job["metadata"]
-        return status.Observation(
+        return phase.Observation(
             spec=valid.spec,
             generation=generation,
             current=current,
@@ -190,7 +193,7 @@ class Reconciler:
 
     # ---- job side -------------------------------------------------------------------
 
-    async def sync(self, job: Mapping[str, Any], nodes: Iterable[preflight.NodeInfo]) -> float | None:
+    async def sync(self, job: Mapping[str, Any], nodes: Iterable[node_fit.NodeInfo]) -> float | None:
         """Bring the job's RayJob in line with its spec and write the status, unless it already is.
 
         Returns the seconds after which to try again while the RayJob is held
@@ -203,7 +206,7 @@ class Reconciler:
             return None  # in line, or a retry of this very generation is already scheduled
         state.tried = generation
         async with self._slots, asyncio.timeout(self._config.reconcile_deadline):
-            with metrics.RECONCILES_IN_FLIGHT.track_inprogress():
+            with prometheus.RECONCILES_IN_FLIGHT.track_inprogress():
                 blocked = await self._before_render(meta["namespace"]) if self._before_render else None
                 delay = await self._ensure(job, nodes, state, blocked)
         if delay is None:
@@ -211,26 +214,26 @@ class Reconciler:
         return delay
 
     async def _ensure(
-        self, job: Mapping[str, Any], nodes: Iterable[preflight.NodeInfo], state: JobState, blocked: Hold | None
+        self, job: Mapping[str, Any], nodes: Iterable[node_fit.NodeInfo], state: JobState, blocked: Hold | None
     ) -> float | None:
         meta = job["metadata"]
         valid, errors = _validated(job)
-        why, refused = (status.INVALID_SPEC, errors) if valid is None else (status.NOT_ALLOWED, self._policy(valid))
+        why, refused = (phase.INVALID_SPEC, errors) if valid is None else (phase.NOT_ALLOWED, self._policy(valid))
         async with state.lock:
             current = self._current(state, job)
             if valid is None or refused:
                 problems = [str(e) for e in refused]
-                new = status.invalid_status(current, problems, generation=meta.get("generation"), now=_now(), why=why)
+                new = phase.invalid_status(current, problems, generation=meta.get("generation"), now=_now(), why=why)
                 await self._write(job, state, current, new)
                 logger.warning("refused %s/%s: %s", meta["namespace"], meta["name"], "; ".join(problems))
                 return None  # nothing to retry: the user changes the spec, or deletes the job
             hold: Hold | None = None
-            if current.get("phase") in status.TERMINAL_PHASES:
+            if current.get("phase") in phase.TERMINAL_PHASES:
                 rayjob = await self._read_rayjob(meta["namespace"], meta["name"])
             else:
                 rayjob, hold = await self._apply_rayjob(job, valid, nodes, blocked)
             view = rayjob_view(rayjob) if rayjob is not None else None
-            new = status.compute_status(
+            new = phase.compute_status(
                 self._observe(job, valid, current, generation=meta.get("generation"), rayjob=view, hold=hold)
             )
             await self._write(job, state, current, new)
@@ -248,7 +251,7 @@ class Reconciler:
         self,
         job: Mapping[str, Any],
         valid: RocmTrainingJob,
-        nodes: Iterable[preflight.NodeInfo],
+        nodes: Iterable[node_fit.NodeInfo],
         blocked: Hold | None,
     ) -> tuple[Mapping[str, Any] | None, Hold | None]:
         """Create the RayJob or carry the mutable fields over: the RayJob, or what holds it back."""
@@ -256,7 +259,7 @@ class Reconciler:
         namespace, name = meta["namespace"], meta["name"]
         rendered = render_rayjob(valid, options=self._config.render_options)
         rendered["metadata"]["ownerReferences"] = [owner_reference(job)]
-        hold = blocked or preflight.check(valid.spec, nodes)
+        hold = blocked or node_fit.check(valid.spec, nodes)
         if hold is None:
             live = self._known(namespace, name)  # not seen yet: the create below finds out
         else:  # held: carry the fields over to a RayJob that already exists, create none
@@ -267,10 +270,10 @@ class Reconciler:
             try:
                 created = await self._kube.create(RAYJOBS, rendered)
             except ApiMissing:
-                return None, status.KUBERAY_NOT_INSTALLED
+                return None, phase.KUBERAY_NOT_INSTALLED
             except Refused as exc:
                 logger.warning("RayJob %s/%s refused: %s", namespace, name, exc)
-                return None, status.refused_create(exc.status, exc.message)
+                return None, phase.refused_create(exc.status, exc.message)
             if created is not None:
                 logger.info("created RayJob %s/%s", namespace, name)
                 return created, None
@@ -279,7 +282,7 @@ class Reconciler:
                 raise LookupError(f"RayJob {namespace}/{name} vanished while it was created")
         if controller_ref(live).get("uid") != meta["uid"]:
             conflict = f"a RayJob named {name} exists and is not this job's"
-            return None, Hold(HoldKind.CONFLICT, "RayJobConflict", conflict, retry_seconds=CONFLICT_RETRY_SECONDS)
+            return None, Hold(HoldKind.CONFLICT, Reason.RAYJOB_CONFLICT, conflict, retry_seconds=CONFLICT_RETRY_SECONDS)
         kueue = bool(valid.spec.scheduling.queue_name) or queued(live)
         patch = mutable_patch(rendered["spec"], live.get("spec") or {}, queued=kueue)
         if patch:
@@ -299,22 +302,22 @@ class Reconciler:
             if valid is None:
                 return  # a spec the job handler refuses; it owns that status
             generation = current.get("observedGeneration") or meta.get("generation")
-            new = status.compute_status(self._observe(job, valid, current, generation=generation, rayjob=rayjob))
+            new = phase.compute_status(self._observe(job, valid, current, generation=generation, rayjob=rayjob))
             await self._write(job, state, current, new)
 
     async def _write(
         self, job: Mapping[str, Any], state: JobState, current: Mapping[str, Any], new: Mapping[str, Any]
     ) -> None:
         """Patch the owned status fields that changed and post the transition events."""
-        patch = status.status_patch(current, new)
+        patch = phase.status_patch(current, new)
         if not patch:
             return
         meta = job["metadata"]
         if await self._kube.patch_status(JOBS, meta["namespace"], meta["name"], patch, uid=meta["uid"]) is None:
             return
-        state.written = {key: new.get(key) for key in status.OWNED_FIELDS}
+        state.written = {key: new.get(key) for key in phase.OWNED_FIELDS}
         if (waited := queue_wait(current, new, _now())) is not None:
-            metrics.QUEUE_WAIT_SECONDS.observe(waited)
-        for event in status.transition_events(current, new):
+            prometheus.QUEUE_WAIT_SECONDS.observe(waited)
+        for event in transition_events(current, new):
             logger.info("%s/%s %s: %s", meta["namespace"], meta["name"], event.reason, event.message)
             await self._kube.post_event(job, type=event.type, reason=event.reason, message=event.message)

@@ -19,7 +19,8 @@ from typing import Any
 
 import kopf
 
-from rocmtrain import metrics
+from rocmtrain import prometheus
+from rocmtrain.api.conditions import Reason
 from rocmtrain.api.contract import MANAGED_SELECTOR
 from rocmtrain.api.names import rayjob_name_of
 from rocmtrain.controller.informer import Informer, Key, View
@@ -29,11 +30,11 @@ from rocmtrain.controller.reconciler import Reconciler
 from rocmtrain.controller.settings import OperatorConfig
 from rocmtrain.controller.workload_watch import WorkloadWatch, rayjob_key
 from rocmtrain.kube import Kube, new_api_client
-from rocmtrain.pod_health import job_key
-from rocmtrain.preflight import NodeInfo
+from rocmtrain.node_fit import NodeInfo
 from rocmtrain.progress.server import ProgressServer, start_progress_server
 from rocmtrain.progress.tls import ConfigMapTaken
-from rocmtrain.status import Hold, HoldKind
+from rocmtrain.status.phase import Hold, HoldKind
+from rocmtrain.status.pods import job_key
 
 # The informers that share the watch client, and its connections beyond their long
 # requests (a list or watch being replaced, say).
@@ -111,10 +112,10 @@ async def open_runtime(
         kube = await Kube.connect(timeout=config.api_timeout_seconds)
         resources.push_async_callback(kube.close)
         if config.metrics_port:
-            served = await metrics.serve(config.metrics_port, config.metrics_host)
+            served = await prometheus.serve(config.metrics_port, config.metrics_host)
             resources.push_async_callback(served.cleanup)
-        metrics.JOBS.source = lambda: (job for store in list(jobs.values()) for job in store)
-        metrics.JOBS.max_jobs = config.metrics_max_jobs
+        prometheus.JOBS.source = lambda: (job for store in list(jobs.values()) for job in store)
+        prometheus.JOBS.max_jobs = config.metrics_max_jobs
         resources.callback(_stop_job_metrics)
         # The endpoint talks to the API server through a small client of its own, so a flood
         # of reports never takes the connections that reconciles and the watches use.
@@ -170,12 +171,12 @@ async def publish_progress_ca(progress: ProgressServer, kube: Kube, namespace: s
     try:
         await progress.publish_ca(namespace, kube.api)
     except ConfigMapTaken as exc:
-        return Hold(HoldKind.BLOCKED, "ProgressCAConflict", str(exc))
+        return Hold(HoldKind.BLOCKED, Reason.PROGRESS_CA_CONFLICT, str(exc))
     return None
 
 
 def _stop_job_metrics() -> None:
-    metrics.JOBS.source = tuple
+    prometheus.JOBS.source = tuple
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

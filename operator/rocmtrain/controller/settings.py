@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 
 import kopf
 
-from rocmtrain.accounting import Pricing, parse_currency, parse_pricing
 from rocmtrain.api.contract import OPERATOR_NAME
 from rocmtrain.api.patterns import DNS_LABEL, DNS_SUBDOMAIN, IMAGE
 from rocmtrain.controller.supervision import RestartPolicy
@@ -42,6 +41,7 @@ from rocmtrain.policy import Policy
 from rocmtrain.progress.server import ProgressServerConfig, listen_host
 from rocmtrain.render import RenderOptions
 from rocmtrain.render.options import MAX_SUBMITTER_RETRIES
+from rocmtrain.status.accounting import Pricing, parse_currency, parse_pricing
 
 
 class ConfigError(ValueError):

@@ -36,7 +36,7 @@ from typing import Any, Generic, TypeVar
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from rocmtrain import metrics
+from rocmtrain import prometheus
 from rocmtrain.api.contract import (
     KIND,
     PROGRESS_AUDIENCE,
@@ -254,7 +254,7 @@ class TokenReviewAuthenticator:
                 "kind": "TokenReview",
                 "spec": {"token": token, "audiences": [self._audience]},
             }
-            metrics.TOKEN_REVIEWS.inc()
+            prometheus.TOKEN_REVIEWS.inc()
             review = await checked("TokenReview", self._authn.create_token_review(body), passing=())
         finally:
             self._at_once.release()

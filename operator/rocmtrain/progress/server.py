@@ -53,7 +53,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from kubernetes_asyncio import client
 
-from rocmtrain import metrics
+from rocmtrain import prometheus
 from rocmtrain.api.contract import PROGRESS_AUDIENCE, PROGRESS_BURST, PROGRESS_PATH, PROGRESS_RATE_PER_SECOND
 from rocmtrain.api.models import ProgressReport
 from rocmtrain.api.patterns import DNS_LABEL
@@ -117,7 +117,7 @@ def _answer(refusal: Refusal, namespace: str, name: str) -> web.Response:
     status, reason = refusal.status, str(refusal)
     level = logging.DEBUG if status in _UNAUTHENTICATED else logging.INFO
     log.log(level, "progress for %s/%s refused: %d %s", namespace, name, status, reason)
-    metrics.PROGRESS_REFUSALS.labels(str(int(status))).inc()
+    prometheus.PROGRESS_REFUSALS.labels(str(int(status))).inc()
     return web.Response(
         status=status,
         text=json.dumps({"error": reason}),
@@ -236,7 +236,7 @@ def make_app(
         before = await _record(jobs, job, report, now)
         for event in report_events(report, before.get("status")):
             await jobs.post_event(before, type=event.type, reason=event.reason, message=event.message)
-        metrics.PROGRESS_REPORTS.inc()
+        prometheus.PROGRESS_REPORTS.inc()
         return web.Response(status=204)
 
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_refusals])

@@ -23,6 +23,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rocmtrain.api.conditions import Reason
 from rocmtrain.api.models import (
     EVAL_METRICS,
     HISTORY_LENGTH,
@@ -33,7 +34,7 @@ from rocmtrain.api.models import (
     TuningStatus,
 )
 from rocmtrain.api.timestamps import rfc3339
-from rocmtrain.status import Event
+from rocmtrain.status.events import Event
 
 _PROGRESS_FIELDS = tuple(field.alias or name for name, field in Progress.model_fields.items())
 _TUNING_FIELDS = tuple(field.alias or name for name, field in TuningStatus.model_fields.items())
@@ -107,7 +108,7 @@ def recovery_events(report: ProgressReport, status: Mapping[str, Any] | None) ->
         f"a Ray Train worker failed ({report.worker_failures} so far in this run); "
         f"training continued from the checkpoint{where}"
     )
-    return [Event("Warning", "WorkerFailureRecovered", message)]
+    return [Event("Warning", Reason.WORKER_FAILURE_RECOVERED, message)]
 
 
 def tuning_events(report: ProgressReport, status: Mapping[str, Any] | None) -> list[Event]:
@@ -123,7 +124,7 @@ def tuning_events(report: ProgressReport, status: Mapping[str, Any] | None) -> l
         return []
     config = ", ".join(f"{k}={v:.4g}" for k, v in (new.best_config.dump() if new.best_config else {}).items())
     message = f"trial {new.best_trial_id} is the best so far: {new.metric}={new.best_metric:.4f}"
-    return [Event("Normal", "NewBestTrial", message + (f" ({config})" if config else ""))]
+    return [Event("Normal", Reason.NEW_BEST_TRIAL, message + (f" ({config})" if config else ""))]
 
 
 def report_events(report: ProgressReport, status: Mapping[str, Any] | None) -> list[Event]:

@@ -6,10 +6,10 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rocmtrain.accounting import gpu_seconds_at
 from rocmtrain.api.contract import GPU_NODE_LABELS
 from rocmtrain.api.models import metric_rows
 from rocmtrain.api.timestamps import parse_time
+from rocmtrain.status.accounting import gpu_seconds_at
 from rocmtrain.views.pool import pod_gpus
 from rocmtrain.views.table import table
 

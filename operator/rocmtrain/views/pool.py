@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rocmtrain.api.contract import GPU_NODE_LABELS, GPU_RESOURCE, JOB_NAME_LABEL
-from rocmtrain.preflight import device_count
+from rocmtrain.api.kueue import WorkloadCondition
+from rocmtrain.node_fit import device_count
 from rocmtrain.views.table import table
 
 UNLABELLED = "(no product-name label)"
@@ -99,7 +100,7 @@ def pod_gpus(pod: Mapping[str, Any]) -> int:
 
 
 def _model(node: Mapping[str, Any]) -> str:
-    return (_meta(node).get("labels") or {}).get(GPU_NODE_LABELS["product_name"], UNLABELLED)
+    return str((_meta(node).get("labels") or {}).get(GPU_NODE_LABELS["product_name"], UNLABELLED))
 
 
 def _available(node: Mapping[str, Any]) -> bool:
@@ -187,7 +188,8 @@ def _queue(
 
 def _workload_done_or_admitted(workload: Mapping[str, Any]) -> bool:
     conditions = (workload.get("status") or {}).get("conditions") or []
-    return any(c.get("type") in ("Admitted", "Finished") and c.get("status") == "True" for c in conditions)
+    holding = (WorkloadCondition.ADMITTED, WorkloadCondition.FINISHED)
+    return any(c.get("type") in holding and c.get("status") == "True" for c in conditions)
 
 
 def pool_view(

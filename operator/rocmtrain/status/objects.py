@@ -104,10 +104,8 @@ def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
 
 def controller_ref(rayjob: Mapping[str, Any]) -> Mapping[str, Any]:
     """The owner reference of the RocmTrainingJob controlling `rayjob` ({} when there is none)."""
-    for ref in (rayjob.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("kind") == KIND:
-            return ref
-    return {}
+    refs: list[Mapping[str, Any]] = (rayjob.get("metadata") or {}).get("ownerReferences") or []
+    return next((ref for ref in refs if ref.get("controller") and ref.get("kind") == KIND), {})
 
 
 def is_jobs_rayjob(job: Mapping[str, Any], rayjob: Mapping[str, Any]) -> bool:

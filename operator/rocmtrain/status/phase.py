@@ -1,13 +1,14 @@
 """Map what the operator observes onto a RocmTrainingJob's status (pure).
 
 Inputs are plain data: the job, the owned RayJob as KubeRay last wrote it (or
-None), the Ray pods of the job (`rocmtrain.pod_health`), Kueue's Workload of a
-queued job (`rocmtrain.kueue_workload`), why the operator holds the RayJob back (a
+None), the Ray pods of the job (`rocmtrain.status.pods`), Kueue's Workload of a
+queued job (`rocmtrain.status.kueue`), why the operator holds the RayJob back (a
 `Hold`: pre-flight, KubeRay missing, a name conflict, the API server refusing the
 RayJob), and the time. The output is the part of `status` the operator owns
 (everything but the progress fields the training driver reports) plus the events
-that explain each transition. Conditions follow Kubernetes API conventions: a
-condition's `lastTransitionTime` moves only when its status changes.
+that explain each transition (`rocmtrain.status.events`). Conditions are typed
+values (`rocmtrain.status.conditions`); their types and reasons are named in
+`rocmtrain.api.conditions`.
 
 Two conditions say why GPUs are not in use, and never at once: `Unschedulable`
 (pre-flight) when no node could ever hold the workers, so no RayJob is made;
@@ -20,12 +21,10 @@ when the job is where its spec asks it to be (Running, Succeeded, or Suspended b
 `spec.suspend`), so kstatus reads it as Current; `Stalled` is True when a running job
 shows no progress or the job failed, which kstatus reads as Failed; `observedGeneration`
 tells a spec change not yet acted on. GPU-seconds and cost are counted by
-`rocmtrain.accounting`.
+`rocmtrain.status.accounting`.
 
-KubeRay (v1.5.1) writes `status.jobDeploymentStatus` (``""`` = New,
-Initializing, Running, Complete, Failed, ValidationFailed, Suspending,
-Suspended, Retrying, Waiting, Scheduling, Scheduled) and `status.jobStatus`
-(``""``, PENDING, RUNNING, STOPPED, SUCCEEDED, FAILED), with `reason`
+KubeRay (v1.5.1) writes `status.jobDeploymentStatus` and `status.jobStatus`
+(`rocmtrain.api.kuberay`), with `reason`
 (SubmissionFailed, DeadlineExceeded, AppFailed, ValidationFailed,
 JobDeploymentStatusTransitionGracePeriodExceeded) and `message` on failures.
 When the Ray job failed, that message is Ray's (the entrypoint's exit code and
@@ -39,12 +38,17 @@ import datetime as dt
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from rocmtrain import accounting, kueue_workload, pod_health
+from rocmtrain.api.conditions import ConditionType, Reason
 from rocmtrain.api.contract import DRIVER_ERROR_PREFIX, GPU_RESOURCE, KUEUE_QUEUE_LABEL, RAYJOB_API_VERSION
-from rocmtrain.api.models import Condition, Phase, RocmTrainingJobSpec, RocmTrainingJobStatus
+from rocmtrain.api.kuberay import JobDeploymentStatus, JobStatus
+from rocmtrain.api.models import Phase, RocmTrainingJobSpec, RocmTrainingJobStatus
 from rocmtrain.api.timestamps import parse_time, rfc3339
+from rocmtrain.status.accounting import Price, account
+from rocmtrain.status.conditions import Condition, find, merge_conditions
+from rocmtrain.status.kueue import Admission, admission
+from rocmtrain.status.pods import RayPods, assess
 
 # Status fields the operator writes; the progress endpoint owns the others.
 OWNED_FIELDS = (
@@ -69,44 +73,21 @@ OWNED_FIELDS = (
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 # Phases in which the job is where its spec asks it to be: Ready is True.
 READY_PHASES = frozenset({"Running", "Succeeded", "Suspended"})
-# Phases in which the Ray cluster's ready workers hold their GPUs (see `rocmtrain.accounting`).
+# Phases in which the Ray cluster's ready workers hold their GPUs (see `rocmtrain.status.accounting`).
 HOLDING_PHASES = frozenset({"Initializing", "Running"})
 
-# Condition types, in the order they are listed.
-READY = "Ready"
-ADMITTED = "Admitted"
-UNSCHEDULABLE = "Unschedulable"
-RAY_PODS_UNAVAILABLE = "RayPodsUnavailable"
-KUBERAY_MISSING = "KubeRayMissing"
-BLOCKED = "Blocked"
-STALLED = "Stalled"
-SUCCEEDED = "Succeeded"
-FAILED = "Failed"
-MANAGED_CONDITIONS = (
-    READY,
-    ADMITTED,
-    UNSCHEDULABLE,
-    RAY_PODS_UNAVAILABLE,
-    KUBERAY_MISSING,
-    BLOCKED,
-    STALLED,
-    SUCCEEDED,
-    FAILED,
-)
 # How much of the API server's own message a condition or event quotes.
 QUOTE_LIMIT = 1024
-# The Ready reason of a queued job Kueue has not admitted (and has not evicted).
-QUEUED_BY_KUEUE = "QueuedByKueue"
 
 
 class HoldKind(enum.Enum):
     """What holds a RayJob back; all but CONFLICT also raise the condition of their name."""
 
-    UNSCHEDULABLE = UNSCHEDULABLE  # pre-flight: no node can ever run the workers
-    KUBERAY_MISSING = KUBERAY_MISSING  # the RayJob API is not served
+    UNSCHEDULABLE = ConditionType.UNSCHEDULABLE  # pre-flight: no node can ever run the workers
+    KUBERAY_MISSING = ConditionType.KUBERAY_MISSING  # the RayJob API is not served
     # Something outside the spec refuses the RayJob: the API server's admission (a
     # quota, a policy, a webhook) or a name the operator must not take over.
-    BLOCKED = BLOCKED
+    BLOCKED = ConditionType.BLOCKED
     CONFLICT = "Conflict"  # the RayJob's name is taken by an object the job does not own (transient)
 
 
@@ -130,7 +111,7 @@ class Hold:
 
 KUBERAY_NOT_INSTALLED = Hold(
     HoldKind.KUBERAY_MISSING,
-    "KubeRayNotInstalled",
+    Reason.KUBERAY_NOT_INSTALLED,
     f"KubeRay's RayJob API ({RAYJOB_API_VERSION}) is not installed; install the KubeRay operator",
 )
 
@@ -142,17 +123,8 @@ def quote(message: str, limit: int = QUOTE_LIMIT) -> str:
 
 def refused_create(status: int, message: str) -> Hold:
     """The hold of a RayJob whose create the API server refused (HTTP `status`, its `message`)."""
-    reason = "RayJobForbidden" if status == 403 else "RayJobInvalid"
+    reason = Reason.RAYJOB_FORBIDDEN if status == 403 else Reason.RAYJOB_INVALID
     return Hold(HoldKind.BLOCKED, reason, quote(f"the API server refused the RayJob: {message}"))
-
-
-@dataclass(frozen=True)
-class Event:
-    """A Kubernetes event to post on the job."""
-
-    type: str  # Normal or Warning
-    reason: str
-    message: str
 
 
 @dataclass(frozen=True)
@@ -166,9 +138,9 @@ class Observation:
     now: dt.datetime
     stall_after: float  # seconds without progress before a running job counts as stalled
     hold: Hold | None = None  # why the RayJob is held back; None when nothing holds it
-    price: accounting.Price | None = None  # the price of the job's GPU-hours, when the operator has one
-    pods: Sequence[Mapping[str, Any]] = ()  # the job's Ray pods (`pod_health.pod_view`), of any Ray cluster
-    workload: Mapping[str, Any] | None = None  # Kueue's Workload of the RayJob (`kueue_workload.workload_view`)
+    price: Price | None = None  # the price of the job's GPU-hours, when the operator has one
+    pods: Sequence[Mapping[str, Any]] = ()  # the job's Ray pods (`rocmtrain.status.pods.pod_view`), of any Ray cluster
+    workload: Mapping[str, Any] | None = None  # Kueue's Workload of the RayJob (`rocmtrain.status.kueue.workload_view`)
 
 
 @dataclass(frozen=True)
@@ -187,16 +159,17 @@ def _rayjob_status(rayjob: Mapping[str, Any]) -> Mapping[str, Any]:
     return rayjob.get("status") or {}
 
 
-def _count(value: object) -> int:
+def count(value: object) -> int:
+    """A count as written in a status (a non-negative integer); 0 for anything else."""
     return value if isinstance(value, int) and value >= 0 else 0
 
 
-def _ray_pods(obs: Observation) -> pod_health.RayPods | None:
+def _ray_pods(obs: Observation) -> RayPods | None:
     """What the pods of the RayJob's current Ray cluster show; None before any is seen."""
     if obs.rayjob is None:
         return None
     cluster = _rayjob_status(obs.rayjob).get("rayClusterName")
-    return pod_health.assess(obs.pods, cluster) if cluster else None
+    return assess(obs.pods, cluster) if cluster else None
 
 
 def _workers(obs: Observation) -> tuple[int, int]:
@@ -212,7 +185,7 @@ def _workers(obs: Observation) -> tuple[int, int]:
     cluster = _rayjob_status(obs.rayjob).get("rayClusterStatus") or {}
     reported = cluster.get("desiredWorkerReplicas")
     pods = _ray_pods(obs)
-    ready = pods.ready_workers if pods is not None else _count(cluster.get("readyWorkerReplicas"))
+    ready = pods.ready_workers if pods is not None else count(cluster.get("readyWorkerReplicas"))
     return (reported if isinstance(reported, int) and reported > 0 else desired), ready
 
 
@@ -225,8 +198,8 @@ def _queue(obs: Observation) -> str | None:
     return obs.spec.scheduling.queue_name or labels.get(KUEUE_QUEUE_LABEL)
 
 
-def _kueue(obs: Observation) -> kueue_workload.Admission | None:
-    return kueue_workload.admission(obs.workload) if obs.workload is not None else None
+def _kueue(obs: Observation) -> Admission | None:
+    return admission(obs.workload) if obs.workload is not None else None
 
 
 def _waiting(obs: Observation, queue: str) -> tuple[str, str]:
@@ -238,8 +211,8 @@ def _waiting(obs: Observation, queue: str) -> tuple[str, str]:
         detail = f"; waiting in Kueue queue {queue}" + (f": {waiting}" if waiting and waiting != message else "")
         return reason, f"{message or reason}{detail}"
     if waiting:
-        return QUEUED_BY_KUEUE, f"waiting in Kueue queue {queue}: {waiting}"
-    return QUEUED_BY_KUEUE, f"waiting for Kueue to admit the workload (queue {queue})"
+        return Reason.QUEUED_BY_KUEUE, f"waiting in Kueue queue {queue}: {waiting}"
+    return Reason.QUEUED_BY_KUEUE, f"waiting for Kueue to admit the workload (queue {queue})"
 
 
 def _admitted_message(obs: Observation, queue: str) -> str:
@@ -274,7 +247,7 @@ def _suspended_state(obs: Observation) -> _State:
     queue = _queue(obs)
     if queue and not obs.spec.suspend:
         return _State("Queued", *_waiting(obs, queue))
-    return _State("Suspended", "Suspended", "suspended: the Ray cluster is deleted until spec.suspend is false")
+    return _State("Suspended", Reason.SUSPENDED, "suspended: the Ray cluster is deleted until spec.suspend is false")
 
 
 def driver_error_first(message: str) -> str:
@@ -287,63 +260,99 @@ def driver_error_first(message: str) -> str:
 
 
 def _failed(reason: str, message: str, default: str) -> _State:
-    return _State("Failed", reason or "Failed", driver_error_first(message) or default)
+    return _State("Failed", reason or Reason.FAILED, driver_error_first(message) or default)
+
+
+# Deployment states in which a RayJob asked to suspend is (being) suspended.
+_SUSPENDABLE = frozenset(
+    {
+        JobDeploymentStatus.NEW,
+        JobDeploymentStatus.INITIALIZING,
+        JobDeploymentStatus.WAITING,
+        JobDeploymentStatus.SUSPENDING,
+        JobDeploymentStatus.SUSPENDED,
+    }
+)
+
+
+_KubeRayStatus = TypeVar("_KubeRayStatus", JobDeploymentStatus, JobStatus)
+
+
+def _known(kind: type[_KubeRayStatus], value: str | None) -> _KubeRayStatus | None:
+    """`value` (absent: the empty string) as a KubeRay status of `kind`; None for one KubeRay v1.5.1 does not write."""
+    try:
+        return kind(value or "")
+    except ValueError:
+        return None
+
+
+def _running_state(job_status: JobStatus | None, job_id: str, workers: str) -> _State:
+    """The phase of a RayJob whose deployment is Running, by the Ray job's status."""
+    match job_status:
+        case JobStatus.RUNNING | JobStatus.SUCCEEDED | JobStatus.FAILED | JobStatus.STOPPED:
+            return _State("Running", Reason.RUNNING, f"Ray job {job_id} is {job_status.lower()} ({workers})")
+        case JobStatus.NEW | JobStatus.PENDING | None:
+            return _State(
+                "Initializing", Reason.SUBMITTING, f"the Ray job is submitted and waiting to start ({workers})"
+            )
 
 
 def _rayjob_state(obs: Observation, rayjob: Mapping[str, Any]) -> _State:
     """The phase a present RayJob puts the job in."""
     st = _rayjob_status(rayjob)
-    deployment = st.get("jobDeploymentStatus") or ""
-    job_status = st.get("jobStatus") or ""
+    deployment = _known(JobDeploymentStatus, st.get("jobDeploymentStatus"))
+    job_status = _known(JobStatus, st.get("jobStatus"))
     reason, message = st.get("reason") or "", st.get("message") or ""
     desired, ready = _workers(obs)
     workers = f"{ready}/{desired} workers ready"
     suspend_requested = bool((rayjob.get("spec") or {}).get("suspend"))
 
-    if suspend_requested and deployment in ("", "Initializing", "Waiting", "Suspending", "Suspended"):
+    if suspend_requested and deployment in _SUSPENDABLE:
         return _suspended_state(obs)
-    if deployment in ("Suspending", "Suspended"):
-        if _queue(obs):  # Kueue unsuspended it: admitted
-            return _State("Pending", "Admitted", "admitted by Kueue; waiting for KubeRay to start the Ray cluster")
-        return _State("Pending", "Resuming", "resuming: waiting for KubeRay to recreate the Ray cluster")
-    if deployment == "Retrying" or (deployment == "" and _count(st.get("failed")) > 0):
-        return _State("Initializing", "Retrying", f"retrying on a new Ray cluster after a failure ({workers})")
-    if deployment in ("Initializing", "Waiting"):
-        return _State("Initializing", "Initializing", f"starting the Ray cluster ({workers})")
-    if deployment == "Running":
-        if job_status in ("RUNNING", "SUCCEEDED", "FAILED", "STOPPED"):
-            return _State("Running", "Running", f"Ray job {st.get('jobId', '')} is {job_status.lower()} ({workers})")
-        return _State("Initializing", "Submitting", f"the Ray job is submitted and waiting to start ({workers})")
-    if deployment == "Complete":
-        if job_status == "SUCCEEDED":
-            return _State("Succeeded", "Succeeded", message or "the Ray job succeeded")
-        return _failed("Stopped" if job_status == "STOPPED" else reason, message, f"the Ray job ended {job_status}")
-    if deployment == "Failed":
-        return _failed(reason, message, "the RayJob failed")
-    if deployment == "ValidationFailed":
-        return _failed("ValidationFailed", message, "KubeRay rejected the RayJob")
-    if deployment in ("", "Scheduling", "Scheduled"):
-        return _State("Pending", "RayJobCreated", "waiting for KubeRay to start the RayJob")
-    return _State("Pending", "UnknownState", f"KubeRay reports an unknown deployment status {deployment!r}")
+    if deployment is JobDeploymentStatus.NEW and count(st.get("failed")) > 0:
+        deployment = JobDeploymentStatus.RETRYING  # between two attempts KubeRay passes through New
+    match deployment:
+        case JobDeploymentStatus.SUSPENDING | JobDeploymentStatus.SUSPENDED:
+            if _queue(obs):  # Kueue unsuspended it: admitted
+                return _State(
+                    "Pending", Reason.ADMITTED, "admitted by Kueue; waiting for KubeRay to start the Ray cluster"
+                )
+            return _State("Pending", Reason.RESUMING, "resuming: waiting for KubeRay to recreate the Ray cluster")
+        case JobDeploymentStatus.RETRYING:
+            return _State("Initializing", Reason.RETRYING, f"retrying on a new Ray cluster after a failure ({workers})")
+        case JobDeploymentStatus.INITIALIZING | JobDeploymentStatus.WAITING:
+            return _State("Initializing", Reason.INITIALIZING, f"starting the Ray cluster ({workers})")
+        case JobDeploymentStatus.RUNNING:
+            return _running_state(job_status, st.get("jobId", ""), workers)
+        case JobDeploymentStatus.COMPLETE:
+            if job_status is JobStatus.SUCCEEDED:
+                return _State("Succeeded", Reason.SUCCEEDED, message or "the Ray job succeeded")
+            ended = Reason.STOPPED if job_status is JobStatus.STOPPED else reason
+            return _failed(ended, message, f"the Ray job ended {st.get('jobStatus') or ''}")
+        case JobDeploymentStatus.FAILED:
+            return _failed(reason, message, "the RayJob failed")
+        case JobDeploymentStatus.VALIDATION_FAILED:
+            return _failed(Reason.VALIDATION_FAILED, message, "KubeRay rejected the RayJob")
+        case JobDeploymentStatus.NEW:
+            return _State("Pending", Reason.RAYJOB_CREATED, "waiting for KubeRay to start the RayJob")
+        case None:
+            unknown = st.get("jobDeploymentStatus")
+            return _State("Pending", Reason.UNKNOWN_STATE, f"KubeRay reports an unknown deployment status {unknown!r}")
 
 
 def _state(obs: Observation) -> _State:
     previous = obs.current.get("phase")
     if previous in TERMINAL_PHASES:
-        ready = _find(obs.current.get("conditions") or [], READY) or {}
+        ready = find(obs.current.get("conditions") or [], ConditionType.READY) or {}
         return _State(previous, ready.get("reason", previous), ready.get("message", ""))
     if obs.rayjob is not None:
         return _rayjob_state(obs, obs.rayjob)
     if obs.hold is not None:
         return _State("Pending", obs.hold.reason, obs.hold.message)
-    return _State("Pending", "CreatingRayJob", "creating the RayJob")
+    return _State("Pending", Reason.CREATING_RAYJOB, "creating the RayJob")
 
 
 # ---- conditions ----------------------------------------------------------------------
-
-
-def _find(conditions: Sequence[Mapping[str, Any]], kind: str) -> Mapping[str, Any] | None:
-    return next((c for c in conditions if c.get("type") == kind), None)
 
 
 def _stall(obs: Observation, phase: str) -> tuple[str, str] | None:
@@ -358,7 +367,7 @@ def _stall(obs: Observation, phase: str) -> tuple[str, str] | None:
         return None
     last = max(known)
     if (obs.now - last).total_seconds() > obs.stall_after:
-        return "NoProgress", f"no progress since {rfc3339(last)} (limit {int(obs.stall_after)}s)"
+        return Reason.NO_PROGRESS, f"no progress since {rfc3339(last)} (limit {int(obs.stall_after)}s)"
     return None
 
 
@@ -368,17 +377,17 @@ def _failure(state: _State) -> tuple[str, str] | None:
 
 
 def _alarm(
-    current: Sequence[Mapping[str, Any]], kind: str, active: tuple[str, str] | None, resolved: str
-) -> tuple[str, str, str] | None:
-    """A problem condition: True while `active`; once it has appeared, False with `resolved` after."""
+    current: Sequence[Mapping[str, Any]], kind: ConditionType, active: tuple[str, str] | None, resolved: Reason
+) -> Condition | None:
+    """A problem condition: True while `active` (reason, message); once it has appeared, False with `resolved` after."""
     if active is not None:
-        return "True", *active
-    if _find(current, kind) is not None:
-        return "False", resolved, ""
+        return Condition(kind, True, *active)
+    if find(current, kind) is not None:
+        return Condition(kind, False, resolved)
     return None
 
 
-def _admitted(obs: Observation, phase: str) -> tuple[str, str, str] | None:
+def _admitted(obs: Observation, phase: str) -> Condition | None:
     """Kueue admission: the RayJob is made suspended; Kueue unsuspends it on admission, suspends it on eviction.
 
     Kueue's Workload, when seen, has the last word and the words: why it waits, which
@@ -388,20 +397,21 @@ def _admitted(obs: Observation, phase: str) -> tuple[str, str, str] | None:
     queue = _queue(obs)
     if not queue:
         return None
+    kind = ConditionType.ADMITTED
     if phase in TERMINAL_PHASES:
-        previous = _find(obs.current.get("conditions") or [], ADMITTED)
+        previous = Condition.read(find(obs.current.get("conditions") or [], kind))
         if previous is not None:
-            return previous["status"], previous.get("reason", ""), previous.get("message", "")
+            return previous
     if obs.rayjob is None:
-        return "False", "Pending", f"not yet submitted to Kueue queue {queue}"
+        return Condition(kind, False, Reason.PENDING, f"not yet submitted to Kueue queue {queue}")
     kueue = _kueue(obs)
     held = phase == "Queued" or (obs.rayjob.get("spec") or {}).get("suspend")
     if held or (kueue is not None and not kueue.admitted):
-        return "False", *_waiting(obs, queue)
-    return "True", "Admitted", _admitted_message(obs, queue)
+        return Condition(kind, False, *_waiting(obs, queue))
+    return Condition(kind, True, Reason.ADMITTED, _admitted_message(obs, queue))
 
 
-def _desired_conditions(obs: Observation, state: _State) -> dict[str, tuple[str, str, str]]:
+def _desired_conditions(obs: Observation, state: _State) -> list[Condition]:
     phase = state.phase
     current = obs.current.get("conditions") or []
     hold = obs.hold if obs.rayjob is None and phase not in TERMINAL_PHASES else None
@@ -412,62 +422,28 @@ def _desired_conditions(obs: Observation, state: _State) -> dict[str, tuple[str,
     starting = phase in ("Initializing", "Running")
     pods = _ray_pods(obs) if starting else None
     problem = pods.problem if pods is not None else None
-    candidates = {
-        READY: ("True" if phase in READY_PHASES else "False", state.reason, state.message),
-        ADMITTED: _admitted(obs, phase),
-        UNSCHEDULABLE: _alarm(current, UNSCHEDULABLE, held_by(HoldKind.UNSCHEDULABLE), "Schedulable"),
-        RAY_PODS_UNAVAILABLE: _alarm(
+    candidates = [
+        Condition(ConditionType.READY, phase in READY_PHASES, state.reason, state.message),
+        _admitted(obs, phase),
+        _alarm(current, ConditionType.UNSCHEDULABLE, held_by(HoldKind.UNSCHEDULABLE), Reason.SCHEDULABLE),
+        _alarm(
             current,
-            RAY_PODS_UNAVAILABLE,
+            ConditionType.RAY_PODS_UNAVAILABLE,
             (problem.reason, problem.message) if problem is not None else None,
-            "RayPodsAvailable" if starting else "NoRayPods",
+            Reason.RAY_PODS_AVAILABLE if starting else Reason.NO_RAY_PODS,
         ),
-        KUBERAY_MISSING: _alarm(current, KUBERAY_MISSING, held_by(HoldKind.KUBERAY_MISSING), "KubeRayInstalled"),
-        BLOCKED: _alarm(current, BLOCKED, held_by(HoldKind.BLOCKED), "Unblocked"),
-        STALLED: _alarm(
+        _alarm(current, ConditionType.KUBERAY_MISSING, held_by(HoldKind.KUBERAY_MISSING), Reason.KUBERAY_INSTALLED),
+        _alarm(current, ConditionType.BLOCKED, held_by(HoldKind.BLOCKED), Reason.UNBLOCKED),
+        _alarm(
             current,
-            STALLED,
+            ConditionType.STALLED,
             _stall(obs, phase) or _failure(state),
-            "Progressing" if phase == "Running" else "NotRunning",
+            Reason.PROGRESSING if phase == "Running" else Reason.NOT_RUNNING,
         ),
-        SUCCEEDED: ("True", state.reason, state.message) if phase == "Succeeded" else None,
-        FAILED: ("True", state.reason, state.message) if phase == "Failed" else None,
-    }
-    return {kind: value for kind, value in candidates.items() if value is not None}
-
-
-def merge_conditions(
-    current: Sequence[Mapping[str, Any]],
-    desired: Mapping[str, tuple[str, str, str]],
-    *,
-    now: dt.datetime,
-    generation: int | None,
-) -> list[dict[str, Any]]:
-    """The condition list: `desired` (type → status, reason, message) in a fixed order.
-
-    A condition keeps its `lastTransitionTime` while its status stays the same;
-    conditions of types this module does not manage are kept as they are.
-    """
-    stamp = rfc3339(now)
-    merged: list[dict[str, Any]] = []
-    for kind in MANAGED_CONDITIONS:
-        if kind not in desired:
-            continue
-        status, reason, message = desired[kind]
-        before = _find(current, kind)
-        since = before.get("lastTransitionTime") if before and before.get("status") == status else None
-        merged.append(
-            Condition(
-                type=kind,
-                status=status,
-                reason=reason,
-                message=message,
-                last_transition_time=since or stamp,
-                observed_generation=generation,
-            ).dump()
-        )
-    merged.extend(dict(c) for c in current if c.get("type") not in MANAGED_CONDITIONS)
-    return merged
+        Condition(ConditionType.SUCCEEDED, True, state.reason, state.message) if phase == "Succeeded" else None,
+        Condition(ConditionType.FAILED, True, state.reason, state.message) if phase == "Failed" else None,
+    ]
+    return [condition for condition in candidates if condition is not None]
 
 
 # ---- status --------------------------------------------------------------------------
@@ -477,7 +453,7 @@ def _restarts(rayjob: Mapping[str, Any] | None, phase: str) -> int:
     """Whole-job retries: KubeRay's failure count, less the final failure."""
     if rayjob is None:
         return 0
-    failed = _count(_rayjob_status(rayjob).get("failed"))
+    failed = count(_rayjob_status(rayjob).get("failed"))
     return max(failed - 1, 0) if phase == "Failed" else failed
 
 
@@ -497,7 +473,7 @@ def compute_status(obs: Observation) -> dict[str, Any]:
     held = ready * obs.spec.resources.gpus_per_worker if state.phase in HOLDING_PHASES and obs.rayjob is not None else 0
     # An ended job is counted up to its end, however late the operator sees it.
     until = min(obs.now, parse_time(completion) or obs.now) if state.phase in TERMINAL_PHASES else obs.now
-    usage = accounting.account(current, held, until, obs.price)
+    usage = account(current, held, until, obs.price)
     status = RocmTrainingJobStatus(
         phase=state.phase,
         conditions=merge_conditions(
@@ -516,11 +492,11 @@ def compute_status(obs: Observation) -> dict[str, Any]:
         gpus=obs.spec.total_gpus,
         start_time=start_time,
         completion_time=completion if state.phase in TERMINAL_PHASES else None,
-        restarts=max(_restarts(obs.rayjob, state.phase), _count(current.get("restarts"))),
-        gpu_seconds=usage["gpuSeconds"],
-        gpus_held=usage["gpusHeld"],
-        accounted_until=usage["accountedUntil"],
-        cost=usage["cost"],
+        restarts=max(_restarts(obs.rayjob, state.phase), count(current.get("restarts"))),
+        gpu_seconds=usage.gpu_seconds,
+        gpus_held=usage.gpus_held,
+        accounted_until=usage.accounted_until,
+        cost=usage.cost,
     )
     if state.phase in TERMINAL_PHASES and obs.rayjob is None:
         # The RayJob is gone after the end (deleted by KubeRay or by hand): keep what was seen.
@@ -536,8 +512,8 @@ def compute_status(obs: Observation) -> dict[str, Any]:
 
 
 # Why the operator refuses a job's spec: `rocmtrain.api.validate`, or the operator's allow-lists.
-INVALID_SPEC = ("InvalidSpec", "invalid spec")
-NOT_ALLOWED = ("NotAllowed", "not allowed by the operator's settings")
+INVALID_SPEC = (Reason.INVALID_SPEC, "invalid spec")
+NOT_ALLOWED = (Reason.NOT_ALLOWED, "not allowed by the operator's settings")
 
 
 def invalid_status(
@@ -551,12 +527,15 @@ def invalid_status(
     """The status of a job whose spec the operator refuses (`why`: reason, prefix): Failed with every error."""
     reason, prefix = why
     message = f"{prefix}: " + "; ".join(errors)
-    refused = (reason, message)
     return RocmTrainingJobStatus(
         phase="Failed",
         conditions=merge_conditions(
             current.get("conditions") or [],
-            {READY: ("False", *refused), STALLED: ("True", *refused), FAILED: ("True", *refused)},
+            [
+                Condition(ConditionType.READY, False, reason, message),
+                Condition(ConditionType.STALLED, True, reason, message),
+                Condition(ConditionType.FAILED, True, reason, message),
+            ],
             now=now,
             generation=generation,
         ),
@@ -570,53 +549,3 @@ def invalid_status(
 def status_patch(current: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     """The JSON merge patch of `status` turning `current` into `new` (owned fields only); {} when equal."""
     return {key: new.get(key) for key in OWNED_FIELDS if current.get(key) != new.get(key)}
-
-
-# ---- events ---------------------------------------------------------------------------
-
-_WARNING_PHASES = frozenset({"Failed"})
-# Condition types whose turning True (or changing reason while True) deserves its own event: (type, event type).
-_NOTABLE = (
-    (UNSCHEDULABLE, "Warning"),
-    (RAY_PODS_UNAVAILABLE, "Warning"),
-    (KUBERAY_MISSING, "Warning"),
-    (BLOCKED, "Warning"),
-    (STALLED, "Warning"),
-    (ADMITTED, "Normal"),
-)
-
-
-def _raised(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]], kind: str) -> bool:
-    """Whether condition `kind` turned True, or is True for another reason than before (a new cause)."""
-    now, before = _find(new, kind) or {}, _find(old, kind) or {}
-    return now.get("status") == "True" and (before.get("status") != "True" or before.get("reason") != now.get("reason"))
-
-
-def _withdrawn(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]], kind: str) -> bool:
-    return (_find(old, kind) or {}).get("status") == "True" and (_find(new, kind) or {}).get("status") == "False"
-
-
-def transition_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
-    """Events explaining the change from status `old` to `new`: phase changes, alarms, admission
-    and its withdrawal (a Kueue eviction, in Kueue's words), restarts."""
-    events: list[Event] = []
-    old_conditions = old.get("conditions") or []
-    new_conditions = new.get("conditions") or []
-    phase = new.get("phase")
-    if phase and phase != old.get("phase"):
-        ready = _find(new_conditions, READY) or {}
-        detail = ready.get("message") or ready.get("reason") or ""
-        message = f"{old.get('phase') or 'New'} → {phase}" + (f": {detail}" if detail else "")
-        events.append(Event("Warning" if phase in _WARNING_PHASES else "Normal", phase, message))
-    for kind, event_type in _NOTABLE:
-        if kind == STALLED and phase == "Failed":
-            continue  # a failure is Stalled too (for kstatus); the phase event tells it
-        if _raised(old_conditions, new_conditions, kind):
-            cond = _find(new_conditions, kind) or {}
-            events.append(Event(event_type, cond.get("reason") or kind, cond.get("message") or kind))
-    if _withdrawn(old_conditions, new_conditions, ADMITTED):
-        cond = _find(new_conditions, ADMITTED) or {}
-        events.append(Event("Warning", cond.get("reason") or "Evicted", cond.get("message") or ADMITTED))
-    if _count(new.get("restarts")) > _count(old.get("restarts")):
-        events.append(Event("Warning", "Retrying", f"whole-job retry {new['restarts']} on a new Ray cluster"))
-    return events

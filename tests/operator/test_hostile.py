@@ -17,6 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from operator_testkit import OPERATOR_NAMESPACE, RAYJOBS, Api, Operator, job_manifest, wait_until
 
 from cluster.kubecluster import KubeCluster, free_port
+from rocmtrain.api.conditions import ConditionType, Reason
 from rocmtrain.progress import tls
 from unit.test_validate import RESERVED_SPELLINGS
 
@@ -50,7 +51,7 @@ def operator(operator_kubeconfig: Path) -> Iterator[Operator]:
 
 def _blocked(api: Api, ns: str, name: str) -> dict:
     return wait_until(
-        lambda: (c := api.condition(ns, name, "Blocked")).get("status") == "True" and c,
+        lambda: (c := api.condition(ns, name, ConditionType.BLOCKED)).get("status") == "True" and c,
         timeout=15,
         what=f"Blocked=True on {name}",
     )
@@ -70,7 +71,7 @@ def test_a_quota_refusing_the_rayjob_shows_its_message(kube: KubeCluster, api: A
     kube.create(quota)
     kube.create(job_manifest("quota", ns))
     blocked = _blocked(api, ns, "quota")
-    assert blocked["reason"] == "RayJobForbidden"
+    assert blocked["reason"] == Reason.RAYJOB_FORBIDDEN
     # Quota admission refuses with "exceeded quota: no-rayjobs", or "status unknown for quota:
     # no-rayjobs" until the controller-manager has counted: the API server's words either way.
     message = blocked["message"]
@@ -78,10 +79,13 @@ def test_a_quota_refusing_the_rayjob_shows_its_message(kube: KubeCluster, api: A
     assert "quota: no-rayjobs" in message
     assert api.phase(ns, "quota") == "Pending" and api.rayjob(ns, "quota") is None
     time.sleep(2.5)  # the job is retried every second meanwhile
-    assert _count(api, ns, "quota", "RayJobForbidden") == 1, "one event, however many retries"
+    assert _count(api, ns, "quota", Reason.RAYJOB_FORBIDDEN) == 1, "one event, however many retries"
     kube.delete(quota)
     wait_until(lambda: api.rayjob(ns, "quota"), timeout=30, interval=0.2, what="the RayJob once the quota is gone")
-    wait_until(lambda: api.condition(ns, "quota", "Blocked").get("reason") == "Unblocked", what="Unblocked")
+    wait_until(
+        lambda: api.condition(ns, "quota", ConditionType.BLOCKED).get("reason") == Reason.UNBLOCKED,
+        what=Reason.UNBLOCKED,
+    )
 
 
 def test_an_admission_policy_refusing_the_rayjob_shows_its_message(kube: KubeCluster, api: Api, ns: str):
@@ -125,8 +129,8 @@ def test_an_admission_policy_refusing_the_rayjob_shows_its_message(kube: KubeClu
         wait_until(enforced, timeout=30, interval=0.2, what="the admission policy in force")
         kube.create(job_manifest("policy", ns))
         blocked = _blocked(api, ns, "policy")
-        assert blocked["reason"] == "RayJobInvalid" and "RayJobs need a team approval here" in blocked["message"]
-        wait_until(lambda: _count(api, ns, "policy", "RayJobInvalid") == 1, what="the RayJobInvalid event")
+        assert blocked["reason"] == Reason.RAYJOB_INVALID and "RayJobs need a team approval here" in blocked["message"]
+        wait_until(lambda: _count(api, ns, "policy", Reason.RAYJOB_INVALID) == 1, what="the RayJobInvalid event")
     finally:
         kube.delete(binding)
         kube.delete(policy)
@@ -163,8 +167,8 @@ def test_every_spelling_of_a_reserved_mount_path_is_refused(kube: KubeCluster, a
         kube.create(job_manifest(name, ns, **spec))  # the API server's schema accepts every one of them
     for name, path in names.items():
         wait_until(lambda name=name: api.phase(ns, name) == "Failed", timeout=15, what=f"{path} refused")
-        ready = api.condition(ns, name, "Ready")
-        assert ready["reason"] == "InvalidSpec" and "spec.volumeMounts[0].mountPath" in ready["message"], path
+        ready = api.condition(ns, name, ConditionType.READY)
+        assert ready["reason"] == Reason.INVALID_SPEC and "spec.volumeMounts[0].mountPath" in ready["message"], path
         assert "reserved" in ready["message"] and api.rayjob(ns, name) is None, path
 
 
@@ -177,8 +181,8 @@ def test_images_and_priority_classes_outside_the_allow_lists_are_refused(kube: K
         ("urgent", "spec.scheduling.priorityClassName: system-cluster-critical is not an allowed"),
     ):
         wait_until(lambda name=name: api.phase(ns, name) == "Failed", timeout=15, what=f"{name} refused")
-        failed = api.condition(ns, name, "Failed")
-        assert failed["reason"] == "NotAllowed" and words in failed["message"], failed
+        failed = api.condition(ns, name, ConditionType.FAILED)
+        assert failed["reason"] == Reason.NOT_ALLOWED and words in failed["message"], failed
         assert api.rayjob(ns, name) is None
         wait_until(lambda name=name: ("Warning", "Failed") in api.events(ns, name), what=f"{name}'s Failed event")
     wait_until(lambda: api.rayjob(ns, "fine"), timeout=10, what="the allowed job's RayJob")  # fmt: skip
@@ -194,7 +198,7 @@ def test_a_ca_configmap_of_someone_else_is_left_alone(kube: KubeCluster, api: Ap
     kube.create(theirs)
     kube.create(job_manifest("ca", ns))
     blocked = _blocked(api, ns, "ca")
-    assert blocked["reason"] == "ProgressCAConflict" and "is not the operator's" in blocked["message"]
+    assert blocked["reason"] == Reason.PROGRESS_CA_CONFLICT and "is not the operator's" in blocked["message"]
     assert api.rayjob(ns, "ca") is None, "no head pod may mount a bundle the operator did not write"
     configmap = kube.request("GET", f"/api/v1/namespaces/{ns}/configmaps/{tls.CA_CONFIGMAP}")
     assert configmap["data"] == theirs["data"] and configmap["metadata"]["labels"] == {"team": "platform"}

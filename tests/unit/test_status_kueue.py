@@ -1,14 +1,14 @@
-"""Kueue's Workload read into an admission verdict (pure: `rocmtrain.kueue_workload`, no cluster).
+"""Kueue's Workload read into an admission verdict (pure: `rocmtrain.status.kueue`, no cluster).
 
 The Workloads are written the way Kueue v0.17 writes them (conditions and messages as
-seen in the world); test_operator_kueue.py shows the same against the real Kueue.
+seen in the world); test_kueue.py shows the same against the real Kueue.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rocmtrain.kueue_workload import Admission, admission, rayjob_owner, workload_view
+from rocmtrain.status.kueue import Admission, admission, rayjob_owner, workload_view
 
 WAITING = (
     "couldn't assign flavors to pod set gpu: insufficient unused quota for amd.com/gpu in flavor mi300x, 8 more needed"

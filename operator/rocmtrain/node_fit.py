@@ -14,10 +14,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rocmtrain.api.conditions import Reason
 from rocmtrain.api.contract import GPU_NODE_LABELS, GPU_RESOURCE
 from rocmtrain.api.models import RocmTrainingJobSpec
 from rocmtrain.api.quantity import parse_quantity
-from rocmtrain.status import Hold, HoldKind
+from rocmtrain.status.phase import Hold, HoldKind
 
 
 @dataclass(frozen=True)
@@ -80,13 +81,13 @@ def check(spec: RocmTrainingJobSpec, nodes: Iterable[NodeInfo]) -> Hold | None:
         models = sorted({n.labels[product] for n in nodes if product in n.labels})
         available = f" (GPU models on the nodes: {', '.join(models)})" if models else ""
         return _unschedulable(
-            "GPUModelUnavailable", f"no node with {GPU_RESOURCE} has {_describe(required)}{available}"
+            Reason.GPU_MODEL_UNAVAILABLE, f"no node with {GPU_RESOURCE} has {_describe(required)}{available}"
         )
     largest = max((n.gpus for n in matching), default=0)
     if largest < per_worker:
         where = "node" if not required else "matching node"
         return _unschedulable(
-            "InsufficientGPUs", f"needs {per_worker} {GPU_RESOURCE} per worker; the largest {where} has {largest}"
+            Reason.INSUFFICIENT_GPUS, f"needs {per_worker} {GPU_RESOURCE} per worker; the largest {where} has {largest}"
         )
     slots = sum(n.gpus // per_worker for n in matching)
     workers = spec.worker_pods
@@ -97,7 +98,7 @@ def check(spec: RocmTrainingJobSpec, nodes: Iterable[NodeInfo]) -> Hold | None:
             else ""
         )
         return _unschedulable(
-            "InsufficientGPUs",
+            Reason.INSUFFICIENT_GPUS,
             f"needs {workers} workers{trials} with {per_worker} {GPU_RESOURCE} each; "
             f"the nodes can hold only {slots} such workers",
         )

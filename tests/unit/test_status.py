@@ -13,8 +13,11 @@ from typing import Any
 
 import pytest
 
+from rocmtrain.api.conditions import ConditionType, Reason
 from rocmtrain.api.models import RocmTrainingJobSpec
-from rocmtrain.status import (
+from rocmtrain.status.conditions import Condition, merge_conditions
+from rocmtrain.status.events import transition_events
+from rocmtrain.status.phase import (
     KUBERAY_NOT_INSTALLED,
     NOT_ALLOWED,
     OWNED_FIELDS,
@@ -24,10 +27,8 @@ from rocmtrain.status import (
     compute_status,
     invalid_status,
     last_rayjob_change,
-    merge_conditions,
     refused_create,
     status_patch,
-    transition_events,
 )
 
 T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
@@ -124,24 +125,27 @@ def test_success_sequence_phases_conditions_and_fields():
         "Succeeded",
     ]
     running, done = statuses[6], statuses[-1]
-    assert conditions(running)["Ready"] == ("True", "Running")
+    assert conditions(running)[ConditionType.READY] == ("True", Reason.RUNNING)
     assert running["workersReady"] == 2 and running["workersDesired"] == 2 and running["gpus"] == 16
     assert running["rayClusterName"] == "job-x7k2p" and running["jobId"] == "job-abc12"
     assert running["dashboardUrl"] == "job-head-svc.ns.svc:8265"
     assert running["startTime"] == "2026-01-02T03:04:05Z" and "completionTime" not in running
-    assert conditions(done)["Succeeded"] == ("True", "Succeeded")
-    assert conditions(done)["Ready"] == ("True", "Succeeded")  # where its spec asks it to be (kstatus: Current)
+    assert conditions(done)[ConditionType.SUCCEEDED] == ("True", Reason.SUCCEEDED)
+    assert conditions(done)[ConditionType.READY] == (
+        "True",
+        Reason.SUCCEEDED,
+    )  # where its spec asks it to be (kstatus: Current)
     assert done["completionTime"] == "2026-01-02T04:00:00Z" and done["restarts"] == 0
     assert statuses[2]["workersReady"] == 0 and statuses[3]["workersReady"] == 1
 
 
 def test_ready_keeps_transition_time_while_running_and_after_success():
     statuses = run(SUCCESS)
-    ready = [next(c for c in s["conditions"] if c["type"] == "Ready") for s in statuses]
+    ready = [next(c for c in s["conditions"] if c["type"] == ConditionType.READY) for s in statuses]
     assert ready[6]["lastTransitionTime"] == "2026-01-02T03:04:11Z"  # turned True at step 6
     assert ready[7]["lastTransitionTime"] == ready[6]["lastTransitionTime"]
     assert ready[8]["lastTransitionTime"] == ready[6]["lastTransitionTime"]  # still True when it succeeds
-    assert ready[8]["reason"] == "Succeeded"
+    assert ready[8]["reason"] == Reason.SUCCEEDED
     assert all(c["observedGeneration"] == 1 for s in statuses for c in s["conditions"])
 
 
@@ -188,11 +192,11 @@ def test_failures_carry_kuberay_reason_and_message(final, reason, message):
     statuses = run([rayjob("Initializing", **RUN), rayjob("Running", "RUNNING", **RUN), final])
     last = statuses[-1]
     assert last["phase"] == "Failed"
-    assert conditions(last)["Failed"] == ("True", reason)
-    assert next(c for c in last["conditions"] if c["type"] == "Failed")["message"] == message
+    assert conditions(last)[ConditionType.FAILED] == ("True", reason)
+    assert next(c for c in last["conditions"] if c["type"] == ConditionType.FAILED)["message"] == message
     assert "completionTime" in last and last["restarts"] == 0
-    assert conditions(last)["Stalled"] == ("True", reason)  # kstatus reads Stalled=True as Failed
-    assert conditions(last)["Ready"] == ("False", reason)
+    assert conditions(last)[ConditionType.STALLED] == ("True", reason)  # kstatus reads Stalled=True as Failed
+    assert conditions(last)[ConditionType.READY] == ("False", reason)
     events = transition_events(statuses[-2], last)
     assert [(e.type, e.reason) for e in events] == [("Warning", "Failed")]  # one event, not one per condition
 
@@ -205,7 +209,7 @@ def test_the_drivers_own_error_comes_first_in_the_failed_condition():
     )
     final = rayjob("Failed", "FAILED", **RUN, reason="AppFailed", message=ray_message, failed=1)
     statuses = run([rayjob("Running", "RUNNING", **RUN), final])
-    failed = next(c for c in statuses[-1]["conditions"] if c["type"] == "Failed")
+    failed = next(c for c in statuses[-1]["conditions"] if c["type"] == ConditionType.FAILED)
     first, _, rest = failed["message"].partition("\n")
     assert first == "/data/train.jsonl: cannot read it as jsonl: JSON parse error"
     assert rest == ray_message, "Ray's own words follow"
@@ -233,7 +237,7 @@ def test_retrying_counts_restarts_and_returns_to_initializing():
         "Succeeded",
     ]
     assert [s["restarts"] for s in statuses] == [0, 1, 1, 1, 1, 1]
-    assert conditions(statuses[1])["Ready"] == ("False", "Retrying")
+    assert conditions(statuses[1])[ConditionType.READY] == ("False", Reason.RETRYING)
     assert [e.reason for e in transition_events(statuses[0], statuses[1])] == ["Initializing", "Retrying"]
 
 
@@ -273,11 +277,11 @@ def test_kueue_queued_then_admitted():
         "Initializing",
         "Running",
     ]
-    admitted = [conditions(s)["Admitted"] for s in statuses]
-    assert admitted[0] == ("False", "Pending")
-    assert admitted[1:5] == [("False", "QueuedByKueue")] * 4
-    assert admitted[5:] == [("True", "Admitted")] * 4
-    assert conditions(statuses[1])["Ready"] == ("False", "QueuedByKueue")
+    admitted = [conditions(s)[ConditionType.ADMITTED] for s in statuses]
+    assert admitted[0] == ("False", Reason.PENDING)
+    assert admitted[1:5] == [("False", Reason.QUEUED_BY_KUEUE)] * 4
+    assert admitted[5:] == [("True", Reason.ADMITTED)] * 4
+    assert conditions(statuses[1])[ConditionType.READY] == ("False", Reason.QUEUED_BY_KUEUE)
     assert ("Normal", "Admitted") in [(e.type, e.reason) for e in transition_events(statuses[4], statuses[5])]
 
 
@@ -292,7 +296,7 @@ def test_kueue_preemption_goes_back_to_queued():
         queued,
     )
     assert [s["phase"] for s in statuses] == ["Running", "Queued", "Queued"]
-    assert conditions(statuses[-1])["Admitted"] == ("False", "QueuedByKueue")
+    assert conditions(statuses[-1])[ConditionType.ADMITTED] == ("False", Reason.QUEUED_BY_KUEUE)
 
 
 def test_user_suspend_and_resume_without_queue():
@@ -318,7 +322,15 @@ def test_user_suspend_and_resume_without_queue():
     assert "Admitted" not in conditions(statuses[0])
     assert "dashboardUrl" not in statuses[3] and "jobId" not in statuses[3]
     # Suspended is what the spec asks for: Ready (kstatus: Current); resuming is not Ready until it runs.
-    assert [conditions(s)["Ready"][0] for s in statuses] == ["True", "True", "True", "True", "False", "False", "False"]
+    assert [conditions(s)[ConditionType.READY][0] for s in statuses] == [
+        "True",
+        "True",
+        "True",
+        "True",
+        "False",
+        "False",
+        "False",
+    ]
 
 
 def test_terminal_phase_is_sticky_even_when_the_rayjob_goes():
@@ -329,7 +341,7 @@ def test_terminal_phase_is_sticky_even_when_the_rayjob_goes():
 
 def test_unknown_deployment_status_is_pending_not_a_crash():
     (status,) = run([rayjob("SomethingNew")])
-    assert status["phase"] == "Pending" and conditions(status)["Ready"] == ("False", "UnknownState")
+    assert status["phase"] == "Pending" and conditions(status)[ConditionType.READY] == ("False", Reason.UNKNOWN_STATE)
 
 
 # ---- holds, stall, invalid -----------------------------------------------------------------
@@ -341,29 +353,34 @@ def observe(current: dict[str, Any] | None = None, rj: dict[str, Any] | None = N
 
 
 def test_unschedulable_hold_then_resolved():
-    hold = Hold(HoldKind.UNSCHEDULABLE, "InsufficientGPUs", "needs 16 amd.com/gpu per worker; the largest node has 8")
+    hold = Hold(
+        HoldKind.UNSCHEDULABLE, Reason.INSUFFICIENT_GPUS, "needs 16 amd.com/gpu per worker; the largest node has 8"
+    )
     held = observe(hold=hold)
     assert held["phase"] == "Pending"
-    assert conditions(held)["Unschedulable"] == ("True", "InsufficientGPUs")
-    assert conditions(held)["Ready"] == ("False", "InsufficientGPUs")
-    assert "KubeRayMissing" not in conditions(held)
+    assert conditions(held)[ConditionType.UNSCHEDULABLE] == ("True", Reason.INSUFFICIENT_GPUS)
+    assert conditions(held)[ConditionType.READY] == ("False", Reason.INSUFFICIENT_GPUS)
+    assert ConditionType.KUBERAY_MISSING not in conditions(held)
     (event,) = [e for e in transition_events({}, held) if e.type == "Warning"]
-    assert event.reason == "InsufficientGPUs" and "largest node has 8" in event.message
+    assert event.reason == Reason.INSUFFICIENT_GPUS and "largest node has 8" in event.message
     created = observe(held, rayjob(None))
-    assert conditions(created)["Unschedulable"] == ("False", "Schedulable")
+    assert conditions(created)[ConditionType.UNSCHEDULABLE] == ("False", Reason.SCHEDULABLE)
 
 
 def test_kuberay_missing_condition():
     missing = observe(hold=KUBERAY_NOT_INSTALLED)
-    assert conditions(missing)["KubeRayMissing"] == ("True", "KubeRayNotInstalled")
-    assert conditions(missing)["Ready"] == ("False", "KubeRayNotInstalled")
-    assert conditions(observe(missing, rayjob(None)))["KubeRayMissing"] == ("False", "KubeRayInstalled")
+    assert conditions(missing)[ConditionType.KUBERAY_MISSING] == ("True", Reason.KUBERAY_NOT_INSTALLED)
+    assert conditions(missing)[ConditionType.READY] == ("False", Reason.KUBERAY_NOT_INSTALLED)
+    assert conditions(observe(missing, rayjob(None)))[ConditionType.KUBERAY_MISSING] == (
+        "False",
+        Reason.KUBERAY_INSTALLED,
+    )
 
 
 def test_a_name_conflict_holds_without_a_condition_of_its_own():
-    conflict = Hold(HoldKind.CONFLICT, "RayJobConflict", "a RayJob named job exists and is not this job's", 5)
+    conflict = Hold(HoldKind.CONFLICT, Reason.RAYJOB_CONFLICT, "a RayJob named job exists and is not this job's", 5)
     held = observe(hold=conflict)
-    assert held["phase"] == "Pending" and conditions(held) == {"Ready": ("False", "RayJobConflict")}
+    assert held["phase"] == "Pending" and conditions(held) == {"Ready": ("False", Reason.RAYJOB_CONFLICT)}
     assert conflict.retry_after(30) == 5 and KUBERAY_NOT_INSTALLED.retry_after(30) == 30
 
 
@@ -372,16 +389,16 @@ def test_a_refused_rayjob_create_shows_the_api_servers_message_once():
     refused = refused_create(403, message)
     held = observe(hold=refused)
     assert held["phase"] == "Pending"
-    assert conditions(held)["Blocked"] == ("True", "RayJobForbidden")
-    blocked = next(c for c in held["conditions"] if c["type"] == "Blocked")
+    assert conditions(held)[ConditionType.BLOCKED] == ("True", Reason.RAYJOB_FORBIDDEN)
+    blocked = next(c for c in held["conditions"] if c["type"] == ConditionType.BLOCKED)
     assert blocked["message"] == f"the API server refused the RayJob: {message}"
-    assert [(e.type, e.reason) for e in transition_events({}, held) if e.reason == "RayJobForbidden"] == [
-        ("Warning", "RayJobForbidden")
+    assert [(e.type, e.reason) for e in transition_events({}, held) if e.reason == Reason.RAYJOB_FORBIDDEN] == [
+        ("Warning", Reason.RAYJOB_FORBIDDEN)
     ]
     again = observe(held, hold=refused)
-    assert not [e for e in transition_events(held, again) if e.reason == "RayJobForbidden"], "one event"
-    assert conditions(observe(again, rayjob(None)))["Blocked"] == ("False", "Unblocked")
-    assert refused_create(422, "x").reason == "RayJobInvalid"
+    assert not [e for e in transition_events(held, again) if e.reason == Reason.RAYJOB_FORBIDDEN], "one event"
+    assert conditions(observe(again, rayjob(None)))[ConditionType.BLOCKED] == ("False", Reason.UNBLOCKED)
+    assert refused_create(422, "x").reason == Reason.RAYJOB_INVALID
     long = refused_create(422, "y" * 5000)
     assert len(long.message) == 1024 and long.message.endswith("…")
 
@@ -389,8 +406,8 @@ def test_a_refused_rayjob_create_shows_the_api_servers_message_once():
 def test_a_job_outside_the_allow_lists_fails_with_every_field():
     problem = "spec.image: x is not from an allowed registry (y)"
     failed = invalid_status({}, [problem], generation=1, now=T0, why=NOT_ALLOWED)
-    assert failed["phase"] == "Failed" and conditions(failed)["Failed"] == ("True", "NotAllowed")
-    ready = next(c for c in failed["conditions"] if c["type"] == "Ready")
+    assert failed["phase"] == "Failed" and conditions(failed)[ConditionType.FAILED] == ("True", Reason.NOT_ALLOWED)
+    ready = next(c for c in failed["conditions"] if c["type"] == ConditionType.READY)
     assert ready["message"] == f"not allowed by the operator's settings: {problem}"
 
 
@@ -407,23 +424,23 @@ def test_stall_from_rayjob_status_age_and_progress_time():
     rj = running_rayjob(T0)
     assert last_rayjob_change(rj) == T0
     fresh = observe(rj=rj, now=T0 + dt.timedelta(seconds=100))
-    assert "Stalled" not in conditions(fresh)
+    assert ConditionType.STALLED not in conditions(fresh)
     stalled = observe(fresh, rj, now=T0 + dt.timedelta(seconds=1000))
-    assert conditions(stalled)["Stalled"] == ("True", "NoProgress")
-    assert ("Warning", "NoProgress") in [(e.type, e.reason) for e in transition_events(fresh, stalled)]
+    assert conditions(stalled)[ConditionType.STALLED] == ("True", Reason.NO_PROGRESS)
+    assert ("Warning", Reason.NO_PROGRESS) in [(e.type, e.reason) for e in transition_events(fresh, stalled)]
     progressed = {**stalled, "lastProgressTime": "2026-01-02T03:20:00Z"}
     recovered = observe(progressed, rj, now=T0 + dt.timedelta(seconds=1000))
-    assert conditions(recovered)["Stalled"] == ("False", "Progressing")
+    assert conditions(recovered)[ConditionType.STALLED] == ("False", Reason.PROGRESSING)
 
 
 def test_invalid_spec_lists_every_field_path():
     errors = ["spec.model.source: must be a location", "spec.resources.workers: too many"]
     status = invalid_status({}, errors, generation=2, now=T0)
     assert status["phase"] == "Failed" and status["observedGeneration"] == 2
-    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-    assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
+    ready = next(c for c in status["conditions"] if c["type"] == ConditionType.READY)
+    assert ready["status"] == "False" and ready["reason"] == Reason.INVALID_SPEC
     assert "spec.model.source" in ready["message"] and "spec.resources.workers" in ready["message"]
-    assert conditions(status)["Stalled"] == ("True", "InvalidSpec")  # kstatus: Failed
+    assert conditions(status)[ConditionType.STALLED] == ("True", Reason.INVALID_SPEC)  # kstatus: Failed
 
 
 def test_merge_conditions_keeps_foreign_conditions_and_transition_times():
@@ -431,10 +448,10 @@ def test_merge_conditions_keeps_foreign_conditions_and_transition_times():
         {"type": "Ready", "status": "False", "reason": "A", "lastTransitionTime": "2020-01-01T00:00:00Z"},
         {"type": "Progressing", "status": "True", "reason": "Reported"},
     ]
-    merged = merge_conditions(before, {"Ready": ("False", "B", "m")}, now=T0, generation=4)
+    merged = merge_conditions(before, [Condition(ConditionType.READY, False, "B", "m")], now=T0, generation=4)
     assert merged[0]["lastTransitionTime"] == "2020-01-01T00:00:00Z" and merged[0]["reason"] == "B"
     assert merged[1] == before[1]
-    flipped = merge_conditions(before, {"Ready": ("True", "Running", "")}, now=T0, generation=4)
+    flipped = merge_conditions(before, [Condition(ConditionType.READY, True, Reason.RUNNING)], now=T0, generation=4)
     assert flipped[0]["lastTransitionTime"] == "2026-01-02T03:04:05Z"
 
 
@@ -451,7 +468,7 @@ def test_status_patch_touches_only_owned_fields_and_clears_vanished_ones():
 
 
 def ray_pod(name: str, *, cluster: str = "job-x7k2p", ready: bool = True, **status: Any) -> dict[str, Any]:
-    """A pod view (`pod_health.pod_view`) of a worker of Ray cluster `cluster`."""
+    """A pod view (`rocmtrain.status.pods.pod_view`) of a worker of Ray cluster `cluster`."""
     return {
         "metadata": {
             "namespace": "ns",
@@ -484,13 +501,15 @@ def test_pods_that_cannot_run_raise_a_condition_with_one_event_per_cause():
         (rayjob("Running", "RUNNING", **RUN, rayClusterStatus=cluster(1)), [ray_pod("w-1"), ray_pod("w-2")]),
     ]
     statuses = run([rj for rj, _ in steps], pods=[pods for _, pods in steps])
-    pods_condition = [next(c for c in s["conditions"] if c["type"] == "RayPodsUnavailable") for s in statuses]
+    pods_condition = [
+        next(c for c in s["conditions"] if c["type"] == ConditionType.RAY_PODS_UNAVAILABLE) for s in statuses
+    ]
     assert [(c["status"], c["reason"]) for c in pods_condition] == [
-        ("True", "Unschedulable"),
-        ("True", "Unschedulable"),
-        ("True", "CrashLoopBackOff"),
-        ("False", "RayPodsAvailable"),
-        ("False", "RayPodsAvailable"),
+        ("True", Reason.UNSCHEDULABLE),
+        ("True", Reason.UNSCHEDULABLE),
+        ("True", Reason.CRASH_LOOP_BACK_OFF),
+        ("False", Reason.RAY_PODS_AVAILABLE),
+        ("False", Reason.RAY_PODS_AVAILABLE),
     ]
     assert pods_condition[0]["message"] == f"pod w-2: {UNSCHEDULED['message']}"
     assert pods_condition[1]["message"] == "pod w-2: 0/5 nodes"  # the scheduler's latest words, no new event
@@ -512,13 +531,13 @@ def test_pods_count_only_while_the_ray_cluster_should_run():
     suspended = rayjob("Suspending", suspend=True, rayClusterName="job-x7k2p")
     stuck = [ray_pod("w-1", ready=False, scheduled=UNSCHEDULED)]
     statuses = run([rayjob("Initializing", **RUN), suspended], spec(suspend=True), pods=[stuck, stuck])
-    assert conditions(statuses[0])["RayPodsUnavailable"] == ("True", "Unschedulable")
+    assert conditions(statuses[0])[ConditionType.RAY_PODS_UNAVAILABLE] == ("True", Reason.UNSCHEDULABLE)
     assert statuses[1]["phase"] == "Suspended"
-    assert conditions(statuses[1])["RayPodsUnavailable"] == ("False", "NoRayPods")
+    assert conditions(statuses[1])[ConditionType.RAY_PODS_UNAVAILABLE] == ("False", Reason.NO_RAY_PODS)
     # Pods of an earlier Ray cluster (before a retry) are not this one's.
     earlier = ray_pod("w-1", cluster="job-old", scheduled=UNSCHEDULED)
     (fresh,) = run([rayjob("Initializing", **RUN)], pods=[[earlier]])
-    assert "RayPodsUnavailable" not in conditions(fresh)
+    assert ConditionType.RAY_PODS_UNAVAILABLE not in conditions(fresh)
 
 
 # ---- Kueue's Workload -------------------------------------------------------------------------
@@ -531,7 +550,7 @@ PREEMPTED = "Preempted to accommodate a workload (UID: 1, JobUID: 2) due to prio
 
 
 def kueue_view(*conds: tuple[str, str, str, str], flavor: str | None = None) -> dict[str, Any]:
-    """A Workload view (`kueue_workload.workload_view`)."""
+    """A Workload view (`rocmtrain.status.kueue.workload_view`)."""
     return {
         "metadata": {
             "namespace": "ns",
@@ -566,13 +585,13 @@ def test_kueue_s_words_while_queued_admitted_preempted_and_readmitted():
     ]
     statuses = run([rj for rj, _ in steps], QUEUED, workloads=[workload for _, workload in steps])
     assert [s["phase"] for s in statuses] == ["Queued", "Initializing", "Running", "Queued", "Initializing"]
-    admitted_condition = [next(c for c in s["conditions"] if c["type"] == "Admitted") for s in statuses]
+    admitted_condition = [next(c for c in s["conditions"] if c["type"] == ConditionType.ADMITTED) for s in statuses]
     assert [(c["status"], c["reason"]) for c in admitted_condition] == [
-        ("False", "QueuedByKueue"),
-        ("True", "Admitted"),
+        ("False", Reason.QUEUED_BY_KUEUE),
+        ("True", Reason.ADMITTED),
         ("False", "Preempted"),
         ("False", "Preempted"),
-        ("True", "Admitted"),
+        ("True", Reason.ADMITTED),
     ]
     assert admitted_condition[0]["message"] == f"waiting in Kueue queue team-a: {WAITING}"
     assert (
@@ -580,11 +599,11 @@ def test_kueue_s_words_while_queued_admitted_preempted_and_readmitted():
         == "admitted by Kueue queue team-a (ClusterQueue team-a, amd.com/gpu flavor mi300x)"
     )
     assert admitted_condition[3]["message"] == f"{PREEMPTED}; waiting in Kueue queue team-a: {WAITING}"
-    assert conditions(statuses[3])["Ready"] == ("False", "Preempted")
+    assert conditions(statuses[3])[ConditionType.READY] == ("False", "Preempted")
     events = [e for old, new in zip([{}, *statuses], statuses, strict=False) for e in transition_events(old, new)]
     preempted = [e for e in events if e.reason == "Preempted"]
     assert [e.type for e in preempted] == ["Warning"] and preempted[0].message.startswith(PREEMPTED)
-    assert [e.reason for e in events if e.reason == "Admitted"] == ["Admitted", "Admitted"]
+    assert [e.reason for e in events if e.reason == Reason.ADMITTED] == ["Admitted", "Admitted"]
 
 
 def test_a_namespace_s_default_queue_set_by_kueue_counts_as_the_job_s_queue():
@@ -592,5 +611,5 @@ def test_a_namespace_s_default_queue_set_by_kueue_counts_as_the_job_s_queue():
     labelled["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "default"}
     (status,) = run([labelled])
     assert status["phase"] == "Queued"
-    assert conditions(status)["Admitted"] == ("False", "QueuedByKueue")
-    assert "queue default" in next(c for c in status["conditions"] if c["type"] == "Admitted")["message"]
+    assert conditions(status)[ConditionType.ADMITTED] == ("False", Reason.QUEUED_BY_KUEUE)
+    assert "queue default" in next(c for c in status["conditions"] if c["type"] == ConditionType.ADMITTED)["message"]

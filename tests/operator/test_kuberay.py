@@ -5,7 +5,7 @@ its submitter Job, its status and reasons. No Ray runs in the world (KubeRay's c
 the Ray dashboard fail), so a RayJob reaches `Running` with no Ray job status: the job
 shows `Initializing` (reason `Submitting`) until the submitter pod ends, which a test
 makes happen through kwok. States that need a running Ray (`SUCCEEDED`, metrics) are
-tested in test_operator_cluster.py with hand-written RayJob status.
+tested in test_cluster.py with hand-written RayJob status.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from operator_testkit import SMALL, WORLD_TIMEOUT, Api, Operator, job_manifest, 
 from cluster import kuberay, kwok
 from cluster.nodes import MI250_LABELS, MI300X_LABELS, PRODUCT_LABEL
 from cluster.world import World
+from rocmtrain.api.conditions import ConditionType, Reason
 
 pytestmark = pytest.mark.cluster
 
@@ -53,7 +54,7 @@ def test_jobs_run_on_the_gpu_nodes_they_ask_for(world: World, world_api: Api, wo
         cluster = raycluster(api, ns, name)
         assert done["rayClusterName"] == cluster["metadata"]["name"]
         assert done["workersReady"] == done["workersDesired"] == workers
-        assert f"({workers}/{workers} workers ready)" in api.condition(ns, name, "Ready")["message"]
+        assert f"({workers}/{workers} workers ready)" in api.condition(ns, name, ConditionType.READY)["message"]
         pods = kuberay.ray_pods(api.kube, ns, cluster["metadata"]["name"], "worker")
         placed[name] = sorted(p["spec"]["nodeName"] for p in pods)
     # spec.resources.gpu became node affinity, which the scheduler followed: one 8-GPU worker per MI300X node.
@@ -122,7 +123,7 @@ def test_job_retries_go_through_kuberay_retrying_on_a_new_ray_cluster(world: Wor
 
     done = api.wait_status(ns, "flaky", "Failed after one retry", seen, timeout=2 * TIMEOUT)
     assert done["restarts"] == 1 and len(clusters) == 2, (done, clusters)
-    failed = api.condition(ns, "flaky", "Failed")
+    failed = api.condition(ns, "flaky", ConditionType.FAILED)
     assert failed["reason"] == "SubmissionFailed" and "BackoffLimitExceeded" in failed["message"], failed
     assert kuberay.rayjob(api.kube, ns, "flaky")["status"]["failed"] == 2  # KubeRay's own count
     # The operator posts a transition's event right after it writes the status.
@@ -140,7 +141,7 @@ def test_active_deadline_fails_the_job_and_a_finished_job_is_not_rerun(world: Wo
     limits = {"activeDeadlineSeconds": 1, "jobRetries": 1}
     api.create_job(ns, "late", timeout=TIMEOUT, resources=SMALL, faultTolerance=limits)
     api.wait_status(ns, "late", "Failed", phase_is("Failed"))
-    failed = api.condition(ns, "late", "Failed")
+    failed = api.condition(ns, "late", ConditionType.FAILED)
     assert failed["reason"] == "DeadlineExceeded", failed
     assert failed["message"].startswith("The RayJob has passed the activeDeadlineSeconds"), failed
     assert api.status(ns, "late")["restarts"] == 0
@@ -168,7 +169,7 @@ def test_kuberay_restarted_mid_flight(world: World, world_api: Api, world_ns: st
         )
         # No KubeRay: the RayJob is not started, and the suspended job still holds its Ray cluster.
         api.wait_status(ns, "later", "Pending", phase_is("Pending"))
-        assert api.condition(ns, "later", "Ready")["reason"] == "RayJobCreated"
+        assert api.condition(ns, "later", ConditionType.READY)["reason"] == Reason.RAYJOB_CREATED
         assert kuberay.raycluster(api.kube, ns, "bert")["metadata"]["name"] == first
     finally:
         world.kuberay.start()
@@ -199,8 +200,8 @@ def test_kuberay_validation_failed_is_the_jobs_failure(world: World, world_api: 
         content_type="application/json-patch+json",
     )
     api.wait_status(ns, "bert", "Failed", phase_is("Failed"))
-    failed = api.condition(ns, "bert", "Failed")
-    assert failed["reason"] == "ValidationFailed", failed
+    failed = api.condition(ns, "bert", ConditionType.FAILED)
+    assert failed["reason"] == Reason.VALIDATION_FAILED, failed
     assert "RAY_REDIS_ADDRESS is set which implicitly enables GCS fault tolerance" in failed["message"], failed
 
 
@@ -233,7 +234,7 @@ def test_operator_restart_converges_on_what_kuberay_did_meanwhile(
         world_operator.start()
     api.wait_status(ns, "a", "submitting", submitting)
     api.wait_status(ns, "b", "Failed", phase_is("Failed"))
-    assert api.condition(ns, "b", "Failed")["reason"] == "SubmissionFailed"
+    assert api.condition(ns, "b", ConditionType.FAILED)["reason"] == "SubmissionFailed"
     api.wait_status(ns, "c", "Suspended", phase_is("Suspended"))
     api.wait_status(ns, "d", "submitting", submitting)
     rayjobs = api.kube.request("GET", f"/apis/ray.io/v1/namespaces/{ns}/rayjobs")["items"]

@@ -22,12 +22,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rocmtrain.api.conditions import Reason
 from rocmtrain.api.contract import JOB_NAME_LABEL, RAY_CLUSTER_LABEL, RAY_NODE_TYPE_LABEL
 
-UNSCHEDULABLE = "Unschedulable"
-IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
-CRASH_LOOP_BACK_OFF = "CrashLoopBackOff"
-CONTAINER_FAILED = "ContainerFailed"
 # The kubelet's waiting reasons of an image that cannot be pulled.
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
 NAMED_PODS = 3  # pods named in a message; the rest are counted
@@ -37,7 +34,7 @@ NAMED_PODS = 3  # pods named in a message; the rest are counted
 class PodProblem:
     """Why some Ray pods cannot run: a reason from the table above and its message."""
 
-    reason: str
+    reason: Reason
     message: str
 
 
@@ -96,9 +93,9 @@ def _pod_problem(view: Mapping[str, Any]) -> PodProblem | None:
     """The first problem of one pod (its message without the pod's name)."""
     scheduled = view.get("scheduled") or {}
     if scheduled.get("status") == "False":
-        return PodProblem(UNSCHEDULABLE, scheduled.get("message") or scheduled.get("reason") or "not scheduled")
+        return PodProblem(Reason.UNSCHEDULABLE, scheduled.get("message") or scheduled.get("reason") or "not scheduled")
     containers = view.get("containers") or []
-    for reason in (IMAGE_PULL_BACK_OFF, CRASH_LOOP_BACK_OFF, CONTAINER_FAILED):
+    for reason in (Reason.IMAGE_PULL_BACK_OFF, Reason.CRASH_LOOP_BACK_OFF, Reason.CONTAINER_FAILED):
         for container in containers:
             message = _container_problem(container, reason)
             if message is not None:
@@ -106,25 +103,25 @@ def _pod_problem(view: Mapping[str, Any]) -> PodProblem | None:
     return None
 
 
-def _container_problem(container: Mapping[str, Any], reason: str) -> str | None:
+def _container_problem(container: Mapping[str, Any], reason: Reason) -> str | None:
     name = container.get("name", "")
     waiting = container.get("waiting") or {}
     waiting_reason = waiting.get("reason", "")
-    if reason == IMAGE_PULL_BACK_OFF and waiting_reason in IMAGE_PULL_REASONS:
+    if reason == Reason.IMAGE_PULL_BACK_OFF and waiting_reason in IMAGE_PULL_REASONS:
         return f"container {name} {waiting_reason}: {waiting.get('message') or 'cannot pull the image'}"
-    if reason == CRASH_LOOP_BACK_OFF and waiting_reason == CRASH_LOOP_BACK_OFF:
+    if reason == Reason.CRASH_LOOP_BACK_OFF and waiting_reason == Reason.CRASH_LOOP_BACK_OFF:
         last = container.get("lastExitCode")
         exit_code = f" (last exit code {last})" if last is not None else ""
         return f"container {name} {waiting_reason}: {waiting.get('message') or 'back-off restarting'}{exit_code}"
     terminated = container.get("terminated") or {}
     code = terminated.get("exitCode")
-    if reason == CONTAINER_FAILED and isinstance(code, int) and code != 0:
+    if reason == Reason.CONTAINER_FAILED and isinstance(code, int) and code != 0:
         detail = ": ".join(part for part in (terminated.get("reason"), terminated.get("message")) if part)
         return f"container {name} exited with code {code}" + (f" ({detail})" if detail else "")
     return None
 
 
-_ORDER = (UNSCHEDULABLE, IMAGE_PULL_BACK_OFF, CRASH_LOOP_BACK_OFF, CONTAINER_FAILED)
+_ORDER = (Reason.UNSCHEDULABLE, Reason.IMAGE_PULL_BACK_OFF, Reason.CRASH_LOOP_BACK_OFF, Reason.CONTAINER_FAILED)
 
 
 def _named(names: Sequence[str]) -> str:

@@ -1,8 +1,8 @@
-"""Ray pod states mapped to why a job's pods cannot run (pure: `rocmtrain.pod_health`, no cluster).
+"""Ray pod states mapped to why a job's pods cannot run (pure: `rocmtrain.status.pods`, no cluster).
 
 The pods are written the way the scheduler and the kubelet write them (messages taken
 from kube-scheduler v1.36 and the kubelet); the world's tests show the same against
-the real scheduler and kwok (test_operator_pods.py).
+the real scheduler and kwok (test_pods.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rocmtrain.pod_health import PodProblem, RayPods, assess, job_key, pod_view
+from rocmtrain.status.pods import PodProblem, RayPods, assess, job_key, pod_view
 
 CLUSTER = "bert-x7k2p"
 SCHEDULER = (

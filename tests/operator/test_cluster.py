@@ -12,7 +12,7 @@ KubeRay v1.5.1 does (`Api.fake_kuberay`), are those whose state needs a running
 Ray, which the world does not have yet: a Ray job SUCCEEDED, FAILED by its
 application or RUNNING (KubeRay reads those from the Ray dashboard). Everything
 KubeRay decides without Ray is tested against the real KubeRay in
-test_operator_kuberay.py, test_operator_pods.py and test_operator_kueue.py.
+test_kuberay.py, test_pods.py and test_kueue.py.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from operator_testkit import RAYJOBS, STALL_SECONDS, Api, Operator, job_manifest, wait_until
 
 from cluster.kubecluster import KUBERAY_CRDS_DIR, KubeCluster
+from rocmtrain.api.conditions import ConditionType, Reason
 from rocmtrain.api.validate import validate_job
 from rocmtrain.render import render_rayjob
 
@@ -116,7 +117,7 @@ SEQUENCES = {
                 "Succeeded",
             ),
         ],
-        {"Ready": ("True", "Succeeded"), "Succeeded": ("True", "Succeeded")},
+        {"Ready": ("True", Reason.SUCCEEDED), "Succeeded": ("True", Reason.SUCCEEDED)},
         ["Pending", "Initializing", "Running", "Succeeded"],
     ),
     "app-failed": (
@@ -161,13 +162,13 @@ def test_status_follows_kuberay_within_two_seconds(kube: KubeCluster, api: Api, 
 
 def test_queued_job_without_kueue_installed_waits_queued(kube: KubeCluster, api: Api, ns: str):
     """No Kueue here (its CRDs are not installed): the operator's Workload watch waits, nothing breaks,
-    and the job says it waits for Kueue. Kueue itself admits jobs in test_operator_kueue.py."""
+    and the job says it waits for Kueue. Kueue itself admits jobs in test_kueue.py."""
     rayjob = api.create_job(ns, "queued", scheduling={"queueName": "team-a"})
     assert rayjob["spec"]["suspend"] is True
     assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
     wait_until(lambda: api.phase(ns, "queued") == "Queued", what="Queued")
-    admitted = api.condition(ns, "queued", "Admitted")
-    assert (admitted["status"], admitted["reason"]) == ("False", "QueuedByKueue")
+    admitted = api.condition(ns, "queued", ConditionType.ADMITTED)
+    assert (admitted["status"], admitted["reason"]) == ("False", Reason.QUEUED_BY_KUEUE)
     assert admitted["message"] == "waiting for Kueue to admit the workload (queue team-a)"
 
 
@@ -206,8 +207,8 @@ def test_api_server_refuses_invalid_specs_with_field_paths(kube: KubeCluster, ap
 def test_spec_the_crd_accepts_but_the_operator_refuses(kube: KubeCluster, api: Api, ns: str):
     kube.create(job_manifest("local", ns, data={"train": {"uri": "./data/train.jsonl"}}))
     wait_until(lambda: api.phase(ns, "local") == "Failed", what="phase Failed")
-    ready = api.condition(ns, "local", "Ready")
-    assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
+    ready = api.condition(ns, "local", ConditionType.READY)
+    assert ready["status"] == "False" and ready["reason"] == Reason.INVALID_SPEC
     assert "spec.data.train.uri" in ready["message"]
     wait_until(lambda: ("Warning", "Failed") in api.events(ns, "local"), what="the Failed event")
     version = api.job(ns, "local")["metadata"]["resourceVersion"]
@@ -221,19 +222,24 @@ def test_spec_the_crd_accepts_but_the_operator_refuses(kube: KubeCluster, api: A
 
 def test_unschedulable_job_waits_for_nodes(kube: KubeCluster, api: Api, ns: str):
     kube.create(job_manifest("big", ns, resources={"workers": 3, "gpusPerWorker": 8}))
-    wait_until(lambda: api.condition(ns, "big", "Unschedulable").get("status") == "True", what="Unschedulable")
-    message = api.condition(ns, "big", "Unschedulable")["message"]
+    wait_until(
+        lambda: api.condition(ns, "big", ConditionType.UNSCHEDULABLE).get("status") == "True", what="Unschedulable"
+    )
+    message = api.condition(ns, "big", ConditionType.UNSCHEDULABLE)["message"]
     assert message == "needs 3 workers with 8 amd.com/gpu each; the nodes can hold only 2 such workers"
     assert api.phase(ns, "big") == "Pending" and api.rayjob(ns, "big") is None
     kube.create(job_manifest("mi250", ns, resources={"gpu": {"productName": "AMD_Instinct_MI250X"}}))
     wait_until(
-        lambda: api.condition(ns, "mi250", "Unschedulable").get("reason") == "GPUModelUnavailable",
-        what="GPUModelUnavailable",
+        lambda: api.condition(ns, "mi250", ConditionType.UNSCHEDULABLE).get("reason") == Reason.GPU_MODEL_UNAVAILABLE,
+        what=Reason.GPU_MODEL_UNAVAILABLE,
     )
     nodes = kube.register_fake_nodes(count=len(kube.fake_nodes) + 1)
     try:
         wait_until(lambda: api.rayjob(ns, "big"), timeout=5, what="the RayJob once a third node joined")
-        wait_until(lambda: api.condition(ns, "big", "Unschedulable").get("status") == "False", what="Schedulable")
+        wait_until(
+            lambda: api.condition(ns, "big", ConditionType.UNSCHEDULABLE).get("status") == "False",
+            what=Reason.SCHEDULABLE,
+        )
     finally:
         kube.delete({"apiVersion": "v1", "kind": "Node", "metadata": {"name": nodes[-1]}})
         kube.fake_nodes = nodes[:-1]
@@ -260,12 +266,17 @@ def test_running_job_without_progress_is_stalled(kube: KubeCluster, api: Api, ns
     api.fake_kuberay(ns, "slow", {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"})
     wait_until(lambda: api.phase(ns, "slow") == "Running", what="Running")
     stalled = wait_until(
-        lambda: api.condition(ns, "slow", "Stalled").get("status") == "True" and api.condition(ns, "slow", "Stalled"),
+        lambda: (
+            api.condition(ns, "slow", ConditionType.STALLED).get("status") == "True"
+            and api.condition(ns, "slow", ConditionType.STALLED)
+        ),
         timeout=STALL_SECONDS + 4,
         what="Stalled=True",
     )
-    assert stalled["reason"] == "NoProgress"
-    wait_until(lambda: ("Warning", "NoProgress") in api.events(ns, "slow"), timeout=2, what="the NoProgress event")
+    assert stalled["reason"] == Reason.NO_PROGRESS
+    wait_until(
+        lambda: ("Warning", Reason.NO_PROGRESS) in api.events(ns, "slow"), timeout=2, what="the NoProgress event"
+    )
     # The progress endpoint (issue 6) records reports as status.lastProgressTime.
     kube.request(
         "PATCH",
@@ -273,7 +284,11 @@ def test_running_job_without_progress_is_stalled(kube: KubeCluster, api: Api, ns
         body={"status": {"lastProgressTime": _now()}},
         content_type="application/merge-patch+json",
     )
-    wait_until(lambda: api.condition(ns, "slow", "Stalled").get("status") == "False", timeout=3, what="Stalled=False")
+    wait_until(
+        lambda: api.condition(ns, "slow", ConditionType.STALLED).get("status") == "False",
+        timeout=3,
+        what="Stalled=False",
+    )
 
 
 # ---- KubeRay missing (removes and reinstalls KubeRay's RayJob CRD, before the tests with many jobs) --
@@ -290,18 +305,18 @@ def test_kuberay_missing_waits_then_recovers(kube: KubeCluster, api: Api, ns: st
         kube.create(job_manifest("early", ns))
         for name in ("early", "before"):
             wait_until(
-                lambda name=name: api.condition(ns, name, "KubeRayMissing").get("status") == "True",
+                lambda name=name: api.condition(ns, name, ConditionType.KUBERAY_MISSING).get("status") == "True",
                 timeout=5,
                 what=f"KubeRayMissing=True on {name}",
             )
-            assert api.condition(ns, name, "Ready")["reason"] == "KubeRayNotInstalled"
+            assert api.condition(ns, name, ConditionType.READY)["reason"] == Reason.KUBERAY_NOT_INSTALLED
             assert api.phase(ns, name) == "Pending"
     finally:
         kube.install_crds([KUBERAY_CRDS_DIR / "ray.io_rayjobs.yaml"])
     for name in ("early", "before"):
         wait_until(lambda name=name: api.rayjob(ns, name), timeout=20, interval=0.2, what=f"{name}'s RayJob back")
         wait_until(
-            lambda name=name: api.condition(ns, name, "KubeRayMissing").get("status") == "False",
+            lambda name=name: api.condition(ns, name, ConditionType.KUBERAY_MISSING).get("status") == "False",
             what=f"KubeRayInstalled on {name}",
         )
 

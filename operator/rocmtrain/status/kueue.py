@@ -15,7 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rocmtrain.api.conditions import Reason
 from rocmtrain.api.contract import GPU_RESOURCE, RAYJOB_API_VERSION, RAYJOB_KIND
+from rocmtrain.api.kueue import WorkloadCondition
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ def workload_view(workload: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _condition(view: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+def _condition(view: Mapping[str, Any], kind: WorkloadCondition) -> Mapping[str, Any]:
     return next((c for c in view.get("conditions") or [] if c.get("type") == kind), {})
 
 
@@ -74,13 +76,13 @@ def _flavors(view: Mapping[str, Any]) -> tuple[str, ...]:
 
 def admission(view: Mapping[str, Any]) -> Admission:
     """Kueue's verdict on the Workload `view` (a `workload_view`)."""
-    evicted = _condition(view, "Evicted")
+    evicted = _condition(view, WorkloadCondition.EVICTED)
     eviction = None
     if evicted.get("status") == "True":
-        eviction = (evicted.get("reason") or "Evicted", evicted.get("message") or "")
+        eviction = (evicted.get("reason") or Reason.EVICTED, evicted.get("message") or "")
     # Kueue marks the eviction before it withdraws the admission: an evicted Workload is not admitted.
-    admitted = _condition(view, "Admitted").get("status") == "True" and eviction is None
-    reserved = _condition(view, "QuotaReserved")
+    admitted = _condition(view, WorkloadCondition.ADMITTED).get("status") == "True" and eviction is None
+    reserved = _condition(view, WorkloadCondition.QUOTA_RESERVED)
     return Admission(
         admitted=admitted,
         cluster_queue=view.get("clusterQueue") if admitted else None,

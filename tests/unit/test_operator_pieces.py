@@ -9,7 +9,7 @@ import pytest
 from kubernetes_asyncio import client
 from prometheus_client import generate_latest
 
-from rocmtrain import metrics
+from rocmtrain import prometheus
 from rocmtrain.api.contract import JOB_NAME_LABEL, RAY_CLUSTER_LABEL
 from rocmtrain.api.models import MUTABLE_FIELDS, RocmTrainingJob
 from rocmtrain.controller.informer import Informer
@@ -17,10 +17,17 @@ from rocmtrain.controller.pod_watch import PodWatch
 from rocmtrain.controller.rayjob_watch import RayJobWatch
 from rocmtrain.controller.settings import ConfigError, OperatorConfig
 from rocmtrain.kube import TimedApiClient
-from rocmtrain.objects import controller_ref, is_jobs_rayjob, job_view, mutable_patch, rayjob_view, requested_gpus
-from rocmtrain.pod_health import pod_view
 from rocmtrain.policy import Policy
 from rocmtrain.render.rayjob import MUTABLE_RAYJOB_DEFAULTS, mutable_rayjob_fields
+from rocmtrain.status.objects import (
+    controller_ref,
+    is_jobs_rayjob,
+    job_view,
+    mutable_patch,
+    rayjob_view,
+    requested_gpus,
+)
+from rocmtrain.status.pods import pod_view
 from unit.samples import full_job
 
 
@@ -157,11 +164,11 @@ def _view(name: str, phase: str | None, gpus: int) -> dict:
 
 def test_jobs_collector_counts_phases_and_gpus_of_unfinished_jobs():
     views = [_view("a", "Running", 16), _view("b", "Running", 8), _view("c", "Succeeded", 8), _view("d", None, 4)]
-    metrics.JOBS.source = lambda: views
+    prometheus.JOBS.source = lambda: views
     try:
-        text = generate_latest(metrics.REGISTRY).decode()
+        text = generate_latest(prometheus.REGISTRY).decode()
     finally:
-        metrics.JOBS.source = tuple
+        prometheus.JOBS.source = tuple
     assert 'rocmtrain_jobs{phase="Running"} 2.0' in text
     assert 'rocmtrain_jobs{phase="Succeeded"} 1.0' in text
     assert 'rocmtrain_jobs{phase="Unknown"} 1.0' in text
@@ -177,12 +184,12 @@ def test_observe_counts_unexpected_errors_only():
         pass
 
     def errors() -> float:
-        return metrics.REGISTRY.get_sample_value("rocmtrain_reconcile_errors_total", {"handler": "unit"}) or 0.0
+        return prometheus.REGISTRY.get_sample_value("rocmtrain_reconcile_errors_total", {"handler": "unit"}) or 0.0
 
     before = errors()
-    with pytest.raises(Waiting), metrics.observe("unit", expected=(Waiting,)):
+    with pytest.raises(Waiting), prometheus.observe("unit", expected=(Waiting,)):
         raise Waiting
-    with pytest.raises(RuntimeError), metrics.observe("unit", expected=(Waiting,)):
+    with pytest.raises(RuntimeError), prometheus.observe("unit", expected=(Waiting,)):
         raise RuntimeError
     assert errors() == before + 1
 

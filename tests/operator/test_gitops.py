@@ -1,8 +1,8 @@
 """GitOps health of real jobs: each situation a job can be in, produced by the operator on the control plane
-(KubeRay's status writes faked as in test_operator_cluster; no Kueue installed, as there), then judged by
+(KubeRay's status writes faked as in test_cluster; no Kueue installed, as there), then judged by
 Argo CD's Lua health check and by Flux's kstatus (see tests/gitops/health.py).
 
-`ROCMTRAIN_RECORD_STATUSES=tests/gitops/recorded pytest tests/operator/test_operator_gitops.py` writes
+`ROCMTRAIN_RECORD_STATUSES=tests/gitops/recorded pytest tests/operator/test_gitops.py` writes
 the objects as the recorded fixtures that tests/gitops checks without a cluster.
 """
 
@@ -18,6 +18,7 @@ from operator_testkit import JOBS, STALL_SECONDS, Api, Operator, job_manifest, w
 
 from cluster.kubecluster import KubeCluster
 from gitops.health import CASES, argocd_health, kstatus, record
+from rocmtrain.api.conditions import ConditionType
 
 pytestmark = pytest.mark.cluster
 
@@ -81,7 +82,7 @@ def produce_cases(kube: KubeCluster, api: Api, ns: str, operator: Operator) -> d
     _started(kube, api, ns, "stalled")
     api.fake_kuberay(ns, "stalled", RUNNING)
     jobs["stalled"] = wait_until(
-        lambda: api.condition(ns, "stalled", "Stalled").get("status") == "True" and api.job(ns, "stalled"),
+        lambda: api.condition(ns, "stalled", ConditionType.STALLED).get("status") == "True" and api.job(ns, "stalled"),
         timeout=STALL_SECONDS + 5,
         what="stalled Stalled=True",
     )
@@ -108,7 +109,8 @@ def produce_cases(kube: KubeCluster, api: Api, ns: str, operator: Operator) -> d
     kube.create(job_manifest("unschedulable", ns, resources={"workers": 1, "gpusPerWorker": 16}))
     jobs["unschedulable"] = wait_until(
         lambda: (
-            api.condition(ns, "unschedulable", "Unschedulable").get("status") == "True" and api.job(ns, "unschedulable")
+            api.condition(ns, "unschedulable", ConditionType.UNSCHEDULABLE).get("status") == "True"
+            and api.job(ns, "unschedulable")
         ),
         what="Unschedulable=True",
     )

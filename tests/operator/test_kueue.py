@@ -30,6 +30,7 @@ from operator_testkit import (
 from cluster import kuberay, kueue, kwok
 from cluster.nodes import MI250_LABELS, PRODUCT_LABEL
 from cluster.world import Scope, World
+from rocmtrain.api.conditions import ConditionType, Reason
 from rocmtrain.api.quantity import parse_quantity
 
 pytestmark = pytest.mark.cluster
@@ -166,12 +167,12 @@ def test_jobs_beyond_the_quota_wait_with_kueues_reason_and_start_as_others_finis
         expected = f"waiting in Kueue queue team-a: {reserved}"
         for kind in ("Admitted", "Ready"):
             wait_until(lambda k=kind: api.condition(ns, waiting, k).get("message") == expected, what=f"{kind} message")
-            assert api.condition(ns, waiting, kind)["reason"] == "QueuedByKueue"
+            assert api.condition(ns, waiting, kind)["reason"] == Reason.QUEUED_BY_KUEUE
         assert api.rayjob(ns, waiting)["spec"]["suspend"] is True
 
         finish(api, ns, started[0])
         api.wait_status(ns, waiting, "admitted and started as the other finished", submitting)
-        admitted = api.condition(ns, waiting, "Admitted")
+        admitted = api.condition(ns, waiting, ConditionType.ADMITTED)
         assert admitted["status"] == "True"
         assert admitted["message"] == f"admitted by Kueue queue team-a (ClusterQueue team-a, {GPU} flavor mi300x)"
         assert ("Normal", "Admitted") in api.events(ns, waiting)
@@ -197,7 +198,7 @@ def test_a_job_that_asks_for_a_gpu_model_gets_that_flavor(
     expected = {"mi250": ("mi250", {"gpu-mi250-0"}), "any": ("mi300x", {"gpu-mi300x-0", "gpu-mi300x-1"})}
     for name, (flavor, nodes) in expected.items():
         started = api.wait_status(ns, name, "admitted and started", submitting)
-        assert api.condition(ns, name, "Admitted")["message"].endswith(f"{GPU} flavor {flavor})")
+        assert api.condition(ns, name, ConditionType.ADMITTED)["message"].endswith(f"{GPU} flavor {flavor})")
         assignments = workload(api, ns, name)["status"]["admission"]["podSetAssignments"]
         assert [a["flavors"][GPU] for a in assignments if GPU in a["flavors"]] == [flavor]
         (pod,) = kuberay.ray_pods(api.kube, ns, started["rayClusterName"], "worker")
@@ -244,7 +245,7 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_later(
     finish(api, ns, "high")
     again = api.wait_status(ns, "low", "readmitted and started", submitting)
     assert again["rayClusterName"] != first
-    assert api.condition(ns, "low", "Admitted")["status"] == "True"
+    assert api.condition(ns, "low", ConditionType.ADMITTED)["status"] == "True"
     (head,) = kuberay.ray_pods(api.kube, ns, again["rayClusterName"], "head")
     env = {e["name"]: e.get("value") for e in head["spec"]["containers"][0]["env"]}
     # The driver of the new Ray cluster reads the same checkpoint settings: it resumes from storagePath.
@@ -271,7 +272,7 @@ def test_kueue_queues_jobs_of_a_namespace_with_a_default_local_queue(
     rayjob = api.rayjob(ns, "next")
     assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "default"
     wait_until(
-        lambda: "insufficient unused quota" in api.condition(ns, "next", "Admitted")["message"],
+        lambda: "insufficient unused quota" in api.condition(ns, "next", ConditionType.ADMITTED)["message"],
         timeout=WORLD_TIMEOUT,
         what="Kueue's reason in the Admitted condition",
     )

@@ -21,6 +21,7 @@ from operator_testkit import RAYJOBS, Api, job_manifest, wait_until
 from cluster.kubecluster import KubeCluster
 from faults.operator_process import OperatorProcess
 from faults.proxy import Fault, FaultProxy
+from rocmtrain.api.conditions import ConditionType
 from rocmtrain.api.contract import JOB_NAME_LABEL, MANAGED_LABELS, RAY_CLUSTER_LABEL, RAY_NODE_TYPE_LABEL
 from rocmtrain.controller.reconciler import ACTIVE_RECONCILES
 
@@ -166,11 +167,11 @@ def test_a_status_write_that_failed_for_a_pod_change_is_retried(kube: KubeCluste
     )
     wait_until(lambda: proxy.requests("PATCH", "/unplaced/status", since=start), timeout=10, what="the failing write")
     time.sleep(3)  # longer than the quick retries of one write (0.1 + 0.5 + 1 s)
-    assert api.condition(ns, "unplaced", "RayPodsUnavailable") == {}, "the fault holds the write"
+    assert api.condition(ns, "unplaced", ConditionType.RAY_PODS_UNAVAILABLE) == {}, "the fault holds the write"
     proxy.fault = lambda m, p: None
     # No pod or RayJob event comes again: only the pod watch's own retry can bring the status in line.
     wait_until(
-        lambda: api.condition(ns, "unplaced", "RayPodsUnavailable").get("reason") == "Unschedulable",
+        lambda: api.condition(ns, "unplaced", ConditionType.RAY_PODS_UNAVAILABLE).get("reason") == "Unschedulable",
         timeout=40,
         interval=0.2,
         what="RayPodsUnavailable after the fault",

@@ -65,6 +65,25 @@ class Pricing:
         return Price(per_hour, self.currency) if per_hour is not None else None
 
 
+@dataclass(frozen=True)
+class Usage:
+    """The accounting status fields after one observation (see the module's docstring)."""
+
+    gpu_seconds: float
+    gpus_held: int
+    accounted_until: str | None
+    cost: dict[str, Any] | None  # wire form: amount and currency
+
+    def fields(self) -> dict[str, Any]:
+        """The status fields (wire form)."""
+        return {
+            "gpuSeconds": self.gpu_seconds,
+            "gpusHeld": self.gpus_held,
+            "accountedUntil": self.accounted_until,
+            "cost": self.cost,
+        }
+
+
 def parse_currency(text: str) -> str:
     """An ISO 4217 currency code (USD when empty); ValueError otherwise."""
     currency = text.strip() or DEFAULT_CURRENCY
@@ -132,8 +151,8 @@ def account(
     price: Price | None = None,
     *,
     flush_after: float = FLUSH_SECONDS,
-) -> dict[str, Any]:
-    """The accounting status fields (wire form) after observing `held` GPUs at `now`.
+) -> Usage:
+    """The accounting status fields after observing `held` GPUs at `now`.
 
     `current` is the job's status as last written. The fields come back unchanged
     (so no status write follows) until the held count changes, `flush_after` seconds
@@ -143,23 +162,18 @@ def account(
     before = _seconds(current.get("gpuSeconds"))
     since = parse_time(current.get("accountedUntil"))
     previous_held = _held(current.get("gpusHeld"))
-    unchanged = {
-        "gpuSeconds": before,
-        "gpusHeld": previous_held,
-        "accountedUntil": current.get("accountedUntil"),
-        "cost": _cost(current, before, 0.0, price),
-    }
+    unchanged = Usage(before, previous_held, current.get("accountedUntil"), _cost(current, before, 0.0, price))
     if since is not None:
         elapsed = max(0.0, (now - since).total_seconds())
         due = previous_held > 0 and elapsed >= flush_after
-        if held == previous_held and not due and unchanged["cost"] == current.get("cost"):
+        if held == previous_held and not due and unchanged.cost == current.get("cost"):
             return unchanged
         added = previous_held * elapsed
     else:
         added = 0.0
-    return {
-        "gpuSeconds": round(before + added, 3),
-        "gpusHeld": held,
-        "accountedUntil": rfc3339(now) if since is None or now > since else current.get("accountedUntil"),
-        "cost": _cost(current, before, added, price),
-    }
+    return Usage(
+        gpu_seconds=round(before + added, 3),
+        gpus_held=held,
+        accounted_until=rfc3339(now) if since is None or now > since else current.get("accountedUntil"),
+        cost=_cost(current, before, added, price),
+    )

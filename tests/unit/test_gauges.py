@@ -1,11 +1,12 @@
-"""Per-job metric values (`rocmtrain.job_gauges`): what each gauge reads, the cardinality bound, queue wait; pure."""
+"""Per-job metric values (`rocmtrain.status.gauges`): what each gauge reads, the cardinality bound, queue wait; pure."""
 
 from __future__ import annotations
 
 import datetime as dt
 from typing import Any
 
-from rocmtrain.job_gauges import JOB_GAUGES, job_samples, queue_wait, waiting_since
+from rocmtrain.api.conditions import ConditionType, Reason
+from rocmtrain.status.gauges import JOB_GAUGES, job_samples, queue_wait, waiting_since
 
 NOW = dt.datetime(2026, 1, 2, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -38,7 +39,7 @@ RUNNING = view(
     gpuSeconds=1000.0,
     accountedUntil="2026-01-02T11:59:00Z",
     cost={"amount": 1.5, "currency": "EUR"},
-    conditions=[{"type": "Stalled", "status": "True", "reason": "NoProgress"}],
+    conditions=[{"type": ConditionType.STALLED, "status": "True", "reason": Reason.NO_PROGRESS}],
 )
 
 

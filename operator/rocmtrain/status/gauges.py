@@ -1,4 +1,4 @@
-"""Per-job metric values from the jobs the operator indexes (pure; `rocmtrain.metrics` serves them).
+"""Per-job metric values from the jobs the operator indexes (pure; `rocmtrain.prometheus` serves them).
 
 Every gauge is labelled `namespace` and `job_name` and read from the job's
 status at scrape time, so a deleted job's series go with it. Cardinality is bounded:
@@ -14,12 +14,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rocmtrain.accounting import gpu_seconds_at
+from rocmtrain.api.conditions import ConditionType
 from rocmtrain.api.timestamps import parse_time
-from rocmtrain.objects import requested_gpus
-from rocmtrain.status import READY, STALLED, TERMINAL_PHASES
+from rocmtrain.status.accounting import gpu_seconds_at
+from rocmtrain.status.conditions import find
+from rocmtrain.status.objects import requested_gpus
+from rocmtrain.status.phase import TERMINAL_PHASES
 
-Job = Mapping[str, Any]  # a job view (`rocmtrain.objects.job_view`)
+Job = Mapping[str, Any]  # a job view (`rocmtrain.status.objects.job_view`)
 WAITING_PHASES = frozenset({"Pending", "Queued"})
 STARTED_PHASES = frozenset({"Initializing", "Running"})
 
@@ -28,8 +30,8 @@ def _number(value: object, scale: float = 1.0) -> float | None:
     return float(value) * scale if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _condition(job: Job, kind: str) -> Mapping[str, Any]:
-    return next((c for c in job["status"].get("conditions") or [] if c.get("type") == kind), {})
+def _condition(job: Job, kind: ConditionType) -> Mapping[str, Any]:
+    return find(job["status"].get("conditions") or [], kind) or {}
 
 
 def _since(moment: object) -> float | None:
@@ -41,13 +43,13 @@ def waiting_since(job: Job) -> float | None:
     """When a Pending or Queued job began to wait (its Ready condition turned False), as a Unix time."""
     if job["status"].get("phase") not in WAITING_PHASES:
         return None
-    return _since(_condition(job, READY).get("lastTransitionTime"))
+    return _since(_condition(job, ConditionType.READY).get("lastTransitionTime"))
 
 
 def _stalled(job: Job) -> float | None:
     if job["status"].get("phase") != "Running":
         return None
-    return 1.0 if _condition(job, STALLED).get("status") == "True" else 0.0
+    return 1.0 if _condition(job, ConditionType.STALLED).get("status") == "True" else 0.0
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,6 @@ def queue_wait(old: Mapping[str, Any], new: Mapping[str, Any], now: dt.datetime)
     """Seconds a job waited (Pending or Queued) before it started, when `old` → `new` is that start."""
     if old.get("phase") not in WAITING_PHASES or new.get("phase") not in STARTED_PHASES:
         return None
-    ready: Mapping[str, Any] = next((c for c in old.get("conditions") or [] if c.get("type") == READY), {})
+    ready = find(old.get("conditions") or [], ConditionType.READY) or {}
     since = parse_time(ready.get("lastTransitionTime"))
     return max(0.0, (now - since).total_seconds()) if since is not None else None

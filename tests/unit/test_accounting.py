@@ -1,4 +1,4 @@
-"""GPU-seconds and cost (`rocmtrain.accounting`), alone and inside the status mapping; pure."""
+"""GPU-seconds and cost (`rocmtrain.status.accounting`), alone and inside the status mapping; pure."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import datetime as dt
 from typing import Any
 
 import pytest
-from test_operator_status import RUN, T0, cluster, rayjob, spec
 
-from rocmtrain.accounting import FLUSH_SECONDS, Price, Pricing, account, gpu_seconds_at, parse_pricing
-from rocmtrain.status import Observation, compute_status, status_patch
+from rocmtrain.status.accounting import FLUSH_SECONDS, Price, Pricing, account, gpu_seconds_at, parse_pricing
+from rocmtrain.status.phase import Observation, compute_status, status_patch
+from unit.test_status import RUN, T0, cluster, rayjob, spec
 
 
 def at(seconds: float) -> dt.datetime:
@@ -64,7 +64,7 @@ def observe(steps: list[tuple[float, int]], price: Price | None = None, **kwargs
     current: dict[str, Any] = {}
     out = []
     for seconds, held in steps:
-        current = {**current, **account(current, held, at(seconds), price, **kwargs)}
+        current = {**current, **account(current, held, at(seconds), price, **kwargs).fields()}
         out.append(current)
     return out
 
@@ -90,15 +90,15 @@ def test_a_change_counts_the_interval_at_the_previous_rate():
 def test_an_operator_restart_counts_the_gap_once():
     written = observe([(0, 16), (120, 16)])[-1]  # as persisted in status
     after_restart = account(written, 16, at(1000))
-    assert after_restart["gpuSeconds"] == 16 * 1000
-    again = account(after_restart, 16, at(1000))
+    assert after_restart.gpu_seconds == 16 * 1000
+    again = account(after_restart.fields(), 16, at(1000))
     assert again == after_restart  # the same moment observed twice adds nothing
 
 
 def test_fractions_of_a_second_are_counted_once():
     current: dict[str, Any] = {}
     for seconds in (0.4, 0.9, 10.7, 20.2):
-        current = {**current, **account(current, 1, at(seconds), flush_after=5)}
+        current = {**current, **account(current, 1, at(seconds), flush_after=5).fields()}
     assert current["gpuSeconds"] == 20 and current["accountedUntil"] == stamp(20)
 
 
@@ -113,7 +113,7 @@ def test_cost_follows_the_seconds_and_keeps_old_prices():
     cheap, dear = Price(3.6, "USD"), Price(7.2, "USD")
     current = observe([(0, 10), (100, 10)], cheap, flush_after=50)[-1]
     assert current["cost"] == {"amount": 1.0, "currency": "USD"}  # 1000 GPU-s at 3.6 per GPU-hour
-    current = {**current, **account(current, 10, at(200), dear, flush_after=50)}
+    current = {**current, **account(current, 10, at(200), dear, flush_after=50).fields()}
     assert current["cost"] == {"amount": 3.0, "currency": "USD"}  # the new price applies from now on
 
 
@@ -121,8 +121,11 @@ def test_a_price_set_later_or_in_another_currency_prices_every_second():
     current = observe([(0, 10), (360, 0)])[-1]
     assert current["gpuSeconds"] == 3600 and current["cost"] is None
     priced = account(current, 0, at(400), Price(2.0, "EUR"))
-    assert priced["cost"] == {"amount": 2.0, "currency": "EUR"}
-    assert account({**current, **priced}, 0, at(500), Price(3.0, "USD"))["cost"] == {"amount": 3.0, "currency": "USD"}
+    assert priced.cost == {"amount": 2.0, "currency": "EUR"}
+    assert account({**current, **priced.fields()}, 0, at(500), Price(3.0, "USD")).cost == {
+        "amount": 3.0,
+        "currency": "USD",
+    }
 
 
 # ---- inside the status mapping ------------------------------------------------------------------

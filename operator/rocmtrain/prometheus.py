@@ -6,7 +6,7 @@
 - `rocmtrain_reconcile_duration_seconds{handler}`: handler run time;
 - `rocmtrain_queue_wait_seconds`: how long jobs waited (Pending or Queued) before they started;
 - `rocmtrain_progress_reports_total`, `rocmtrain_progress_refusals_total{code}`: the progress endpoint's answers;
-- per job, labelled `namespace` and `job_name` (`rocmtrain.job_gauges`): `rocmtrain_job_phase{phase}`,
+- per job, labelled `namespace` and `job_name` (`rocmtrain.status.gauges`): `rocmtrain_job_phase{phase}`,
   progress, ETA, loss, accuracy, throughput, GPU utilisation and memory, GPUs requested and held,
   GPU-seconds, `rocmtrain_job_cost{currency}`, waiting time and stalls, for at most
   `JOBS.max_jobs` jobs (`ROCMTRAIN_METRICS_MAX_JOBS`); `rocmtrain_job_series_dropped` counts the rest.
@@ -34,9 +34,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from rocmtrain import job_gauges
 from rocmtrain.api.models import Phase
-from rocmtrain.status import TERMINAL_PHASES
+from rocmtrain.status import gauges
+from rocmtrain.status.phase import TERMINAL_PHASES
 
 PHASES: tuple[str, ...] = get_args(Phase)
 UNKNOWN_PHASE = "Unknown"
@@ -82,7 +82,7 @@ JOBS_REMEMBERED = Gauge(
     "rocmtrain_jobs_remembered", "Jobs the reconciler keeps state for (deleted ones are forgotten).", registry=REGISTRY
 )
 
-JobSource = Callable[[], Iterable[job_gauges.Job]]
+JobSource = Callable[[], Iterable[gauges.Job]]
 # The job's name; not `job`, which Prometheus sets on every series to the scrape job's name.
 JOB_LABEL = "job_name"
 DEFAULT_MAX_JOBS = 500
@@ -99,10 +99,10 @@ class JobsCollector(Collector):
         """Yield the fleet gauges, then the per-job ones."""
         jobs = list(self.source())
         yield from self._fleet(jobs)
-        yield from self._per_job(job_gauges.job_samples(jobs, dt.datetime.now(dt.UTC), self.max_jobs))
+        yield from self._per_job(gauges.job_samples(jobs, dt.datetime.now(dt.UTC), self.max_jobs))
 
     @staticmethod
-    def _fleet(views: list[job_gauges.Job]) -> Iterator[GaugeMetricFamily]:
+    def _fleet(views: list[gauges.Job]) -> Iterator[GaugeMetricFamily]:
         jobs: Tally[str] = Tally()
         gpus: Tally[str] = Tally()
         for phase, requested in ((v["status"].get("phase"), v["gpus"]) for v in views):
@@ -122,11 +122,11 @@ class JobsCollector(Collector):
         yield requested_gpus
 
     @staticmethod
-    def _per_job(samples: job_gauges.JobSamples) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def _per_job(samples: gauges.JobSamples) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         labels = ["namespace", JOB_LABEL]
-        for gauge in job_gauges.JOB_GAUGES:
+        for gauge in gauges.JOB_GAUGES:
             kind = CounterMetricFamily if gauge.counter else GaugeMetricFamily
-            family = kind(job_gauges.PREFIX + gauge.name, gauge.help, labels=labels)
+            family = kind(gauges.PREFIX + gauge.name, gauge.help, labels=labels)
             for key, value in samples.values[gauge.name]:
                 family.add_metric(list(key), value)
             yield family

@@ -4,7 +4,7 @@ Real parts: kube-apiserver (restarted with the same flags while etcd and the
 controller-manager stay up, `faults.apiserver`), the operator as its own process, killed
 with SIGKILL (`faults.operator_process`). Faked, as in the other lean-cluster operator tests:
 KubeRay's status writes (`Api.fake_kuberay`), so that each status is one the test chose (the real
-KubeRay controller runs in the world's tests, test_operator_kuberay). Afterwards: one RayJob per
+KubeRay controller runs in the world's tests, test_kuberay). Afterwards: one RayJob per
 job, never recreated, no job lost, every status as KubeRay last wrote it, and the operator's memory
 flat over rounds of status changes.
 """

@@ -3,7 +3,7 @@
 Every metric name of the dashboard and the alerts must be in what a running operator serves
 (with jobs in several phases, priced GPUs and reported progress), and each per-job series must
 carry the `namespace` and `job_name` labels the dashboard selects on. KubeRay is faked as in
-test_operator_cluster; progress is written as the progress endpoint writes it.
+test_cluster; progress is written as the progress endpoint writes it.
 """
 
 from __future__ import annotations

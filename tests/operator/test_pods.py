@@ -16,10 +16,11 @@ from operator_testkit import SMALL, WORLD_TIMEOUT, Api, wait_until
 from cluster import kuberay, kwok
 from cluster.nodes import MI300X_LABELS, PRODUCT_LABEL
 from cluster.world import World
+from rocmtrain.api.conditions import ConditionType, Reason
 
 pytestmark = pytest.mark.cluster
 
-CONDITION = "RayPodsUnavailable"
+CONDITION = ConditionType.RAY_PODS_UNAVAILABLE
 MI300X = MI300X_LABELS[PRODUCT_LABEL]
 
 
@@ -79,10 +80,10 @@ def test_a_worker_the_scheduler_cannot_place_is_explained_until_it_runs(world: W
     nodes = len(world.nodes)
     assert scheduler.startswith(f"0/{nodes} nodes are available:") and "Insufficient amd.com/gpu" in scheduler
     assert api.status(ns, "bert")["workersReady"] == 1
-    assert "(1/2 workers ready)" in api.condition(ns, "bert", "Ready")["message"]
+    assert "(1/2 workers ready)" in api.condition(ns, "bert", ConditionType.READY)["message"]
 
     api.kube.delete(blocker)
-    wait_condition(api, ns, "bert", "False", "RayPodsAvailable")
+    wait_condition(api, ns, "bert", "False", Reason.RAY_PODS_AVAILABLE)
     api.wait_status(ns, "bert", "both workers ready", lambda s: s.get("workersReady") == 2)
     assert warnings(api, ns, "bert") == [("Unschedulable", stuck["message"])]
 
@@ -108,12 +109,12 @@ def test_image_pull_crash_loop_and_failed_containers_are_explained_and_cleared(
         ("exit", 137, "ContainerFailed", f"pod {name}: container ray-worker exited with code 137 (Error)"),
     ]  # fmt: skip
     kwok.set_behaviour(api.kube, pod, "running")
-    wait_condition(api, ns, "bert", "False", "RayPodsAvailable")
+    wait_condition(api, ns, "bert", "False", Reason.RAY_PODS_AVAILABLE)
     for behaviour, code, reason, message in cases:
         kwok.set_behaviour(api.kube, pod, behaviour, exit_code=code)
         assert wait_condition(api, ns, "bert", "True", reason)["message"] == message
         kwok.set_behaviour(api.kube, pod, "running")
-        wait_condition(api, ns, "bert", "False", "RayPodsAvailable")
+        wait_condition(api, ns, "bert", "False", Reason.RAY_PODS_AVAILABLE)
     assert api.status(ns, "bert")["workersReady"] == 1
     # One event per cause: the pull error's two kubelet states (ErrImagePull, then ImagePullBackOff) are one cause.
     causes = ["ImagePullBackOff", "CrashLoopBackOff", "ContainerFailed"]

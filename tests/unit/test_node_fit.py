@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
+from rocmtrain.api.conditions import Reason
 from rocmtrain.api.models import RocmTrainingJobSpec
-from rocmtrain.preflight import NodeInfo, check, node_info
+from rocmtrain.node_fit import NodeInfo, check, node_info
 
 MI300X = {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM", "amd.com/gpu.family": "AI", "amd.com/gpu.vram": "192G"}
 NODES = [NodeInfo("a", 8, MI300X), NodeInfo("b", 8, MI300X), NodeInfo("cpu", 0, {})]
@@ -26,21 +27,21 @@ def spec(workers: int = 1, gpus: int = 8, **extra: Any) -> RocmTrainingJobSpec:
 @pytest.mark.parametrize(
     ("job", "reason", "message"),
     [
-        (spec(gpus=16), "InsufficientGPUs", "needs 16 amd.com/gpu per worker; the largest node has 8"),
+        (spec(gpus=16), Reason.INSUFFICIENT_GPUS, "needs 16 amd.com/gpu per worker; the largest node has 8"),
         (
             spec(workers=3),
-            "InsufficientGPUs",
+            Reason.INSUFFICIENT_GPUS,
             "needs 3 workers with 8 amd.com/gpu each; the nodes can hold only 2 such workers",
         ),
         (
             spec(gpu={"productName": "AMD_Instinct_MI250X"}),
-            "GPUModelUnavailable",
+            Reason.GPU_MODEL_UNAVAILABLE,
             "no node with amd.com/gpu has amd.com/gpu.product-name=AMD_Instinct_MI250X "
             "(GPU models on the nodes: AMD_Instinct_MI300X_OAM)",
         ),
         (
             spec(gpus=4, workers=5, gpu={"vram": "192G"}),
-            "InsufficientGPUs",
+            Reason.INSUFFICIENT_GPUS,
             "needs 5 workers with 4 amd.com/gpu each; the nodes can hold only 4 such workers",
         ),
     ],
@@ -69,7 +70,7 @@ def test_node_selector_narrows_the_nodes():
     )
     nodes = [NodeInfo("a", 8, {"pool": "small"})]
     hold = check(job, nodes)
-    assert hold is not None and hold.reason == "GPUModelUnavailable" and "pool=big" in hold.message
+    assert hold is not None and hold.reason == Reason.GPU_MODEL_UNAVAILABLE and "pool=big" in hold.message
     assert check(job, [*nodes, NodeInfo("b", 1, {"pool": "big"})]) is None
 
 

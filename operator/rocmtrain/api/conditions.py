@@ -1,0 +1,79 @@
+"""The conditions of a RocmTrainingJob's status: their types, and every reason the operator writes.
+
+The operator (`rocmtrain.status`) writes these and the tests read them by the same
+names. Other systems' reasons pass through as they come and are not listed here:
+KubeRay's failure reasons (`AppFailed`, `DeadlineExceeded`, ...), Kueue's eviction
+reasons (`Preempted`, `PodsReadyTimeout`, ...). Events take their reasons from here
+too, or the phase they announce.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ConditionType(StrEnum):
+    """A condition type the operator manages, in the order the status lists them."""
+
+    READY = "Ready"
+    ADMITTED = "Admitted"
+    UNSCHEDULABLE = "Unschedulable"
+    RAY_PODS_UNAVAILABLE = "RayPodsUnavailable"
+    KUBERAY_MISSING = "KubeRayMissing"
+    BLOCKED = "Blocked"
+    STALLED = "Stalled"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class Reason(StrEnum):
+    """A reason of a condition or an event, set by the operator."""
+
+    # Ready, while the job starts, runs or waits.
+    CREATING_RAYJOB = "CreatingRayJob"
+    RAYJOB_CREATED = "RayJobCreated"
+    SUBMITTING = "Submitting"
+    INITIALIZING = "Initializing"
+    RUNNING = "Running"
+    RETRYING = "Retrying"
+    SUSPENDED = "Suspended"
+    RESUMING = "Resuming"
+    UNKNOWN_STATE = "UnknownState"
+    # The end of a job (Ready, Succeeded, Failed, Stalled).
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    STOPPED = "Stopped"
+    VALIDATION_FAILED = "ValidationFailed"
+    INVALID_SPEC = "InvalidSpec"
+    NOT_ALLOWED = "NotAllowed"
+    # Kueue (Admitted, and Ready while queued).
+    PENDING = "Pending"
+    QUEUED_BY_KUEUE = "QueuedByKueue"
+    ADMITTED = "Admitted"
+    EVICTED = "Evicted"
+    # Holds: what keeps the RayJob from being made.
+    GPU_MODEL_UNAVAILABLE = "GPUModelUnavailable"
+    INSUFFICIENT_GPUS = "InsufficientGPUs"
+    KUBERAY_NOT_INSTALLED = "KubeRayNotInstalled"
+    RAYJOB_FORBIDDEN = "RayJobForbidden"
+    RAYJOB_INVALID = "RayJobInvalid"
+    RAYJOB_CONFLICT = "RayJobConflict"
+    PROGRESS_CA_CONFLICT = "ProgressCAConflict"
+    # RayPodsUnavailable: why the Ray pods cannot run.
+    UNSCHEDULABLE = "Unschedulable"
+    IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
+    CRASH_LOOP_BACK_OFF = "CrashLoopBackOff"
+    CONTAINER_FAILED = "ContainerFailed"
+    # Stalled.
+    NO_PROGRESS = "NoProgress"
+    # A problem condition once it is over (status False).
+    SCHEDULABLE = "Schedulable"
+    RAY_PODS_AVAILABLE = "RayPodsAvailable"
+    NO_RAY_PODS = "NoRayPods"
+    KUBERAY_INSTALLED = "KubeRayInstalled"
+    UNBLOCKED = "Unblocked"
+    PROGRESSING = "Progressing"
+    NOT_RUNNING = "NotRunning"
+    # Events only, from the training driver's reports.
+    WORKER_FAILURE_RECOVERED = "WorkerFailureRecovered"
+    NEW_BEST_TRIAL = "NewBestTrial"

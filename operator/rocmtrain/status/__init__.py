@@ -1,0 +1,14 @@
+"""The status mapping (pure): what the operator observes, turned into a job's status, events and metrics.
+
+- `phase`: the phase and the conditions of one job from its RayJob, Ray pods, Kueue
+  Workload and what holds it back (`compute_status`, `Hold`, `Observation`);
+- `conditions`: a condition as a typed value, and its merge into the status' list;
+- `events`: the events that explain each status transition;
+- `pods`: what the Ray pods say (ready workers, why a pod cannot run);
+- `kueue`: what Kueue's Workload says (admitted where, why it waits or was evicted);
+- `accounting`: GPU-seconds and cost;
+- `gauges`: the per-job metric values (`rocmtrain.prometheus` serves them);
+- `objects`: views and patches of the objects the operator keeps (jobs, RayJobs).
+
+Plain data in, plain data out: no kopf, no Kubernetes client, no HTTP.
+"""
