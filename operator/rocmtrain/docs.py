@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rocmtrain.api import crd
+from rocmtrain.api.models import metric_rows
 from rocmtrain.api.patterns import describe_pattern
 
 _KEY_RULE = re.compile(r"^self\.all\(k, k\.matches\(r'(.*)'\)\)$")
@@ -151,9 +152,17 @@ def pure_module_list(root: Path) -> str:
     return "\n".join(lines)
 
 
+def metric_table(_root: Path) -> str:
+    """The metric display table (`metric_rows`), as `rocmtrain status` and the run summary label each metric."""
+    lines = ["| `status.metrics` key | shown as | meaning |", "|---|---|---|"]
+    lines += [f"| `{row.key}` | {row.heading} | {row.description} |" for row in metric_rows()]
+    return "\n".join(lines)
+
+
 BLOCKS = (
     Block("FIELD REFERENCE", "docs/reference/custom-resource.md", "the CRD", lambda _root: field_reference()),
     Block("PURE MODULES", "docs/design/boundaries.md", "pyproject.toml's strict mypy section", pure_module_list),
+    Block("METRICS", "docs/reference/status.md", "the Metrics model's display metadata", metric_table),
 )
 
 

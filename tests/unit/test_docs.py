@@ -13,7 +13,7 @@ from rocmtrain.api import crd
 from rocmtrain.api.patterns import PATTERN_DESCRIPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
-REFERENCE, MODULES = docs.BLOCKS
+REFERENCE, MODULES, METRICS = docs.BLOCKS
 STRICT = """
 [[tool.mypy.overrides]]
 module = ["pyarrow.*"]
@@ -136,3 +136,13 @@ def test_each_pure_module_is_listed_with_its_docstring(tmp_path: Path) -> None:
     assert summaries[0] and summaries[1]
     expected = f"- `rocmtrain.render.*`: {summaries[0]}\n- `rocmtrain.api`: {summaries[1]}"
     assert docs.pure_module_list(tmp_path) == expected
+
+
+def test_the_metric_table_shows_every_metric_as_the_displays_label_it() -> None:
+    from rocmtrain.api.models import Metrics, metric_rows
+
+    table = _generated(METRICS.path, METRICS)
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    assert len(rows) == len(Metrics.model_fields) == len(metric_rows())
+    for line, row in zip(rows, metric_rows(), strict=True):
+        assert line.startswith(f"| `{row.key}` | {row.heading} |")
