@@ -33,11 +33,11 @@ from training_jobs import (
     volume,
 )
 
-from cluster import kuberay
-from cluster.processes import Process
-from cluster.runtime.container import processes_in
-from cluster.world import Scope, World
 from rocmtrain.api.models import RocmTrainingJobStatus
+from rocmtrain_testworld import kuberay
+from rocmtrain_testworld.processes import Process
+from rocmtrain_testworld.runtime.container import processes_in
+from rocmtrain_testworld.world import Scope, World
 
 pytestmark = [pytest.mark.cluster, pytest.mark.ray]
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster import kuberay, runtime
-from cluster.api import KubeCluster
-from cluster.runtime.container import processes_in
-from cluster.world import Scope
+from rocmtrain_testworld import kuberay, runtime
+from rocmtrain_testworld.api import KubeCluster
+from rocmtrain_testworld.runtime.container import processes_in
+from rocmtrain_testworld.world import Scope
 
 DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
 JOBS = "/apis/rocmtrain.dev/v1alpha1/namespaces/{ns}/rocmtrainingjobs"

@@ -26,11 +26,11 @@ from pathlib import Path
 import pytest
 from operator_testkit import OPERATOR_NAMESPACE, Api, job_manifest, wait_until
 
-from cluster.kubecluster import KubeCluster, free_port
-from cluster.processes import die_with_parent
 from faults.operator_process import OperatorProcess
 from rocmtrain.api.contract import progress_path
 from rocmtrain.progress.auth import REVIEW_BURST, REVIEW_RATE_PER_SECOND
+from rocmtrain_testworld.kubecluster import KubeCluster, free_port
+from rocmtrain_testworld.processes import die_with_parent
 
 pytestmark = pytest.mark.cluster
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from operator_testkit import JOBS, Api, job_manifest, wait_until
 
-from cluster.kubecluster import KubeCluster
+from rocmtrain_testworld.kubecluster import KubeCluster
 from rocmtrain_train import scale
 
 pytestmark = pytest.mark.cluster

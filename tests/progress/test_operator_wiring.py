@@ -17,7 +17,6 @@ import kopf
 import pytest
 from kubernetes_asyncio import config as async_config
 
-from cluster.kubecluster import KubeCluster, free_port
 from progress.endpoint import (
     OPERATOR_NAMESPACE,
     Client,
@@ -35,6 +34,7 @@ from rocmtrain.kube import Kube
 from rocmtrain.objects import owner_reference
 from rocmtrain.progress import tls
 from rocmtrain.render import render_rayjob
+from rocmtrain_testworld.kubecluster import KubeCluster, free_port
 
 pytestmark = pytest.mark.cluster
 

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from cluster.kubecluster import KubeCluster
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.api.validate import validate_job
 from rocmtrain.render import render_rayjob
+from rocmtrain_testworld.kubecluster import KubeCluster
 from unit.edits import drop, put
 from unit.samples import example, full_job, minimal_job
 

@@ -11,7 +11,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from cluster.kubecluster import CRDS_DIR, GPU_RESOURCE, KubeCluster
+from rocmtrain_testworld.kubecluster import CRDS_DIR, GPU_RESOURCE, KubeCluster
 
 pytestmark = pytest.mark.cluster
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import kubecluster
+from rocmtrain_testworld import kubecluster
 
 
 @pytest.fixture

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from cluster import runtime
-from cluster.paths import REPO_ROOT
-from cluster.runtime.container import processes_in
-from cluster.world import Scope, World
+from rocmtrain_testworld import runtime
+from rocmtrain_testworld.paths import REPO_ROOT
+from rocmtrain_testworld.runtime.container import processes_in
+from rocmtrain_testworld.world import Scope, World
 
 pytestmark = pytest.mark.cluster
 

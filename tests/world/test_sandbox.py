@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.processes import ClusterError
-from cluster.sandbox import RESOLVER, LoopbackNames
+from rocmtrain_testworld.processes import ClusterError
+from rocmtrain_testworld.sandbox import RESOLVER, LoopbackNames
 
 pytestmark = pytest.mark.cluster  # needs unshare and mount, as root or in a user namespace
 

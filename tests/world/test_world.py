@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from cluster import kuberay, kueue, kwok
-from cluster.nodes import GPU_RESOURCE, KWOK_ANNOTATION, MI300X_LABELS, PRODUCT_LABEL, WORLD_NODES
-from cluster.sandbox import RESOLVER
-from cluster.world import Scope, World
 from rocmtrain.api.validate import validate_job
 from rocmtrain.render import render_rayjob
+from rocmtrain_testworld import kuberay, kueue, kwok
+from rocmtrain_testworld.nodes import GPU_RESOURCE, KWOK_ANNOTATION, MI300X_LABELS, PRODUCT_LABEL, WORLD_NODES
+from rocmtrain_testworld.sandbox import RESOLVER
+from rocmtrain_testworld.world import Scope, World
 
 pytestmark = pytest.mark.cluster
 

@@ -24,8 +24,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from cluster.pki import Pki
-from cluster.processes import ClusterError, Process, stop_all
+from rocmtrain_testworld.pki import Pki
+from rocmtrain_testworld.processes import ClusterError, Process, stop_all
 
 FIELD_MANAGER = "rocmtrain-tests"
 # libyaml parses KubeRay's multi-MB CRDs ~10x faster than the pure-Python loader.
@@ -321,7 +321,7 @@ class KubeCluster:
 
     def register_fake_nodes(self, count: int = 2, gpus: int = 8) -> list[str]:
         """Create ``count`` Ready MI300X nodes (``gpus`` x ``amd.com/gpu``) that no kubelet runs."""
-        from cluster import nodes
+        from rocmtrain_testworld import nodes
 
         self.fake_nodes = nodes.register_plain(self, count, gpus)
         return self.fake_nodes

@@ -10,10 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from cluster.api import KubeCluster
-from cluster.paths import BIN_DIR, CRDS_DIR, KUBERAY_CRDS_DIR
-from cluster.pki import SERVICE_CIDR, Pki, kubeconfig
-from cluster.processes import CONTROL_PLANE, ClusterError, Process, free_port, http_ok, stop_all
+from rocmtrain_testworld.api import KubeCluster
+from rocmtrain_testworld.paths import BIN_DIR, CRDS_DIR, KUBERAY_CRDS_DIR
+from rocmtrain_testworld.pki import SERVICE_CIDR, Pki, kubeconfig
+from rocmtrain_testworld.processes import CONTROL_PLANE, ClusterError, Process, free_port, http_ok, stop_all
 
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 # Without kubelets nothing keeps plain fake nodes' heartbeats: the node

@@ -24,10 +24,10 @@ from typing import Any
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from cluster import kubecluster, rocmtrain_operator
-from cluster.api import KubeCluster
-from cluster.paths import KUBECONFIG_FILE, REPO_ROOT, VOLUMES_DIR
 from rocmtrain.api.manifests import load_documents
+from rocmtrain_testworld import kubecluster, rocmtrain_operator
+from rocmtrain_testworld.api import KubeCluster
+from rocmtrain_testworld.paths import KUBECONFIG_FILE, REPO_ROOT, VOLUMES_DIR
 
 QUICKSTART = REPO_ROOT / "examples" / "quickstart.yaml"
 NAMESPACE = "default"

@@ -1,4 +1,4 @@
-"""The Go-built tools of tests/cluster/build.sh (kustomize, promtool, kstatus): where they are, or why not.
+"""The Go-built tools of tests/testworld/rocmtrain_testworld/build.sh (kustomize, promtool, kstatus): where they are, or why not.
 
 A missing tool skips the test that needs it, and fails it under CI (`CI` set), where
 `make test` builds every tool first.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.paths import BIN_DIR
+from rocmtrain_testworld.paths import BIN_DIR
 
 
 def go_tool(name: str) -> Path:

@@ -1,7 +1,7 @@
 """The test clusters, and `up`/`down` for people.
 
 Two clusters, both local processes on loopback ports (built by
-``tests/cluster/build.sh`` into ``.cluster/bin``):
+``tests/testworld/rocmtrain_testworld/build.sh`` into ``.cluster/bin``):
 
 - lean (:func:`running_cluster`): etcd, kube-apiserver, kube-controller-manager,
   our CRDs and KubeRay's, two plain fake MI300X nodes; no scheduler, no
@@ -13,9 +13,9 @@ Two clusters, both local processes on loopback ports (built by
 
 For people (from the repo root)::
 
-    PYTHONPATH=tests python -m cluster.kubecluster up     # the world; prints the kubeconfig path
-    PYTHONPATH=tests python -m cluster.kubecluster down
-    PYTHONPATH=tests python -m cluster.kubecluster operator   # make run-operator
+    PYTHONPATH=tests python -m rocmtrain_testworld.kubecluster up     # the world; prints the kubeconfig path
+    PYTHONPATH=tests python -m rocmtrain_testworld.kubecluster down
+    PYTHONPATH=tests python -m rocmtrain_testworld.kubecluster operator   # make run-operator
 
 `up` also starts the operator (with its progress endpoint) and sends the pods
 of the `default` namespace to the process runtime, where this machine can run
@@ -42,13 +42,21 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from cluster import control_plane, rocmtrain_operator, runtime, world
-from cluster.api import KubeCluster, request
-from cluster.control_plane import SA_ISSUER, binaries_present
-from cluster.nodes import GPU_RESOURCE
-from cluster.paths import BIN_DIR, CRDS_DIR, KUBECONFIG_FILE, KUBERAY_CRDS_DIR, PIDS_FILE, STATE_DIR, VOLUMES_DIR
-from cluster.processes import ClusterError, Process, die_with_parent, free_port, is_ours, stop_pids
-from cluster.runtime import network
+from rocmtrain_testworld import control_plane, rocmtrain_operator, runtime, world
+from rocmtrain_testworld.api import KubeCluster, request
+from rocmtrain_testworld.control_plane import SA_ISSUER, binaries_present
+from rocmtrain_testworld.nodes import GPU_RESOURCE
+from rocmtrain_testworld.paths import (
+    BIN_DIR,
+    CRDS_DIR,
+    KUBECONFIG_FILE,
+    KUBERAY_CRDS_DIR,
+    PIDS_FILE,
+    STATE_DIR,
+    VOLUMES_DIR,
+)
+from rocmtrain_testworld.processes import ClusterError, Process, die_with_parent, free_port, is_ours, stop_pids
+from rocmtrain_testworld.runtime import network
 
 __all__ = [
     "BIN_DIR",
@@ -284,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         return down()
     if args == ["operator"]:
         return run_operator()
-    print("usage: python -m cluster.kubecluster up|down|operator", file=sys.stderr)
+    print("usage: python -m rocmtrain_testworld.kubecluster up|down|operator", file=sys.stderr)
     return 2
 
 

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cluster.api import KubeCluster, load_cached
-from cluster.paths import MANIFESTS_DIR
-from cluster.processes import Process, free_port, http_ok
+from rocmtrain_testworld.api import KubeCluster, load_cached
+from rocmtrain_testworld.paths import MANIFESTS_DIR
+from rocmtrain_testworld.processes import Process, free_port, http_ok
 
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 RAYJOBS = "/apis/ray.io/v1/namespaces/{ns}/rayjobs"

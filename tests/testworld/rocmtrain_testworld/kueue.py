@@ -25,10 +25,10 @@ from typing import Any
 
 import yaml
 
-from cluster.api import KubeCluster, load_cached
-from cluster.paths import MANIFESTS_DIR
-from cluster.pki import webhook_serving_pair
-from cluster.processes import Process, free_port, http_ok
+from rocmtrain_testworld.api import KubeCluster, load_cached
+from rocmtrain_testworld.paths import MANIFESTS_DIR
+from rocmtrain_testworld.pki import webhook_serving_pair
+from rocmtrain_testworld.processes import Process, free_port, http_ok
 
 NAMESPACE = "kueue-system"
 SERVICE_ACCOUNT = "kueue-controller-manager"

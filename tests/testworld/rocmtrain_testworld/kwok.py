@@ -25,10 +25,10 @@ from typing import Any
 
 import yaml
 
-from cluster.api import KubeCluster, load_cached, load_documents
-from cluster.nodes import KWOK_ANNOTATION
-from cluster.paths import MANIFESTS_DIR
-from cluster.processes import Process
+from rocmtrain_testworld.api import KubeCluster, load_cached, load_documents
+from rocmtrain_testworld.nodes import KWOK_ANNOTATION
+from rocmtrain_testworld.paths import MANIFESTS_DIR
+from rocmtrain_testworld.processes import Process
 
 BEHAVIOUR = "kwok.rocmtrain.dev/behaviour"
 EXIT_CODE = "kwok.rocmtrain.dev/exit-code"

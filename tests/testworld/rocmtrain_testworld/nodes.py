@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.api import FIELD_MANAGER, KubeCluster
+from rocmtrain_testworld.api import FIELD_MANAGER, KubeCluster
 
 GPU_RESOURCE = "amd.com/gpu"
 PRODUCT_LABEL = "amd.com/gpu.product-name"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = REPO_ROOT / ".cluster"
-# Written by tests/cluster/build.sh.
+# Written by tests/testworld/rocmtrain_testworld/build.sh.
 BIN_DIR = Path(os.environ.get("CLUSTER_BIN_DIR", CLUSTER_DIR / "bin"))
 KUBERAY_CRDS_DIR = BIN_DIR / "crds"
 MANIFESTS_DIR = BIN_DIR / "manifests"

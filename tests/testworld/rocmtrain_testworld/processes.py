@@ -14,7 +14,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from cluster.paths import BIN_DIR
+from rocmtrain_testworld.paths import BIN_DIR
 
 # Proxy settings would send the components' HTTP calls (KubeRay's to the Ray
 # dashboard) to a proxy off this machine: never passed on.
@@ -240,7 +240,7 @@ def stop_pids(pids: Mapping[str, int]) -> None:
 
 def is_ours(identity: str, pid: int) -> bool:
     """Whether ``pid`` still runs our process of that ``identity`` (guards against PID reuse):
-    its executable has that name, or its command line holds it (``python -m cluster.runtime``)."""
+    its executable has that name, or its command line holds it (``python -m rocmtrain_testworld.runtime``)."""
     try:
         exe = os.readlink(f"/proc/{pid}/exe")
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")

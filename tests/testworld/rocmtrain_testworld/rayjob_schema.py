@@ -1,7 +1,7 @@
 """KubeRay's RayJob CRD schema (v1.5.1) as a strict JSON Schema, for checking rendered RayJobs.
 
 The CRD comes from `.cluster/bin/crds/ray.io_rayjobs.yaml` (written by
-tests/cluster/build.sh) or else from the ray-operator Go module, fetched through
+tests/testworld/rocmtrain_testworld/build.sh) or else from the ray-operator Go module, fetched through
 the Go module proxy into the module cache. Its OpenAPI schema is made strict the
 way the API server treats it: unknown fields, which the API server would prune
 without a word, are errors here.

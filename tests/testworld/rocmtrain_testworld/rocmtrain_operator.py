@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster import runtime
-from cluster.api import KubeCluster
-from cluster.paths import BIN_DIR, REPO_ROOT
-from cluster.processes import ClusterError, Process, free_port, http_ok
-from cluster.world import World
 from rocmtrain.api.contract import OPERATOR_NAME
 from rocmtrain.api.manifests import load_documents
+from rocmtrain_testworld import runtime
+from rocmtrain_testworld.api import KubeCluster
+from rocmtrain_testworld.paths import BIN_DIR, REPO_ROOT
+from rocmtrain_testworld.processes import ClusterError, Process, free_port, http_ok
+from rocmtrain_testworld.world import World
 
 NAMESPACE = "rocm-train-system"
 ACCOUNT = "rocm-train-operator"

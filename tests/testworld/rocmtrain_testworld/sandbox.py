@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from cluster.processes import ClusterError
+from rocmtrain_testworld.processes import ClusterError
 
 # A loopback address of its own, so a DNS server some other program runs on
 # 127.0.0.1 or 127.0.0.53 is never asked; `check_resolver_unused` makes sure.

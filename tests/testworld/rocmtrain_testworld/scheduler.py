@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from cluster.api import KubeCluster
-from cluster.processes import Process, free_port, http_ok
+from rocmtrain_testworld.api import KubeCluster
+from rocmtrain_testworld.processes import Process, free_port, http_ok
 
 
 def process(cluster: KubeCluster, workdir: Path, *, detach: bool = False) -> Process:

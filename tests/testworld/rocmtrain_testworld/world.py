@@ -26,16 +26,16 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from cluster import control_plane, kuberay, kwok, nodes, runtime, scheduler
-from cluster.api import KubeCluster
-from cluster.kueue import NAMESPACE as KUEUE_NAMESPACE
-from cluster.kueue import SERVICE_ACCOUNT as KUEUE_ACCOUNT
-from cluster.kueue import Kueue
-from cluster.paths import WORLDS_DIR
-from cluster.processes import ClusterError, Process, log_tail
-from cluster.runtime import network
-from cluster.sandbox import LoopbackNames
 from rocmtrain.api.contract import OPERATOR_NAME
+from rocmtrain_testworld import control_plane, kuberay, kwok, nodes, runtime, scheduler
+from rocmtrain_testworld.api import KubeCluster
+from rocmtrain_testworld.kueue import NAMESPACE as KUEUE_NAMESPACE
+from rocmtrain_testworld.kueue import SERVICE_ACCOUNT as KUEUE_ACCOUNT
+from rocmtrain_testworld.kueue import Kueue
+from rocmtrain_testworld.paths import WORLDS_DIR
+from rocmtrain_testworld.processes import ClusterError, Process, log_tail
+from rocmtrain_testworld.runtime import network
+from rocmtrain_testworld.sandbox import LoopbackNames
 
 WORLD_BINARIES = ("kube-scheduler", "kwok", "kuberay-operator", "kueue")
 WORLD_CONTROLLERS = (

@@ -22,7 +22,7 @@ real Ray cluster and our training runs end to end (tests/e2e, `make demo`).
   with its parent, and a runtime that was killed outright has its namespaces
   removed by the next one (or by `make cluster-down`).
 
-Run by the world as `python -m cluster.runtime` (see __main__); it writes
+Run by the world as `python -m rocmtrain_testworld.runtime` (see __main__); it writes
 `runtime.json` into its folder once its nodes are registered (`info`).
 """
 
@@ -33,9 +33,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cluster.api import KubeCluster
-from cluster.nodes import ProcessNode
-from cluster.processes import Process
+from rocmtrain_testworld.api import KubeCluster
+from rocmtrain_testworld.nodes import ProcessNode
+from rocmtrain_testworld.processes import Process
 
 PROCESS_NODES = ("proc-0", "proc-1")
 NAME = "pod-runtime"

@@ -1,4 +1,4 @@
-"""TEST-ONLY: `python -m cluster.runtime --kubeconfig K --folder DIR --logs DIR --names DIR`: the process runtime.
+"""TEST-ONLY: `python -m rocmtrain_testworld.runtime --kubeconfig K --folder DIR --logs DIR --names DIR`: the process runtime.
 
 Stops (every pod, then the pod network) on SIGTERM or SIGINT.
 """
@@ -14,16 +14,16 @@ import sys
 import threading
 from pathlib import Path
 
-from cluster.api import KubeCluster
-from cluster.runtime import INFO_FILE, PROCESS_NODES
-from cluster.runtime.container import ensure_ray_tmp
-from cluster.runtime.kubelet import Kubelet
-from cluster.runtime.network import Network, available
-from cluster.sandbox import LoopbackNames
+from rocmtrain_testworld.api import KubeCluster
+from rocmtrain_testworld.runtime import INFO_FILE, PROCESS_NODES
+from rocmtrain_testworld.runtime.container import ensure_ray_tmp
+from rocmtrain_testworld.runtime.kubelet import Kubelet
+from rocmtrain_testworld.runtime.network import Network, available
+from rocmtrain_testworld.sandbox import LoopbackNames
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cluster.runtime", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m rocmtrain_testworld.runtime", description=__doc__)
     parser.add_argument("--kubeconfig", type=Path, required=True)
     parser.add_argument("--folder", type=Path, required=True, help="the pods' folders and runtime.json go here")
     parser.add_argument(

@@ -37,9 +37,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.processes import die_with_parent
-from cluster.runtime.podspec import ConfigError
-from cluster.runtime.volumes import Mount
+from rocmtrain_testworld.processes import die_with_parent
+from rocmtrain_testworld.runtime.podspec import ConfigError
+from rocmtrain_testworld.runtime.volumes import Mount
 
 # Ray's fixed temp folder (sessions, sockets, `ray_current_cluster`): each container gets its own
 # over it; the runtime makes sure the folder exists on this machine (`ensure_ray_tmp`).

@@ -31,13 +31,13 @@ from kubernetes import client as k8s
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
-from cluster.api import KubeCluster
-from cluster.nodes import ProcessNode, heartbeat, register_process
-from cluster.paths import REPO_ROOT
-from cluster.runtime.network import Network
-from cluster.runtime.pod import PodWorker
-from cluster.runtime.podspec import CLUSTER_DOMAIN
-from cluster.sandbox import LoopbackNames
+from rocmtrain_testworld.api import KubeCluster
+from rocmtrain_testworld.nodes import ProcessNode, heartbeat, register_process
+from rocmtrain_testworld.paths import REPO_ROOT
+from rocmtrain_testworld.runtime.network import Network
+from rocmtrain_testworld.runtime.pod import PodWorker
+from rocmtrain_testworld.runtime.podspec import CLUSTER_DOMAIN
+from rocmtrain_testworld.sandbox import LoopbackNames
 
 log = logging.getLogger(__name__)
 

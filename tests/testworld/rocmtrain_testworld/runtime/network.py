@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster.processes import ClusterError
+from rocmtrain_testworld.processes import ClusterError
 
 NETNS_DIR = Path("/run/netns")
 NAME_PREFIX = "rocmtrain-"

@@ -25,16 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.exceptions import ApiException
 
-from cluster.processes import log_tail
-from cluster.runtime import podspec
-from cluster.runtime.container import Layout, Running, argv_for, probe
-from cluster.runtime.network import PodNetwork
-from cluster.runtime.podspec import ConfigError, Probe
-from cluster.runtime.podstatus import ContainerState, PodState, phase, pod_status
-from cluster.runtime.volumes import Missing, Volumes
+from rocmtrain_testworld.processes import log_tail
+from rocmtrain_testworld.runtime import podspec
+from rocmtrain_testworld.runtime.container import Layout, Running, argv_for, probe
+from rocmtrain_testworld.runtime.network import PodNetwork
+from rocmtrain_testworld.runtime.podspec import ConfigError, Probe
+from rocmtrain_testworld.runtime.podstatus import ContainerState, PodState, phase, pod_status
+from rocmtrain_testworld.runtime.volumes import Missing, Volumes
 
 if TYPE_CHECKING:
-    from cluster.runtime.kubelet import Kubelet
+    from rocmtrain_testworld.runtime.kubelet import Kubelet
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from cluster.api import KubeCluster
-from cluster.runtime.podspec import ConfigError, field_value, resource_value
+from rocmtrain_testworld.api import KubeCluster
+from rocmtrain_testworld.runtime.podspec import ConfigError, field_value, resource_value
 
 TOKEN_REFRESH_SHARE = 0.8
 DEFAULT_TOKEN_SECONDS = 3600
