@@ -1,16 +1,15 @@
-"""Shared pytest configuration: ``tests/`` on sys.path, the lean ``kube`` cluster and the full ``world``."""
+"""Shared pytest configuration: the lean ``kube`` cluster and the full ``world`` (of ``rocmtrain_testworld``).
+
+The test folders import each other from ``tests/`` (pytest's rootdir-based import of this conftest puts it first
+on sys.path), the test world from its installed package (``make install``: ``tests/testworld``)."""
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 if TYPE_CHECKING:
     from rocmtrain_testworld.kubecluster import KubeCluster
@@ -42,7 +41,7 @@ def kube() -> Iterator[KubeCluster]:
 @pytest.fixture(scope="session")
 def world() -> Iterator[World]:
     """The full world for the session, apart from ``kube``: the control plane plus kube-scheduler,
-    kwok GPU nodes, the KubeRay operator and Kueue (tests/testworld/rocmtrain_testworld/world.py)."""
+    kwok GPU nodes, the KubeRay operator and Kueue (rocmtrain_testworld.world)."""
     from rocmtrain_testworld import kubecluster, world
 
     if os.environ.get(kubecluster.EXTERNAL_KUBECONFIG_ENV):

@@ -4,7 +4,7 @@ Real: the control plane, kube-scheduler, KubeRay, the operator (`python -m
 rocmtrain.controller`, as its own ServiceAccount with manifests/' RBAC), Ray,
 Ray Train, the MiniLM model, the authenticated progress push. Stood in for: the
 images and kubelets of the CPU nodes the pods run on (the TEST-ONLY process
-runtime, tests/testworld/rocmtrain_testworld/runtime). Each job is small: 2 CPU workers, a few
+runtime, rocmtrain_testworld/runtime). Each job is small: 2 CPU workers, a few
 steps, data and checkpoints on a PersistentVolume at an absolute path here.
 """
 

@@ -19,7 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from training_jobs import (
+
+from rocmtrain.api.models import RocmTrainingJobStatus
+from rocmtrain_testworld import kuberay
+from rocmtrain_testworld.jobs import (
     JOBS,
     TIMEOUT,
     Watch,
@@ -32,9 +35,6 @@ from training_jobs import (
     status,
     volume,
 )
-
-from rocmtrain.api.models import RocmTrainingJobStatus
-from rocmtrain_testworld import kuberay
 from rocmtrain_testworld.processes import Process
 from rocmtrain_testworld.runtime.container import processes_in
 from rocmtrain_testworld.world import Scope, World

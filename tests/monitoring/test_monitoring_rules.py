@@ -1,6 +1,6 @@
 """The alerts and the dashboard under manifests/monitoring/, checked with promtool (Prometheus's own parser).
 
-promtool is built from the Prometheus Go module by tests/testworld/rocmtrain_testworld/build.sh. That every
+promtool is built from the Prometheus Go module by rocmtrain_testworld/build.sh. That every
 metric they name is in the operator's real /metrics output is checked against a running
 operator in tests/operator/test_operator_monitoring.py.
 """

@@ -3,7 +3,7 @@
 A Ray pod can be stuck four ways; each raises `RayPodsUnavailable` with a reason and
 the scheduler's or the kubelet's own words, posts one event, and clears when the cause
 goes away. The scheduler's verdicts are its own; the kubelet's states and messages are
-played by kwok (tests/testworld/rocmtrain_testworld/kwok_behaviours.yaml): there are no containers here.
+played by kwok (rocmtrain_testworld/kwok_behaviours.yaml): there are no containers here.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`rocmtrain pool`, `status` and `plot` against real clusters.
 
-`pool` runs in the world (tests/testworld/rocmtrain_testworld/world.py): kube-scheduler binds the Ray pods KubeRay makes,
+`pool` runs in the world (rocmtrain_testworld/world.py): kube-scheduler binds the Ray pods KubeRay makes,
 Kueue admits RayJobs against a ClusterQueue's quota, kwok runs the nodes (2 x MI300X, 1 x MI250, 1 CPU)
 and the pods; faked there: the GPUs and the containers. `status` and `plot` run on the lean control
 plane, where the test writes the job's status and events as the operator would.

@@ -1,6 +1,6 @@
 """The RayJob renderer: structure, determinism, and KubeRay's real RayJob schema (v1.5.1).
 
-Every rendered RayJob is checked against the CRD KubeRay ships (see tests/testworld/rocmtrain_testworld/rayjob_schema.py);
+Every rendered RayJob is checked against the CRD KubeRay ships (see rocmtrain_testworld/rayjob_schema.py);
 no KubeRay controller runs here.
 """
 

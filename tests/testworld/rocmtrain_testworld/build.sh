@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the local test cluster from pinned Go modules:
 #   - etcd, kube-apiserver, kube-controller-manager, kube-scheduler from
-#     tests/cluster/go.mod (k8s.io/kubernetes), in one `go build`;
+#     go.mod here (k8s.io/kubernetes), in one `go build`;
 #   - kwok, the KubeRay operator and Kueue, each from its own module
 #     (`go install module/cmd@version`: their k8s.io versions differ);
 #   - the manifests the harness installs from those modules: KubeRay's CRDs
@@ -27,7 +27,7 @@ KUBERAY_VERSION=v1.5.1
 KUBERAY_CRDS=(ray.io_rayjobs.yaml ray.io_rayclusters.yaml ray.io_rayservices.yaml)
 KWOK_MODULE=sigs.k8s.io/kwok
 KWOK_VERSION=v0.8.0
-# kwok's stock stages the harness starts from (tests/cluster/kwok.py adds its own).
+# kwok's stock stages the harness starts from (kwok.py adds its own).
 KWOK_STAGES=(node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml
   pod/fast/pod-ready.yaml pod/fast/pod-delete.yaml)
 KUEUE_MODULE=sigs.k8s.io/kueue
@@ -35,7 +35,7 @@ KUEUE_VERSION=v0.17.1
 KUSTOMIZE_VERSION=v5.8.2
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
+root="$(cd "$here/../../.." && pwd)" # the checkout (this is tests/testworld/rocmtrain_testworld)
 bin="${CLUSTER_BIN_DIR:-$root/.cluster/bin}"
 stamp="$bin/.stamp"
 kube_binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler)
@@ -76,7 +76,7 @@ fi
 # --- promtool and kstatus, for tests/monitoring and the status tests (observability issue) ---
 # promtool from the Prometheus Go module, without the service-discovery plugins it does not
 # need for `check rules` / `test rules` (build tag remove_all_sd: a much smaller build);
-# kstatus: tests/kstatus, a small command around sigs.k8s.io/cli-utils' kstatus (Flux's).
+# kstatus: kstatus/ here, a small command around sigs.k8s.io/cli-utils' kstatus (Flux's).
 PROMETHEUS_MODULE_VERSION=v0.316.0
 tool_stamp() { [[ "${FORCE:-0}" != 1 && -x "$bin/$1" && "$(cat "$bin/.$1.stamp" 2>/dev/null)" == "$2" ]]; }
 if ! tool_stamp promtool "$PROMETHEUS_MODULE_VERSION"; then
@@ -85,10 +85,10 @@ if ! tool_stamp promtool "$PROMETHEUS_MODULE_VERSION"; then
     "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_MODULE_VERSION"
   echo "$PROMETHEUS_MODULE_VERSION" > "$bin/.promtool.stamp"
 fi
-kstatus_key="$(cat "$here/../kstatus/go.mod" "$here/../kstatus/go.sum" "$here/../kstatus/main.go" | sha256sum | cut -d' ' -f1)"
+kstatus_key="$(cat "$here/kstatus/go.mod" "$here/kstatus/go.sum" "$here/kstatus/main.go" | sha256sum | cut -d' ' -f1)"
 if ! tool_stamp kstatus "$kstatus_key"; then
   echo "building kstatus (sigs.k8s.io/cli-utils) into $bin"
-  (cd "$here/../kstatus" && go build -trimpath -ldflags "-s -w" -o "$bin/kstatus" .)
+  (cd "$here/kstatus" && go build -trimpath -ldflags "-s -w" -o "$bin/kstatus" .)
   echo "$kstatus_key" > "$bin/.kstatus.stamp"
 fi
 # --- end promtool and kstatus ---

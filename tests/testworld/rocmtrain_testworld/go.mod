@@ -3,7 +3,7 @@
 // that consumers do not inherit, so every k8s.io/<staging> module is mapped to
 // the matching v0.<minor>.<patch> release here. Keep these in step with
 // the k8s.io/kubernetes version.
-module rocmtrain.dev/tests/cluster
+module rocmtrain.dev/testworld
 
 go 1.26.0
 

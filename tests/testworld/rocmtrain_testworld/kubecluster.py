@@ -1,7 +1,7 @@
 """The test clusters, and `up`/`down` for people.
 
 Two clusters, both local processes on loopback ports (built by
-``tests/testworld/rocmtrain_testworld/build.sh`` into ``.cluster/bin``):
+``build.sh`` into ``.cluster/bin``):
 
 - lean (:func:`running_cluster`): etcd, kube-apiserver, kube-controller-manager,
   our CRDs and KubeRay's, two plain fake MI300X nodes; no scheduler, no
@@ -13,9 +13,9 @@ Two clusters, both local processes on loopback ports (built by
 
 For people (from the repo root)::
 
-    PYTHONPATH=tests python -m rocmtrain_testworld.kubecluster up     # the world; prints the kubeconfig path
-    PYTHONPATH=tests python -m rocmtrain_testworld.kubecluster down
-    PYTHONPATH=tests python -m rocmtrain_testworld.kubecluster operator   # make run-operator
+    python -m rocmtrain_testworld.kubecluster up     # the world; prints the kubeconfig path
+    python -m rocmtrain_testworld.kubecluster down
+    python -m rocmtrain_testworld.kubecluster operator   # make run-operator
 
 `up` also starts the operator (with its progress endpoint) and sends the pods
 of the `default` namespace to the process runtime, where this machine can run

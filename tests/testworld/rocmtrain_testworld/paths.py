@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+PROJECT = "rocm-train-operator"
+
+
+def _checkout(start: Path) -> Path:
+    """The rocm-train-operator checkout holding ``start``: the package is installed editable from
+    ``tests/testworld`` in it, and the world reads the checkout's CRDs, manifests and examples."""
+    for folder in start.parents:
+        project = folder / "pyproject.toml"
+        if project.is_file() and tomllib.loads(project.read_text()).get("project", {}).get("name") == PROJECT:
+            return folder
+    raise RuntimeError(f"{start} is not inside a {PROJECT} checkout (install rocmtrain_testworld editable from it)")
+
+
+REPO_ROOT = _checkout(Path(__file__).resolve())
 CLUSTER_DIR = REPO_ROOT / ".cluster"
-# Written by tests/testworld/rocmtrain_testworld/build.sh.
+# Written by build.sh (beside this module).
 BIN_DIR = Path(os.environ.get("CLUSTER_BIN_DIR", CLUSTER_DIR / "bin"))
 KUBERAY_CRDS_DIR = BIN_DIR / "crds"
 MANIFESTS_DIR = BIN_DIR / "manifests"

@@ -1,8 +1,8 @@
 """KubeRay's RayJob CRD schema (v1.5.1) as a strict JSON Schema, for checking rendered RayJobs.
 
-The CRD comes from `.cluster/bin/crds/ray.io_rayjobs.yaml` (written by
-tests/testworld/rocmtrain_testworld/build.sh) or else from the ray-operator Go module, fetched through
-the Go module proxy into the module cache. Its OpenAPI schema is made strict the
+The CRD comes from `.cluster/bin/crds/ray.io_rayjobs.yaml` (written by build.sh)
+or else from the ray-operator Go module, fetched through the Go module proxy into
+the module cache. Its OpenAPI schema is made strict the
 way the API server treats it: unknown fields, which the API server would prune
 without a word, are errors here.
 """
@@ -22,10 +22,10 @@ import jsonschema
 import yaml
 
 from rocmtrain.api.contract import KUBERAY_VERSION
+from rocmtrain_testworld.paths import KUBERAY_CRDS_DIR
 
 MODULE = "github.com/ray-project/kuberay/ray-operator"
 CRD_FILE = "ray.io_rayjobs.yaml"
-ROOT = Path(__file__).resolve().parents[1]
 # Pruning keeps these metadata fields of a RayJob; anything else is a typo.
 _OBJECT_META = {
     "type": "object",
@@ -41,7 +41,7 @@ _OBJECT_META = {
 
 def crd_path() -> Path:
     """The RayJob CRD file: the test cluster's copy, or the Go module's."""
-    built = ROOT / ".cluster" / "bin" / "crds" / CRD_FILE
+    built = KUBERAY_CRDS_DIR / CRD_FILE
     if built.is_file():
         return built
     with tempfile.TemporaryDirectory() as outside_any_module:

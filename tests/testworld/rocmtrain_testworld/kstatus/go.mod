@@ -1,5 +1,5 @@
 // A tiny command around sigs.k8s.io/cli-utils' kstatus (see main.go), built by ../cluster/build.sh.
-module rocmtrain.dev/tests/kstatus
+module rocmtrain.dev/testworld/kstatus
 
 go 1.26.0
 

@@ -39,11 +39,10 @@ from rocmtrain_testworld.processes import Process
 
 PROCESS_NODES = ("proc-0", "proc-1")
 NAME = "pod-runtime"
-MODULE = "cluster.runtime"
+MODULE = "rocmtrain_testworld.runtime"
 INFO_FILE = "runtime.json"
 _NODE_SELECTOR_ANNOTATION = "scheduler.alpha.kubernetes.io/node-selector"
 _TOLERATIONS_ANNOTATION = "scheduler.alpha.kubernetes.io/defaultTolerations"
-TESTS_DIR = Path(__file__).resolve().parents[2]
 
 
 def namespace_annotations() -> dict[str, str]:
@@ -80,7 +79,6 @@ def process(workdir: Path, kubeconfig: Path, names: Path, *, detach: bool = Fals
         identity=MODULE,
         logs=workdir / "logs",
         cwd=workdir,
-        env={"PYTHONPATH": str(TESTS_DIR)},
         ready=lambda: (folder / INFO_FILE).is_file(),
         detach=detach,
     )

@@ -1,4 +1,5 @@
-"""TEST-ONLY: `python -m rocmtrain_testworld.runtime --kubeconfig K --folder DIR --logs DIR --names DIR`: the process runtime.
+"""TEST-ONLY: the process runtime,
+`python -m rocmtrain_testworld.runtime --kubeconfig K --folder DIR --logs DIR --names DIR`.
 
 Stops (every pod, then the pod network) on SIGTERM or SIGINT.
 """

