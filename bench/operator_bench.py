@@ -52,7 +52,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.kube import JOBS, RAYJOBS, Kube, Ref
 from rocmtrain.render import render_rayjob
-from rocmtrain_testworld import nodes, world
+from rocmtrain_testworld import nodes, runtime, world
 from rocmtrain_testworld.kubecluster import KubeCluster, free_port, running_cluster
 from rocmtrain_testworld.nodes import FakeNode
 
@@ -400,7 +400,7 @@ async def world_bench(cluster: KubeCluster, metrics_url: str, args: argparse.Nam
     """N small jobs at once in the world; each timed through the operator and through KubeRay (module doc)."""
     os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
     kube = await Kube.connect(pool_size=IN_FLIGHT)
-    ns = cluster.new_namespace("world")
+    ns = cluster.new_namespace("world", annotations=runtime.namespace_annotations(processes=False))  # kwok pods
     names = [f"job-{i:04d}" for i in range(args.jobs)]
     marks: dict[str, dict[str, float]] = {key: {} for key in ("created", "rayjob", "status", "cluster", "workers")}
 

@@ -25,12 +25,16 @@ pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture
-def ns(world: World, scope: Scope) -> str:
+def runs_pods(world: World) -> None:
     if world.runtime is None:
         reason = f"no process runtime here: {runtime.network.available()}"
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
+
+
+@pytest.fixture
+def ns(runs_pods: None, scope: Scope) -> str:
     return scope.namespace("rt", processes=True)
 
 
@@ -164,6 +168,24 @@ def test_a_pod_runs_with_its_environment_volumes_and_address(world: World, ns: s
         },
     )["status"]
     assert review["authenticated"] and review["user"]["extra"]["authentication.kubernetes.io/pod-name"] == ["env"]
+
+
+@pytest.mark.usefixtures("runs_pods")
+def test_every_namespace_runs_its_pods_here_apart_from_those_annotated_for_kwok(world: World, scope: Scope) -> None:
+    person = scope.namespace("person", processes=None)  # as `kubectl create namespace` makes it
+    fake = scope.namespace("fake")  # a test's kwok namespace
+    for namespace in (person, fake):
+        world.cluster.create(pod("where", namespace, "print('ran here')"))
+
+    done = ended(world, person, "where")
+    assert done["spec"]["nodeName"] in runtime.PROCESS_NODES
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    assert "ran here" in output(world, person, "where")
+    bound = world.cluster.wait_for(
+        lambda: get(world, fake, "where")["spec"].get("nodeName"), 60, "the kwok namespace's pod to be bound"
+    )
+    assert bound in world.nodes
+    assert bound not in runtime.PROCESS_NODES
 
 
 def test_exit_codes_restarts_and_the_log_tail_of_a_failure(world: World, ns: str, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -219,10 +219,11 @@ class KubeCluster:
         with contextlib.suppress(ApiException):
             self.request("DELETE", self.path_for(obj, namespace), body=body)
 
-    def new_namespace(self, prefix: str = "test") -> str:
-        """Create a uniquely named namespace and return its name."""
+    def new_namespace(self, prefix: str = "test", annotations: Mapping[str, str] | None = None) -> str:
+        """Create a uniquely named namespace (with ``annotations``) and return its name."""
         name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-        self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        metadata = {"name": name, "annotations": dict(annotations or {})}
+        self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": metadata})
         self.namespaces.append(name)
         return name
 

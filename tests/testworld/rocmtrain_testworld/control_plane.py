@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import ssl
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ def start(
     controllers: Sequence[str] = LEAN_CONTROLLERS,
     timeout: float = 90,
     under: Path | None = None,
+    admission: Mapping[str, Any] | None = None,
 ) -> KubeCluster:
     """Start etcd, kube-apiserver and kube-controller-manager; return the cluster (``cluster.pki`` set).
 
@@ -41,7 +43,8 @@ def start(
     removed when the cluster stops.
 
     The controller-manager is started, not waited for (see :func:`wait_controller_manager`).
-    ``detach``: see :class:`processes.Process`.
+    ``detach``: see :class:`processes.Process`. ``admission``: kube-apiserver's AdmissionConfiguration
+    (the plugins' cluster defaults), if any.
     """
     if not binaries_present():
         raise ClusterError(f"control-plane binaries missing in {BIN_DIR}; run `make cluster-binaries`")
@@ -98,6 +101,7 @@ def start(
                 "--authorization-mode=Node,RBAC",
                 # A namespace's annotations may send its pods to the process runtime's nodes (world.py).
                 "--enable-admission-plugins=PodNodeSelector,PodTolerationRestriction",
+                *_admission_flags(workdir, admission),
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 # Endpoints may not be loopback addresses; nothing in-cluster calls the API.
                 "--endpoint-reconciler-type=none",
@@ -149,6 +153,15 @@ def start(
             shutil.rmtree(workdir, ignore_errors=True)
         raise
     return cluster
+
+
+def _admission_flags(workdir: Path, admission: Mapping[str, Any] | None) -> list[str]:
+    """kube-apiserver's flag naming ``admission``, written into ``workdir``; none without it."""
+    if admission is None:
+        return []
+    path = workdir / "admission.json"
+    path.write_text(json.dumps(admission, indent=2))
+    return [f"--admission-control-config-file={path}"]
 
 
 def install_crds(cluster: KubeCluster, *extra: dict[str, Any]) -> None:

@@ -17,9 +17,10 @@ For people (from the repo root)::
     python -m rocmtrain_testworld.kubecluster down
     python -m rocmtrain_testworld.kubecluster operator   # make run-operator
 
-`up` also starts the operator (with its progress endpoint) and sends the pods
-of the `default` namespace to the process runtime, where this machine can run
-it: a RocmTrainingJob applied there really trains (see `make demo`). At most
+`up` also starts the operator (with its progress endpoint) where this machine
+can run the process runtime; the pods of `default` and of every namespace a
+person creates then run there: a RocmTrainingJob applied in any of them really
+trains (see `make demo`). At most
 one operator acts on the world: ``operator`` (`make run-operator`) stops the
 one `up` started and runs it in the foreground, with the same ports (running
 jobs keep reaching its progress endpoint); `up` again, or `make demo`, starts
@@ -200,7 +201,6 @@ def up() -> int:
     started = world.start(STATE_DIR, kubeconfig_path=KUBECONFIG_FILE, detach=True)
     try:
         if started.runtime is not None:
-            runtime.serve_namespace(started.cluster, "default")
             operator = _world_operator(started.cluster)
             started.processes[operator.name] = operator
             operator.start().wait_ready(60)

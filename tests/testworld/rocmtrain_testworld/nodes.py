@@ -10,8 +10,8 @@ would publish) and the machines. Two kinds of fake node:
   kube-scheduler binds to them;
 - process nodes (the full world, TEST-ONLY): CPU machines whose pods the process
   runtime (runtime/) really runs; it registers them and renews their leases like
-  a kubelet. Labelled and tainted so that only pods of namespaces that ask for
-  them land there (see runtime.serve_namespace).
+  a kubelet. Labelled and tainted so that only pods that ask for them land
+  there (the world's default: see runtime.admission_config).
 
 Addresses are loopback addresses (127.0.0.0/8): pod and node IPs that anything
 would ever dial must keep that traffic on this machine.

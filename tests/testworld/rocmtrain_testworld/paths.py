@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tomllib
 from pathlib import Path
@@ -27,26 +28,30 @@ KUBERAY_CRDS_DIR = BIN_DIR / "crds"
 MANIFESTS_DIR = BIN_DIR / "manifests"
 # The repo's own CRDs (make crds).
 CRDS_DIR = REPO_ROOT / "crds"
-# `kubecluster.py up`: the detached cluster's state.
+# `kubecluster.py up`: the detached cluster's pids and kubeconfig (its state: STATE_DIR).
 PIDS_FILE = CLUSTER_DIR / "pids"
-STATE_DIR = CLUSTER_DIR / "state"
 KUBECONFIG_FILE = CLUSTER_DIR / "kubeconfig"
 
 
-def _outside_tmp(name: str) -> Path:
-    """A folder of this checkout's cluster state that is never under /tmp (``.cluster/<name>``, or
-    /var/tmp where the checkout itself lies in /tmp): pods of the process runtime see this machine's
-    paths, and the operator gives Ray pods an emptyDir at /tmp, which hides whatever lies below it.
+def outside_tmp(cluster_dir: Path, name: str) -> Path:
+    """A folder of a checkout's cluster state that is never under /tmp (``.cluster/<name>``, or one of
+    that checkout's own in /var/tmp where it lies in /tmp): pods of the process runtime see this
+    machine's paths, and the operator gives Ray pods an emptyDir at /tmp, which hides whatever lies
+    below it.
     """
-    if CLUSTER_DIR.resolve().is_relative_to("/tmp"):
-        return Path("/var/tmp") / f"rocmtrain-{name}-{os.getuid()}"
-    return CLUSTER_DIR / name
+    real = cluster_dir.resolve()
+    if real.is_relative_to("/tmp"):
+        checkout = hashlib.sha256(str(real).encode()).hexdigest()[:8]
+        return Path("/var/tmp") / f"rocmtrain-{name}-{os.getuid()}-{checkout}"
+    return cluster_dir / name
 
 
 # Where the world's jobs keep data and checkpoints (hostPath volumes: pods see these paths as they
 # are; the operator refuses mount paths under /tmp). The demo's folder and the end-to-end tests'
 # folders (each made, and removed, by its user).
-VOLUMES_DIR = _outside_tmp("volumes")
-# Where a world started without a workdir (the tests' session world) keeps its state: the process
-# runtime's pod folders there (each container's working folder) stay visible below a pod's /tmp mount.
-WORLDS_DIR = _outside_tmp("worlds")
+VOLUMES_DIR = outside_tmp(CLUSTER_DIR, "volumes")
+# Where the worlds keep their state (etcd, logs, the process runtime's pod folders, which must stay
+# visible below a pod's /tmp mount): `kubecluster.py up`'s, and the fresh folders of those started
+# without a workdir (the tests' session world).
+STATE_DIR = outside_tmp(CLUSTER_DIR, "state")
+WORLDS_DIR = outside_tmp(CLUSTER_DIR, "worlds")

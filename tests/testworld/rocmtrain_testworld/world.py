@@ -6,9 +6,12 @@ controller: kwok renews node leases), kube-scheduler, the KubeRay operator,
 Kueue with its webhooks. Faked: the GPUs and machines (kwok nodes), and what
 containers do (kwok stages: Running by default; tests choose otherwise).
 Stood in for (TEST-ONLY, runtime/): the kubelets and images of the process
-nodes, whose pods (those of namespaces passed to `runtime.serve_namespace`)
-really run, as processes on this machine; it needs root (network namespaces),
-and the world starts without it where that is missing (`World.runtime` None).
+nodes, whose pods really run, as processes on this machine; it needs root
+(network namespaces), and the world starts without it where that is missing
+(`World.runtime` None). Where it runs, the pods of every namespace go to its
+nodes (`default` and any namespace a person creates: a job there really
+trains), apart from namespaces annotated for kwok's nodes
+(`runtime.namespace_annotations`, as `Scope.namespace` makes them).
 
 Services get no endpoints: pod IPs are loopback addresses (nothing may reach
 a fake pod off this machine), which EndpointSlices refuse, so the endpoint
@@ -101,12 +104,12 @@ class Scope:
         self._namespaces: list[str] = []
         self._objects: list[dict[str, Any]] = []
 
-    def namespace(self, prefix: str = "world", *, processes: bool = False) -> str:
-        """A new namespace; with ``processes``, its pods run as processes (the process runtime's nodes)."""
-        name = self.cluster.new_namespace(prefix)
+    def namespace(self, prefix: str = "world", *, processes: bool | None = False) -> str:
+        """A new namespace whose pods run as processes (the process runtime's nodes) with ``processes``,
+        on kwok's nodes without; None: as a person makes one (no annotations: the world's default)."""
+        annotations = None if processes is None else runtime.namespace_annotations(processes=processes)
+        name = self.cluster.new_namespace(prefix, annotations=annotations)
         self._namespaces.append(name)
-        if processes:
-            runtime.serve_namespace(self.cluster, name)
         return name
 
     def describe(self, lines: int = 40) -> str:
@@ -165,16 +168,22 @@ def start(workdir: Path | None = None, *, kubeconfig_path: Path | None = None, d
     if not binaries_present():
         raise ClusterError("world binaries missing; run `make cluster-binaries`")
     began = time.monotonic()
+    runs_pods = network.available() is None
     # A fresh workdir outside /tmp (paths.WORLDS_DIR): the runtime's pod folders must stay visible in pods.
     cluster = control_plane.start(
-        workdir, kubeconfig_path=kubeconfig_path, detach=detach, controllers=WORLD_CONTROLLERS, under=WORLDS_DIR
+        workdir,
+        kubeconfig_path=kubeconfig_path,
+        detach=detach,
+        controllers=WORLD_CONTROLLERS,
+        under=WORLDS_DIR,
+        admission=runtime.admission_config() if runs_pods else None,
     )
     assert cluster.workdir is not None
     workdir = cluster.workdir
     world = World(cluster, LoopbackNames(workdir / "names"))
     world.timings["control plane"] = time.monotonic() - began
     try:
-        _start_components(world, workdir, detach)
+        _start_components(world, workdir, detach, runs_pods)
     except BaseException:
         world.stop()
         if not detach:
@@ -184,7 +193,7 @@ def start(workdir: Path | None = None, *, kubeconfig_path: Path | None = None, d
     return world
 
 
-def _start_components(world: World, workdir: Path, detach: bool) -> None:
+def _start_components(world: World, workdir: Path, detach: bool, runs_pods: bool) -> None:
     cluster, wrap = world.cluster, world.names.wrap
     began = time.monotonic()
 
@@ -217,7 +226,7 @@ def _start_components(world: World, workdir: Path, detach: bool) -> None:
         world.nodes = nodes.register_kwok(cluster)
         add(kuberay.process(cluster, workdir, kuberay_kubeconfig.result(), wrap, detach=detach))
         add(kueue.process(kueue_kubeconfig.result(), wrap, detach=detach))
-        if network.available() is None:
+        if runs_pods:
             assert cluster.pki is not None
             admin = cluster.pki.kubeconfig(cluster.server, runtime.NAME, runtime.NAME, "system:masters")
             add(runtime.process(workdir, admin, world.names.hosts.parent, detach=detach))

@@ -7,9 +7,11 @@ real Ray cluster and our training runs end to end (tests/e2e, `make demo`).
 - Nodes: the world gets `PROCESS_NODES`, CPU nodes that this runtime registers
   and keeps Ready (status and Lease, like a kubelet); they carry the label and
   NoSchedule taint `test.rocmtrain.dev/runtime=process`, so only pods that ask
-  for them land there. `serve_namespace` annotates a namespace (kube-apiserver's
-  PodNodeSelector and PodTolerationRestriction admission plugins) so that every
-  pod created in it does; other namespaces stay on the kwok nodes.
+  for them land there. kube-apiserver's PodNodeSelector and
+  PodTolerationRestriction admission plugins make every pod ask
+  (`admission_config`: the cluster's default), apart from the pods of a
+  namespace whose annotations say otherwise (`namespace_annotations`: the
+  tests' kwok namespaces).
 - Pods: every pod bound to those nodes runs here (pod.py): its init containers,
   then its containers' command and args as processes, with the pod's
   environment (downward API resolved) and its volumes as files at their mount
@@ -35,6 +37,7 @@ from typing import Any
 
 from rocmtrain_testworld.api import KubeCluster
 from rocmtrain_testworld.nodes import ProcessNode
+from rocmtrain_testworld.paths import REPO_ROOT
 from rocmtrain_testworld.processes import Process
 
 PROCESS_NODES = ("proc-0", "proc-1")
@@ -45,25 +48,43 @@ _NODE_SELECTOR_ANNOTATION = "scheduler.alpha.kubernetes.io/node-selector"
 _TOLERATIONS_ANNOTATION = "scheduler.alpha.kubernetes.io/defaultTolerations"
 
 
-def namespace_annotations() -> dict[str, str]:
-    """What sends every pod of a namespace to the process nodes (admission adds selector and toleration)."""
-    key, value = ProcessNode.taint_key, ProcessNode.taint_value
-    toleration = [{"key": key, "operator": "Equal", "value": value, "effect": "NoSchedule"}]
-    return {_NODE_SELECTOR_ANNOTATION: f"{key}={value}", _TOLERATIONS_ANNOTATION: json.dumps(toleration)}
+_SELECTOR = f"{ProcessNode.taint_key}={ProcessNode.taint_value}"
+_TOLERATIONS = [
+    {"key": ProcessNode.taint_key, "operator": "Equal", "value": ProcessNode.taint_value, "effect": "NoSchedule"}
+]
 
 
-def serve_namespace(cluster: KubeCluster, name: str) -> None:
-    """Have the pods of namespace ``name`` (created from now on) run as processes here."""
-    cluster.request(
-        "PATCH",
-        f"/api/v1/namespaces/{name}",
-        body={"metadata": {"annotations": namespace_annotations()}},
-        content_type="application/merge-patch+json",
-    )
+def namespace_annotations(*, processes: bool) -> dict[str, str]:
+    """A namespace's annotations that place its pods, whatever the cluster's default: with ``processes``
+    on the process nodes, else (no selector, no toleration) where the scheduler finds room: kwok's nodes."""
+    if processes:
+        return {_NODE_SELECTOR_ANNOTATION: _SELECTOR, _TOLERATIONS_ANNOTATION: json.dumps(_TOLERATIONS)}
+    return {_NODE_SELECTOR_ANNOTATION: "", _TOLERATIONS_ANNOTATION: "[]"}
+
+
+def admission_config() -> dict[str, Any]:
+    """kube-apiserver's admission configuration that sends the pods of every namespace without
+    `namespace_annotations` to the process nodes: the default of a world that runs them."""
+    plugins = [
+        {
+            "name": "PodNodeSelector",
+            "configuration": {"podNodeSelectorPluginConfig": {"clusterDefaultNodeSelector": _SELECTOR}},
+        },
+        {
+            "name": "PodTolerationRestriction",
+            "configuration": {
+                "apiVersion": "podtolerationrestriction.admission.k8s.io/v1alpha1",
+                "kind": "Configuration",
+                "default": _TOLERATIONS,
+            },
+        },
+    ]
+    return {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration", "plugins": plugins}
 
 
 def process(workdir: Path, kubeconfig: Path, names: Path, *, detach: bool = False) -> Process:
-    """The runtime (not started), with the checkout's Python; ready once it has written its info."""
+    """The runtime (not started), with the checkout's Python, this checkout standing in for the image;
+    ready once it has written its info. ``workdir`` may not lie under /tmp (see __main__)."""
     folder = workdir / "runtime"
     return Process(
         NAME,
@@ -74,6 +95,7 @@ def process(workdir: Path, kubeconfig: Path, names: Path, *, detach: bool = Fals
             f"--folder={folder}",
             f"--logs={workdir / 'logs' / 'pods'}",
             f"--names={names}",
+            f"--image={REPO_ROOT}",
         ],
         binary=sys.executable,
         identity=MODULE,

@@ -1,7 +1,9 @@
 """TEST-ONLY: the process runtime,
-`python -m rocmtrain_testworld.runtime --kubeconfig K --folder DIR --logs DIR --names DIR`.
+`python -m rocmtrain_testworld.runtime --kubeconfig K --folder DIR --logs DIR --names DIR --image CHECKOUT`.
 
-Stops (every pod, then the pod network) on SIGTERM or SIGINT.
+Stops (every pod, then the pod network) on SIGTERM or SIGINT. Its folders may not lie under /tmp: a
+pod's /tmp is an emptyDir (the operator's Ray pods have one), which would hide from the pod's own
+mounts the files they bind (its names, volumes, the copy of the image it binds back).
 """
 
 from __future__ import annotations
@@ -31,8 +33,13 @@ def main(argv: list[str] | None = None) -> int:
         "--logs", type=Path, required=True, help="container logs: LOGS/<namespace>/<pod>/<container>.log"
     )
     parser.add_argument("--names", type=Path, required=True, help="the world's name sandbox folder")
+    parser.add_argument(
+        "--image", type=Path, required=True, help="the checkout that stands in for the image (with this Python)"
+    )
     parser.add_argument("--nodes", default=",".join(PROCESS_NODES))
     args = parser.parse_args(argv)
+    if under_tmp := [str(f) for f in (args.folder, args.logs, args.names) if f.resolve().is_relative_to("/tmp")]:
+        parser.error(f"folders under /tmp, which a pod's /tmp hides from its own mounts: {', '.join(under_tmp)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s: %(message)s")
     if reason := available():
         print(f"error: {reason}", file=sys.stderr)
@@ -52,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             LoopbackNames(args.names),
             network,
             Path(sys.prefix) / "bin",
+            args.image,
         )
         kubelet.start()
         info = {

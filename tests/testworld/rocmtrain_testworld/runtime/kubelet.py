@@ -33,7 +33,6 @@ from kubernetes.client.exceptions import ApiException
 
 from rocmtrain_testworld.api import KubeCluster
 from rocmtrain_testworld.nodes import ProcessNode, heartbeat, register_process
-from rocmtrain_testworld.paths import REPO_ROOT
 from rocmtrain_testworld.runtime.network import Network
 from rocmtrain_testworld.runtime.pod import PodWorker
 from rocmtrain_testworld.runtime.podspec import CLUSTER_DOMAIN
@@ -63,8 +62,10 @@ class Kubelet:
         names: LoopbackNames,
         network: Network,
         python_bin: Path,
+        image: Path,
     ) -> None:
-        """``folder``: the pods' folders; ``logs``: their containers' logs; ``python_bin``: the stand-in image's."""
+        """``folder``: the pods' folders; ``logs``: their containers' logs; ``python_bin`` and the checkout
+        ``image``: what stands in for the image."""
         self.api = api
         self.pods_dir = folder / "pods"
         self.logs_dir = logs
@@ -73,7 +74,7 @@ class Kubelet:
         self.names = names
         self.network = network
         self.python_bin = python_bin
-        self.image = (str(REPO_ROOT.resolve()), str(python_bin.parent.resolve()))  # what stands in for the image
+        self.image = (str(image.resolve()), str(python_bin.parent.resolve()))
         self.nodes = [ProcessNode(name, network.host_address) for name in nodes]
         self.allocatable = self.nodes[0].resources
         self._node_names = {n.name for n in self.nodes}
