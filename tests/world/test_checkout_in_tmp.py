@@ -97,8 +97,8 @@ def test_a_ray_pod_runs_from_a_checkout_under_tmp(checkout: Path) -> None:
         path = "/api/v1/namespaces/default/pods/ray-head"
 
         def started() -> bool:
-            phase = cluster.request("GET", path)["status"].get("phase")
-            assert phase in ("Pending", "Running"), f"the Ray head {phase}:\n{log_tail(log)}"
+            status = cluster.request("GET", path)["status"]
+            assert status.get("phase") in ("Pending", "Running"), f"the Ray head: {status}\n{log_tail(log)}"
             return log.is_file() and STARTED in log.read_text()
 
         cluster.wait_for(started, 180, "the Ray head to start")
