@@ -91,3 +91,10 @@ def test_progress_keeps_it_following() -> None:
 def test_the_stall_time_comes_from_the_environment_with_a_default() -> None:
     assert demo.stall_seconds({}) == demo.STALL_SECONDS == 300
     assert demo.stall_seconds({demo.STALL_ENV: "45"}) == 45
+
+
+def test_a_condition_without_a_message_is_printed_without_one() -> None:
+    status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True", "reason": "Running"}]}
+    assert printed(demo.Follower(stall_seconds=60, began=0.0).observe(1.0, status, []))[1:] == [
+        "condition Ready=True Running"
+    ]

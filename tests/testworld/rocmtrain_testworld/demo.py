@@ -101,7 +101,8 @@ def _line(status: Mapping[str, Any]) -> str:
 
 
 def _condition(c: Mapping[str, Any]) -> str:
-    return f"condition {c.get('type')}={c.get('status')} {c.get('reason', '')}: {c.get('message', '')}".rstrip(": ")
+    line = f"condition {c.get('type')}={c.get('status')} {c.get('reason', '')}"
+    return f"{line}: {c['message']}" if c.get("message") else line
 
 
 def _event(e: Mapping[str, Any]) -> str:
@@ -167,11 +168,10 @@ def stall_seconds(environ: Mapping[str, str] = os.environ) -> float:
 
 def _warnings(cluster: KubeCluster, name: str) -> list[dict[str, Any]]:
     """The Warning events of the job and of what it made (its RayJob, RayCluster, pods: named after it)."""
-    found = cluster.request("GET", f"/api/v1/namespaces/{NAMESPACE}/events", query={"fieldSelector": "type=Warning"})[
-        "items"
-    ]
-    found = [e for e in found if (e.get("involvedObject") or {}).get("name", "").startswith(name)]
-    return sorted(found, key=lambda e: int(e["metadata"]["resourceVersion"]))
+    query = {"fieldSelector": "type=Warning"}
+    found = cluster.request("GET", f"/api/v1/namespaces/{NAMESPACE}/events", query=query)["items"]
+    ours = [e for e in found if (e.get("involvedObject") or {}).get("name", "").startswith(name)]
+    return sorted(ours, key=lambda e: int(e["metadata"]["resourceVersion"]))
 
 
 def pod_logs(cluster: KubeCluster, name: str) -> list[str]:
