@@ -15,9 +15,10 @@ $(BIN)/activate:
 	$(PY) -m pip install --quiet --upgrade pip
 
 # Installs the project with every extra into .venv, at the versions of constraints.txt (the lock
-# both Dockerfiles use too); re-runs only when pyproject or the lock changes.
-$(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/activate
-	$(PY) -m pip install --quiet --constraint constraints.txt -e '.[operator,train,plot,dev]'
+# both Dockerfiles use too), and the test world (tests/testworld: the package rocmtrain_testworld);
+# re-runs only when a pyproject or the lock changes.
+$(VENV)/.installed: pyproject.toml tests/testworld/pyproject.toml constraints.txt | $(BIN)/activate
+	$(PY) -m pip install --quiet --constraint constraints.txt -e '.[operator,train,plot,dev]' -e tests/testworld
 	touch $@
 
 install: $(VENV)/.installed
@@ -79,27 +80,27 @@ validate: install
 	$(BIN)/rocmtrain validate examples/kueue.yaml
 
 cluster-binaries:
-	tests/cluster/build.sh
+	tests/testworld/rocmtrain_testworld/build.sh
 
 # The whole test world, detached (kube-scheduler, kwok GPU nodes, KubeRay, Kueue, and where this
 # machine allows, the process runtime and the operator); prints its kubeconfig.
 cluster-up: install cluster-binaries
-	PYTHONPATH=tests $(PY) -m cluster.kubecluster up
+	$(PY) -m rocmtrain_testworld.kubecluster up
 
 # Stops every process of the world (the operator too, also the one run-operator runs in the foreground,
 # and the pods' processes and network) and removes its state.
 cluster-down:
-	PYTHONPATH=tests $(PY) -m cluster.kubecluster down
+	$(PY) -m rocmtrain_testworld.kubecluster down
 
 # The quick start as a cluster job on the local world (brought up if needed), followed to its end.
 demo: install cluster-binaries
-	PYTHONPATH=tests $(PY) -m cluster.demo
+	$(PY) -m rocmtrain_testworld.demo
 
 # The operator in the foreground against the current KUBECONFIG (all namespaces unless
 # ROCMTRAIN_NAMESPACES is set). On the world cluster-up started (KUBECONFIG unset or naming it) it
 # takes over from the operator running there, so that only one acts on the jobs; cluster-down stops it.
 run-operator: install
-	PYTHONPATH=tests $(PY) -m cluster.kubecluster operator
+	$(PY) -m rocmtrain_testworld.kubecluster operator
 
 # Side-by-side benchmarks; figures in docs/benchmarks.md.
 bench: bench-train bench-operator bench-world

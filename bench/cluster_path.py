@@ -30,14 +30,10 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "e2e")]
-
-from training_jobs import Watch, claim, copy_data, cpu_job  # noqa: E402
-
-from cluster import demo, rocmtrain_operator, world  # noqa: E402
-from cluster.paths import VOLUMES_DIR  # noqa: E402
-from cluster.world import Scope, World  # noqa: E402
+from rocmtrain_testworld import demo, rocmtrain_operator, world
+from rocmtrain_testworld.jobs import Watch, claim, copy_data, cpu_job
+from rocmtrain_testworld.paths import VOLUMES_DIR
+from rocmtrain_testworld.world import Scope, World
 
 
 def run_local(job: dict[str, Any], folder: Path) -> float:

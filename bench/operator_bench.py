@@ -15,7 +15,7 @@
 
 There is no KubeRay controller there: RayJob status is written by this script.
 
-`--world` runs in the test world instead (tests/cluster/world.py: kube-scheduler, kwok
+`--world` runs in the test world instead (rocmtrain_testworld/world.py: kube-scheduler, kwok
 nodes, the real KubeRay with its defaults, Kueue idle), with eight more kwok nodes of
 250 pods each for the bench: N small CPU-only jobs are created at once while the
 operator runs, and each is timed, side by side, through
@@ -46,18 +46,15 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+from kubernetes_asyncio import client, watch
+from kubernetes_asyncio.client.exceptions import ApiException
 
-from kubernetes_asyncio import client, watch  # noqa: E402
-from kubernetes_asyncio.client.exceptions import ApiException  # noqa: E402
-
-from cluster import nodes, world  # noqa: E402
-from cluster.kubecluster import KubeCluster, free_port, running_cluster  # noqa: E402
-from cluster.nodes import FakeNode  # noqa: E402
-from rocmtrain.api.models import RocmTrainingJob  # noqa: E402
-from rocmtrain.kube import JOBS, RAYJOBS, Kube, Ref  # noqa: E402
-from rocmtrain.render import render_rayjob  # noqa: E402
+from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.kube import JOBS, RAYJOBS, Kube, Ref
+from rocmtrain.render import render_rayjob
+from rocmtrain_testworld import nodes, runtime, world
+from rocmtrain_testworld.kubecluster import KubeCluster, free_port, running_cluster
+from rocmtrain_testworld.nodes import FakeNode
 
 IN_FLIGHT = 32
 
@@ -403,7 +400,7 @@ async def world_bench(cluster: KubeCluster, metrics_url: str, args: argparse.Nam
     """N small jobs at once in the world; each timed through the operator and through KubeRay (module doc)."""
     os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
     kube = await Kube.connect(pool_size=IN_FLIGHT)
-    ns = cluster.new_namespace("world")
+    ns = cluster.new_namespace("world", annotations=runtime.namespace_annotations(processes=False))  # kwok pods
     names = [f"job-{i:04d}" for i in range(args.jobs)]
     marks: dict[str, dict[str, float]] = {key: {} for key in ("created", "rayjob", "status", "cluster", "workers")}
 

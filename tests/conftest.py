@@ -1,20 +1,19 @@
-"""Shared pytest configuration: ``tests/`` on sys.path, the lean ``kube`` cluster and the full ``world``."""
+"""Shared pytest configuration: the lean ``kube`` cluster and the full ``world`` (of ``rocmtrain_testworld``).
+
+The test folders import each other from ``tests/`` (pytest's rootdir-based import of this conftest puts it first
+on sys.path), the test world from its installed package (``make install``: ``tests/testworld``)."""
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 if TYPE_CHECKING:
-    from cluster.kubecluster import KubeCluster
-    from cluster.world import Scope, World
+    from rocmtrain_testworld.kubecluster import KubeCluster
+    from rocmtrain_testworld.world import Scope, World
 
 
 def _missing(msg: str) -> None:
@@ -31,7 +30,7 @@ def kube() -> Iterator[KubeCluster]:
     No scheduler, kubelet or KubeRay controller: tests write RayJob status
     themselves. Uses the cluster at $ROCMTRAIN_TEST_KUBECONFIG when set.
     """
-    from cluster import kubecluster
+    from rocmtrain_testworld import kubecluster
 
     if not os.environ.get(kubecluster.EXTERNAL_KUBECONFIG_ENV) and not kubecluster.binaries_present():
         _missing(f"no control-plane binaries in {kubecluster.BIN_DIR}; run `make cluster-binaries`")
@@ -42,8 +41,8 @@ def kube() -> Iterator[KubeCluster]:
 @pytest.fixture(scope="session")
 def world() -> Iterator[World]:
     """The full world for the session, apart from ``kube``: the control plane plus kube-scheduler,
-    kwok GPU nodes, the KubeRay operator and Kueue (tests/cluster/world.py)."""
-    from cluster import kubecluster, world
+    kwok GPU nodes, the KubeRay operator and Kueue (rocmtrain_testworld.world)."""
+    from rocmtrain_testworld import kubecluster, world
 
     if os.environ.get(kubecluster.EXTERNAL_KUBECONFIG_ENV):
         pytest.skip("the world runs its own processes; not against $ROCMTRAIN_TEST_KUBECONFIG")
@@ -66,7 +65,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 @pytest.fixture
 def scope(world: World) -> Iterator[Scope]:
     """Namespaces and objects for one test in the world, removed after it (freeing the GPUs)."""
-    from cluster.world import Scope
+    from rocmtrain_testworld.world import Scope
 
     made = Scope(world)
     try:

@@ -4,7 +4,7 @@ Real: the control plane, kube-scheduler, KubeRay, the operator (`python -m
 rocmtrain.controller`, as its own ServiceAccount with manifests/' RBAC), Ray,
 Ray Train, the MiniLM model, the authenticated progress push. Stood in for: the
 images and kubelets of the CPU nodes the pods run on (the TEST-ONLY process
-runtime, tests/cluster/runtime). Each job is small: 2 CPU workers, a few
+runtime, rocmtrain_testworld/runtime). Each job is small: 2 CPU workers, a few
 steps, data and checkpoints on a PersistentVolume at an absolute path here.
 """
 
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster import rocmtrain_operator, runtime
-from cluster.paths import VOLUMES_DIR
-from cluster.processes import Process
-from cluster.world import World
+from rocmtrain_testworld import rocmtrain_operator, runtime
+from rocmtrain_testworld.paths import VOLUMES_DIR
+from rocmtrain_testworld.processes import Process
+from rocmtrain_testworld.world import World
 
 
 @pytest.fixture(scope="module")

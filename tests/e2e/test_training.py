@@ -19,7 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from training_jobs import (
+
+from rocmtrain.api.models import RocmTrainingJobStatus
+from rocmtrain_testworld import kuberay
+from rocmtrain_testworld.jobs import (
     JOBS,
     TIMEOUT,
     Watch,
@@ -32,12 +35,9 @@ from training_jobs import (
     status,
     volume,
 )
-
-from cluster import kuberay
-from cluster.processes import Process
-from cluster.runtime.container import processes_in
-from cluster.world import Scope, World
-from rocmtrain.api.models import RocmTrainingJobStatus
+from rocmtrain_testworld.processes import Process
+from rocmtrain_testworld.runtime.container import processes_in
+from rocmtrain_testworld.world import Scope, World
 
 pytestmark = [pytest.mark.cluster, pytest.mark.ray]
 

@@ -7,5 +7,5 @@
   to kill with SIGKILL, restart, scrape and measure;
 - `flood`: a client process that floods the progress endpoint with junk tokens.
 
-They use the harness's `KubeCluster` as it is (`tests/cluster/kubecluster.py`).
+They use the harness's `KubeCluster` as it is (`rocmtrain_testworld/kubecluster.py`).
 """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from cluster.kubecluster import ClusterError, KubeCluster
+from rocmtrain_testworld.kubecluster import ClusterError, KubeCluster
 
 
 def restart_apiserver(kube: KubeCluster, timeout: float = 60.0) -> float:

@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from cluster.processes import die_with_parent, free_port, healthz_ok
+from rocmtrain_testworld.processes import die_with_parent, free_port, healthz_ok
 
 
 class OperatorProcess:

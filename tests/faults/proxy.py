@@ -30,8 +30,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from cluster.kubecluster import KubeCluster, free_port
 from progress.endpoint import LoopThread
+from rocmtrain_testworld.kubecluster import KubeCluster, free_port
 
 # Hop-by-hop headers, and those aiohttp sets itself.
 _SKIP_REQUEST = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length"}

@@ -17,7 +17,7 @@ from typing import Any
 
 import lupa.lua51 as lua51
 
-from gotools import go_tool
+from rocmtrain_testworld.gotools import go_tool
 
 REPO = Path(__file__).resolve().parents[2]
 HEALTH_LUA = REPO / "manifests" / "argocd" / "health.lua"

@@ -1,6 +1,6 @@
 """The alerts and the dashboard under manifests/monitoring/, checked with promtool (Prometheus's own parser).
 
-promtool is built from the Prometheus Go module by tests/cluster/build.sh. That every
+promtool is built from the Prometheus Go module by rocmtrain_testworld/build.sh. That every
 metric they name is in the operator's real /metrics output is checked against a running
 operator in tests/operator/test_monitoring.py.
 """
@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gotools import go_tool
 from monitoring.promql import (
     RULES,
     dashboard,
@@ -30,6 +29,7 @@ from rocmtrain.api.contract import JOB_NAME_LABEL
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.prometheus import JOB_LABEL
 from rocmtrain.render import render_rayjob
+from rocmtrain_testworld.gotools import go_tool
 from unit.samples import full_job
 
 HERE = Path(__file__).resolve().parent

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from operator_testkit import APPLIED_KINDS, OPERATOR_NAMESPACE, OPERATOR_SA, REPO, Api, Operator, kustomize_build
 
-from cluster.kubecluster import KubeCluster
+from rocmtrain_testworld.kubecluster import KubeCluster
 
 if TYPE_CHECKING:
-    from cluster.world import Scope, World
+    from rocmtrain_testworld.world import Scope, World
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from kopf.testing import KopfRunner
 
-from cluster import rocmtrain_operator
-from cluster.kubecluster import KubeCluster, free_port
-from cluster.processes import healthz_ok
-from cluster.rocmtrain_operator import kustomize
-from gotools import go_tool
 from rocmtrain.api.conditions import ConditionType, Reason
+from rocmtrain_testworld import rocmtrain_operator
+from rocmtrain_testworld.gotools import go_tool
+from rocmtrain_testworld.kubecluster import KubeCluster, free_port
+from rocmtrain_testworld.processes import healthz_ok
+from rocmtrain_testworld.rocmtrain_operator import kustomize
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_NAMESPACE, OPERATOR_SA = rocmtrain_operator.NAMESPACE, rocmtrain_operator.ACCOUNT

@@ -26,10 +26,10 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from operator_testkit import RAYJOBS, STALL_SECONDS, Api, Operator, job_manifest, wait_until
 
-from cluster.kubecluster import KUBERAY_CRDS_DIR, KubeCluster
 from rocmtrain.api.conditions import ConditionType, Reason
 from rocmtrain.api.validate import validate_job
 from rocmtrain.render import render_rayjob
+from rocmtrain_testworld.kubecluster import KUBERAY_CRDS_DIR, KubeCluster
 
 pytestmark = pytest.mark.cluster
 

@@ -1,6 +1,6 @@
 """`rocmtrain pool`, `status` and `plot` against real clusters.
 
-`pool` runs in the world (tests/cluster/world.py): kube-scheduler binds the Ray pods KubeRay makes,
+`pool` runs in the world (rocmtrain_testworld/world.py): kube-scheduler binds the Ray pods KubeRay makes,
 Kueue admits RayJobs against a ClusterQueue's quota, kwok runs the nodes (2 x MI300X, 1 x MI250, 1 CPU)
 and the pods; faked there: the GPUs and the containers. `status` and `plot` run on the lean control
 plane, where the test writes the job's status and events as the operator would.
@@ -16,13 +16,13 @@ import pytest
 from operator_testkit import job_manifest
 from PIL import Image
 
-from cluster import kuberay, kueue
-from cluster.api import KubeCluster
-from cluster.nodes import GPU_RESOURCE, MI250_LABELS, MI300X_LABELS, PRODUCT_LABEL
-from cluster.world import Scope, World
 from rocmtrain import cluster_cli
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.render import render_rayjob
+from rocmtrain_testworld import kuberay, kueue
+from rocmtrain_testworld.api import KubeCluster
+from rocmtrain_testworld.nodes import GPU_RESOURCE, MI250_LABELS, MI300X_LABELS, PRODUCT_LABEL
+from rocmtrain_testworld.world import Scope, World
 
 pytestmark = pytest.mark.cluster
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from operator_testkit import RAYJOBS, Api, job_manifest, wait_until
 
-from cluster.kubecluster import KubeCluster
 from faults.operator_process import OperatorProcess
 from faults.proxy import Fault, FaultProxy
 from rocmtrain.api.conditions import ConditionType
 from rocmtrain.api.contract import JOB_NAME_LABEL, MANAGED_LABELS, RAY_CLUSTER_LABEL, RAY_NODE_TYPE_LABEL
 from rocmtrain.controller.reconciler import ACTIVE_RECONCILES
+from rocmtrain_testworld.kubecluster import KubeCluster
 
 pytestmark = pytest.mark.cluster
 

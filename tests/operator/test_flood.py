@@ -14,7 +14,6 @@ The figures are printed (`-s`) and in docs/benchmarks.md.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import statistics
 import subprocess
@@ -26,11 +25,11 @@ from pathlib import Path
 import pytest
 from operator_testkit import OPERATOR_NAMESPACE, Api, job_manifest, wait_until
 
-from cluster.kubecluster import KubeCluster, free_port
-from cluster.processes import die_with_parent
 from faults.operator_process import OperatorProcess
 from rocmtrain.api.contract import progress_path
 from rocmtrain.progress.auth import REVIEW_BURST, REVIEW_RATE_PER_SECOND
+from rocmtrain_testworld.kubecluster import KubeCluster, free_port
+from rocmtrain_testworld.processes import die_with_parent
 
 pytestmark = pytest.mark.cluster
 
@@ -119,7 +118,7 @@ def test_an_invalid_token_flood_leaves_reconciles_and_status_alone(
         started, reviews_before = time.monotonic(), operator.metric(REVIEWS)
         flood = subprocess.Popen(
             [sys.executable, "-m", "faults.flood", url, str(counts_file)],
-            env={**os.environ, "PYTHONPATH": str(TESTS_DIR)},
+            cwd=TESTS_DIR,  # `python -m` finds faults.flood in its working folder
             preexec_fn=die_with_parent,
         )
 

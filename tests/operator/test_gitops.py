@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from operator_testkit import JOBS, STALL_SECONDS, Api, Operator, job_manifest, wait_until
 
-from cluster.kubecluster import KubeCluster
 from gitops.health import CASES, argocd_health, kstatus, record
 from rocmtrain.api.conditions import ConditionType
+from rocmtrain_testworld.kubecluster import KubeCluster
 
 pytestmark = pytest.mark.cluster
 

@@ -16,9 +16,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from operator_testkit import OPERATOR_NAMESPACE, RAYJOBS, Api, Operator, job_manifest, wait_until
 
-from cluster.kubecluster import KubeCluster, free_port
 from rocmtrain.api.conditions import ConditionType, Reason
 from rocmtrain.progress import tls
+from rocmtrain_testworld.kubecluster import KubeCluster, free_port
 from unit.test_validate import RESERVED_SPELLINGS
 
 pytestmark = pytest.mark.cluster

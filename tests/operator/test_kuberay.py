@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from operator_testkit import SMALL, WORLD_TIMEOUT, Api, Operator, job_manifest, submitting, wait_until
 
-from cluster import kuberay, kwok
-from cluster.nodes import MI250_LABELS, MI300X_LABELS, PRODUCT_LABEL
-from cluster.world import World
 from rocmtrain.api.conditions import ConditionType, Reason
+from rocmtrain_testworld import kuberay, kwok
+from rocmtrain_testworld.nodes import MI250_LABELS, MI300X_LABELS, PRODUCT_LABEL
+from rocmtrain_testworld.world import World
 
 pytestmark = pytest.mark.cluster
 

@@ -27,11 +27,11 @@ from operator_testkit import (
     wait_until,
 )
 
-from cluster import kuberay, kueue, kwok
-from cluster.nodes import MI250_LABELS, PRODUCT_LABEL
-from cluster.world import Scope, World
 from rocmtrain.api.conditions import ConditionType, Reason
 from rocmtrain.api.quantity import parse_quantity
+from rocmtrain_testworld import kuberay, kueue, kwok
+from rocmtrain_testworld.nodes import MI250_LABELS, PRODUCT_LABEL
+from rocmtrain_testworld.world import Scope, World
 
 pytestmark = pytest.mark.cluster
 

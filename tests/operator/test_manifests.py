@@ -10,11 +10,11 @@ import pytest
 from kubernetes import config as k8s_config
 from operator_testkit import OPERATOR_NAMESPACE, REPO, kustomize_build
 
-from cluster.kubecluster import KubeCluster, request
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.progress import tls
 from rocmtrain.progress.server import SERVICE_NAME, ProgressServerConfig
 from rocmtrain.render import render_rayjob
+from rocmtrain_testworld.kubecluster import KubeCluster, request
 from unit.samples import full_job
 
 CRDS = REPO / "crds"

@@ -15,8 +15,8 @@ import pytest
 from operator_testkit import JOBS, Api, Operator, job_manifest, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
-from cluster.kubecluster import KubeCluster
 from monitoring.promql import EXTERNAL_METRICS, dashboard_expressions, metric_names, rule_expressions
+from rocmtrain_testworld.kubecluster import KubeCluster
 
 pytestmark = pytest.mark.cluster
 

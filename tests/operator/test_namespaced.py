@@ -19,8 +19,8 @@ import pytest
 import yaml
 from operator_testkit import OPERATOR_NAMESPACE, RAYJOBS, REPO, Api, job_manifest, kustomize_build, wait_until
 
-from cluster.kubecluster import KubeCluster, request
 from faults.operator_process import OperatorProcess
+from rocmtrain_testworld.kubecluster import KubeCluster, request
 
 pytestmark = pytest.mark.cluster
 

@@ -3,7 +3,7 @@
 A Ray pod can be stuck four ways; each raises `RayPodsUnavailable` with a reason and
 the scheduler's or the kubelet's own words, posts one event, and clears when the cause
 goes away. The scheduler's verdicts are its own; the kubelet's states and messages are
-played by kwok (tests/cluster/kwok_behaviours.yaml): there are no containers here.
+played by kwok (rocmtrain_testworld/kwok_behaviours.yaml): there are no containers here.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from operator_testkit import SMALL, WORLD_TIMEOUT, Api, wait_until
 
-from cluster import kuberay, kwok
-from cluster.nodes import MI300X_LABELS, PRODUCT_LABEL
-from cluster.world import World
 from rocmtrain.api.conditions import ConditionType, Reason
+from rocmtrain_testworld import kuberay, kwok
+from rocmtrain_testworld.nodes import MI300X_LABELS, PRODUCT_LABEL
+from rocmtrain_testworld.world import World
 
 pytestmark = pytest.mark.cluster
 

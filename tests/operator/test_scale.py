@@ -13,7 +13,7 @@ import pytest
 import yaml
 from operator_testkit import JOBS, Api, job_manifest, wait_until
 
-from cluster.kubecluster import KubeCluster
+from rocmtrain_testworld.kubecluster import KubeCluster
 from rocmtrain_train.cli import scale_study as scale
 
 pytestmark = pytest.mark.cluster

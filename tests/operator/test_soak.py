@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from operator_testkit import RAYJOBS, Api, job_manifest
 
-from cluster.kubecluster import KubeCluster
 from faults.apiserver import restart_apiserver
 from faults.operator_process import OperatorProcess
+from rocmtrain_testworld.kubecluster import KubeCluster
 
 pytestmark = pytest.mark.cluster
 

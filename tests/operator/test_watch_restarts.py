@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from operator_testkit import Api, Operator, wait_until
 
-from cluster.kubecluster import KubeCluster
 from rocmtrain import prometheus
 from rocmtrain.controller import rayjob_watch
 from rocmtrain.status.objects import rayjob_view
+from rocmtrain_testworld.kubecluster import KubeCluster
 
 pytestmark = pytest.mark.cluster
 

@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from cluster.kubecluster import KubeCluster, free_port
 from progress.endpoint import OPERATOR_NAMESPACE, Client, ServerThread, operator_kubeconfig
 from rocmtrain.progress.server import ProgressServerConfig
+from rocmtrain_testworld.kubecluster import KubeCluster, free_port
 
 
 @pytest.fixture(scope="module")

@@ -24,9 +24,6 @@ from typing import Any, TypeVar
 from kubernetes.client.exceptions import ApiException
 from kubernetes_asyncio import config as async_config
 
-from cluster.kubecluster import KubeCluster
-from cluster.rocmtrain_operator import ACCOUNT as OPERATOR_SA
-from cluster.rocmtrain_operator import NAMESPACE as OPERATOR_NAMESPACE
 from rocmtrain.api.contract import (
     API_VERSION,
     JOB_NAME_LABEL,
@@ -41,6 +38,9 @@ from rocmtrain.progress.auth import RAY_NODE_TYPE_LABEL
 from rocmtrain.progress.server import ProgressServer, ProgressServerConfig, start_progress_server
 from rocmtrain.render import render_rayjob
 from rocmtrain.status.objects import owner_reference
+from rocmtrain_testworld.kubecluster import KubeCluster
+from rocmtrain_testworld.rocmtrain_operator import ACCOUNT as OPERATOR_SA
+from rocmtrain_testworld.rocmtrain_operator import NAMESPACE as OPERATOR_NAMESPACE
 
 T = TypeVar("T")
 

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from cluster.kubecluster import KubeCluster, free_port
 from progress.endpoint import ServerThread, bound_token, create_job, create_ray_head
 from rocmtrain.api.models import ProgressReport
 from rocmtrain.progress import tls
 from rocmtrain.progress.server import ProgressServerConfig
+from rocmtrain_testworld.kubecluster import KubeCluster, free_port
 from rocmtrain_train.reporting.operator_sink import HttpSink
 
 pytestmark = pytest.mark.cluster

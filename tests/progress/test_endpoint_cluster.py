@@ -24,7 +24,6 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from kubernetes_asyncio import config as async_config
 
-from cluster.kubecluster import SA_ISSUER, KubeCluster
 from progress.endpoint import (
     OPERATOR_NAMESPACE,
     Client,
@@ -40,6 +39,7 @@ from rocmtrain.api.contract import PROGRESS_BURST, PROGRESS_RATE_PER_SECOND
 from rocmtrain.api.models import HISTORY_LENGTH, RocmTrainingJobStatus
 from rocmtrain.progress import tls
 from rocmtrain.progress.limits import MAX_BODY_BYTES
+from rocmtrain_testworld.kubecluster import SA_ISSUER, KubeCluster
 
 pytestmark = pytest.mark.cluster
 

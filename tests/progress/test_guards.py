@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from cluster.kubecluster import free_port
 from rocmtrain.api.contract import progress_path
 from rocmtrain.progress import tls
 from rocmtrain.progress.auth import Identity
 from rocmtrain.progress.errors import Unauthenticated
 from rocmtrain.progress.limits import RateLimiter
 from rocmtrain.progress.server import ProgressServer, ProgressServerConfig, make_app
+from rocmtrain_testworld.kubecluster import free_port
 
 HEADER_TIMEOUT = 1.5
 MAX_CONNECTIONS = 4

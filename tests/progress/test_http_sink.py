@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster.kubecluster import free_port
 from rocmtrain.api.contract import PROGRESS_CA_ENV, PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV, progress_path
 from rocmtrain.api.models import ProgressReport
 from rocmtrain.progress import tls
+from rocmtrain_testworld.kubecluster import free_port
 from rocmtrain_train.reporting import operator_sink as http_sink
 from rocmtrain_train.reporting.operator_sink import HttpSink, from_env
 

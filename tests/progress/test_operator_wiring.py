@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from cluster.kubecluster import KubeCluster, free_port
 from progress.endpoint import (
     OPERATOR_NAMESPACE,
     Client,
@@ -33,6 +32,7 @@ from rocmtrain.controller.settings import OperatorConfig
 from rocmtrain.progress import tls
 from rocmtrain.render import render_rayjob
 from rocmtrain.status.objects import owner_reference
+from rocmtrain_testworld.kubecluster import KubeCluster, free_port
 
 pytestmark = pytest.mark.cluster
 

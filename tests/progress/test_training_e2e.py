@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster.kubecluster import KubeCluster
 from progress.endpoint import ServerThread, bound_token, create_job, create_ray_head
 from rocmtrain.api.contract import PROGRESS_CA_ENV, PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV
 from rocmtrain.api.models import RocmTrainingJob, RocmTrainingJobStatus
+from rocmtrain_testworld.kubecluster import KubeCluster
 from rocmtrain_train.config import local_settings
 from rocmtrain_train.driver.train_job import run_local
 

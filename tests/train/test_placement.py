@@ -9,9 +9,9 @@ where they run, over gloo).
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 import ray
@@ -38,9 +38,9 @@ def pods(ray_local):
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": CPUS, "num_gpus": GPUS})
     nodes = [cluster.head_node, *(cluster.add_node(num_cpus=CPUS, num_gpus=GPUS) for _ in range(PODS - 1))]
     cluster.wait_for_nodes()
-    # The ranks run this module's functions: they find it where the tests are.
-    tests = str(Path(__file__).resolve().parents[1])
-    ray.init(address=cluster.address, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": tests}})
+    # The ranks run this module's functions, sent by value: Ray's workers cannot import the tests.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(address=cluster.address, log_to_driver=False)
     try:
         yield {node.node_id for node in nodes}
     finally:

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-import kuberay
 from rocmtrain import cli
 from rocmtrain.api import crd
 from rocmtrain.api.contract import DRIVER_MODULE
 from rocmtrain.api.models import STORAGE_REQUIRED
+from rocmtrain_testworld import rayjob_schema
 from unit.edits import Edit, both, drop, put
 from unit.samples import EXAMPLES, example, full_job, minimal_job
 
@@ -44,7 +44,7 @@ def test_render_of_each_example_matches_kuberay_schema(capsys: pytest.CaptureFix
     code, out, err = run(capsys, "render", str(EXAMPLES / name))
     assert (code, err) == (0, "")
     (rayjob,) = yaml.safe_load_all(out)
-    assert kuberay.schema_errors(rayjob) == []
+    assert rayjob_schema.schema_errors(rayjob) == []
     assert run(capsys, "render", str(EXAMPLES / name))[1] == out
 
 

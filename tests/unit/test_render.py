@@ -1,6 +1,6 @@
 """The RayJob renderer: structure, determinism, and KubeRay's real RayJob schema (v1.5.1).
 
-Every rendered RayJob is checked against the CRD KubeRay ships (see tests/kuberay.py);
+Every rendered RayJob is checked against the CRD KubeRay ships (see rocmtrain_testworld/rayjob_schema.py);
 no KubeRay controller runs here.
 """
 
@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-import kuberay
 from rocmtrain.api.contract import KUBERAY_VERSION, RAY_VERSION
 from rocmtrain.api.models import MUTABLE_FIELDS, RocmTrainingJob
 from rocmtrain.api.names import rayjob_name
 from rocmtrain.api.quantity import parse_quantity, whole_cpus
 from rocmtrain.api.validate import validate_job
 from rocmtrain.render import ENTRYPOINT, RenderOptions, render_rayjob, render_rayjob_yaml
+from rocmtrain_testworld import rayjob_schema
 from unit.samples import example, full_job, minimal_job
 
 OPTIONS = RenderOptions(
@@ -81,14 +81,14 @@ CASES = {
 def test_rendered_rayjob_matches_kuberay_schema(case: str) -> None:
     manifest, options = CASES[case]
     rayjob = render_rayjob(job_of(manifest()), options=options)
-    assert kuberay.schema_errors(rayjob) == []
+    assert rayjob_schema.schema_errors(rayjob) == []
 
 
 def test_schema_check_catches_typos_and_wrong_types(full: RocmTrainingJob) -> None:
     rayjob = render_rayjob(full)
     head_pod(rayjob)["spec"]["containers"][0]["volumeMount"] = []
     worker_group(rayjob)["replicas"] = "3"
-    errors = kuberay.schema_errors(rayjob)
+    errors = rayjob_schema.schema_errors(rayjob)
     assert len(errors) == 2
     assert any("'volumeMount' was unexpected" in error for error in errors)
     assert any("workerGroupSpecs.0.replicas: '3' is not of type 'integer'" in error for error in errors)

@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# Build the local test cluster from pinned Go modules:
+#   - etcd, kube-apiserver, kube-controller-manager, kube-scheduler from
+#     go.mod here (k8s.io/kubernetes), in one `go build`;
+#   - kwok, the KubeRay operator and Kueue, each from its own module
+#     (`go install module/cmd@version`: their k8s.io versions differ);
+#   - the manifests the harness installs from those modules: KubeRay's CRDs
+#     and RBAC, Kueue's CRDs, RBAC and webhooks (`kustomize build
+#     config/default` of each), kwok's Stage CRD and stock stages.
+#
+# Output (.cluster/bin):
+#   etcd kube-apiserver kube-controller-manager kube-scheduler
+#   kwok kuberay-operator kueue kustomize
+#   crds/ray.io_*.yaml  manifests/{kuberay,kueue,kwok}.yaml
+#   promtool kstatus (each with its own stamp; see their block)
+# The build is skipped when the stamp (hash of go.mod, go.sum, the wrapper
+# sources, this script) matches and every output exists.
+# Env: CLUSTER_BIN_DIR overrides the output folder; FORCE=1 rebuilds.
+set -euo pipefail
+
+export GOFLAGS=-buildvcs=false
+export CGO_ENABLED=0
+
+# Keep KubeRay in step with the renderer's pin (rocmtrain.render.KUBERAY_VERSION).
+KUBERAY_MODULE=github.com/ray-project/kuberay/ray-operator
+KUBERAY_VERSION=v1.5.1
+KUBERAY_CRDS=(ray.io_rayjobs.yaml ray.io_rayclusters.yaml ray.io_rayservices.yaml)
+KWOK_MODULE=sigs.k8s.io/kwok
+KWOK_VERSION=v0.8.0
+# kwok's stock stages the harness starts from (kwok.py adds its own).
+KWOK_STAGES=(node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml
+  pod/fast/pod-ready.yaml pod/fast/pod-delete.yaml)
+KUEUE_MODULE=sigs.k8s.io/kueue
+KUEUE_VERSION=v0.17.1
+KUSTOMIZE_VERSION=v5.8.2
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../../.." && pwd)" # the checkout (this is tests/testworld/rocmtrain_testworld)
+bin="${CLUSTER_BIN_DIR:-$root/.cluster/bin}"
+stamp="$bin/.stamp"
+kube_binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler)
+module_binaries=(kwok kuberay-operator kueue)
+manifests=(kuberay.yaml kueue.yaml kwok.yaml)
+
+cd "$here"
+key="$(
+  {
+    cat go.mod go.sum build.sh
+    find cmd -type f -name '*.go' | LC_ALL=C sort | xargs cat
+  } | sha256sum | cut -d' ' -f1
+)"
+
+up_to_date() {
+  [[ "${FORCE:-0}" != 1 && -f "$stamp" && "$(cat "$stamp")" == "$key" ]] || return 1
+  local f
+  for f in "${kube_binaries[@]}" "${module_binaries[@]}"; do [[ -x "$bin/$f" ]] || return 1; done
+  for f in "${KUBERAY_CRDS[@]}"; do [[ -f "$bin/crds/$f" ]] || return 1; done
+  for f in "${manifests[@]}"; do [[ -f "$bin/manifests/$f" ]] || return 1; done
+}
+
+# Times one step into $tmp/times (shown at the end).
+timed() {
+  local name="$1" start=$SECONDS
+  shift
+  "$@"
+  echo "$name $((SECONDS - start))s" >> "$tmp/times"
+}
+
+mkdir -p "$bin"
+# kustomize renders the KubeRay and Kueue manifests below; tests/operator uses it too.
+if [[ "$("$bin/kustomize" version 2>/dev/null || true)" != "$KUSTOMIZE_VERSION" ]]; then
+  echo "building kustomize $KUSTOMIZE_VERSION into $bin"
+  GOBIN="$bin" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION"
+fi
+
+# --- promtool and kstatus, for tests/monitoring and the status tests (observability issue) ---
+# promtool from the Prometheus Go module, without the service-discovery plugins it does not
+# need for `check rules` / `test rules` (build tag remove_all_sd: a much smaller build);
+# kstatus: kstatus/ here, a small command around sigs.k8s.io/cli-utils' kstatus (Flux's).
+PROMETHEUS_MODULE_VERSION=v0.316.0
+tool_stamp() { [[ "${FORCE:-0}" != 1 && -x "$bin/$1" && "$(cat "$bin/.$1.stamp" 2>/dev/null)" == "$2" ]]; }
+if ! tool_stamp promtool "$PROMETHEUS_MODULE_VERSION"; then
+  echo "building promtool ($PROMETHEUS_MODULE_VERSION) into $bin"
+  GOBIN="$bin" go install -trimpath -tags remove_all_sd -ldflags "-s -w" \
+    "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_MODULE_VERSION"
+  echo "$PROMETHEUS_MODULE_VERSION" > "$bin/.promtool.stamp"
+fi
+kstatus_key="$(cat "$here/kstatus/go.mod" "$here/kstatus/go.sum" "$here/kstatus/main.go" | sha256sum | cut -d' ' -f1)"
+if ! tool_stamp kstatus "$kstatus_key"; then
+  echo "building kstatus (sigs.k8s.io/cli-utils) into $bin"
+  (cd "$here/kstatus" && go build -trimpath -ldflags "-s -w" -o "$bin/kstatus" .)
+  echo "$kstatus_key" > "$bin/.kstatus.stamp"
+fi
+# --- end promtool and kstatus ---
+
+if up_to_date; then
+  echo "cluster binaries up to date in $bin"
+  exit 0
+fi
+
+start=$SECONDS
+tmp="$(mktemp -d "$bin/.build.XXXXXX")"
+trap 'rm -rf "$tmp"' EXIT
+: > "$tmp/times"
+
+kube_version="$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' go.mod)"
+kube_minor="$(echo "$kube_version" | cut -d. -f2)"
+ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  ldflags+=" -X $pkg.gitVersion=$kube_version -X $pkg.gitMajor=1"
+  ldflags+=" -X $pkg.gitMinor=$kube_minor -X $pkg.gitTreeState=clean"
+done
+
+# The source folder of module@version in the module cache (downloaded if needed).
+# Runs outside any module so that nothing touches go.mod.
+module_dir() {
+  local json dir
+  json="$(cd "$tmp" && GO111MODULE=on go mod download -json "$1")"
+  dir="$(printf '%s\n' "$json" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
+  if [[ -z "$dir" || ! -d "$dir" ]]; then
+    printf 'go mod download %s failed:\n%s\n' "$1" "$json" >&2
+    return 1
+  fi
+  echo "$dir"
+}
+
+build_kube() {
+  # One `go build` for all four so shared packages are compiled once.
+  go build -trimpath -ldflags "$ldflags" -o "$tmp/" \
+    k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler \
+    ./cmd/etcd
+}
+
+install_module() { # name package@version
+  mkdir -p "$tmp/gobin-$1"
+  GOBIN="$tmp/gobin-$1" go install -trimpath -ldflags "-s -w" "$2"
+  mv "$tmp/gobin-$1"/* "$tmp/$1"
+}
+
+build_modules() {
+  timed kuberay-operator install_module kuberay-operator "$KUBERAY_MODULE@$KUBERAY_VERSION"
+  timed kwok install_module kwok "$KWOK_MODULE/cmd/kwok@$KWOK_VERSION"
+  timed kueue install_module kueue "$KUEUE_MODULE/cmd/kueue@$KUEUE_VERSION"
+}
+
+write_manifests() {
+  local kuberay kueue kwok f
+  kuberay="$(module_dir "$KUBERAY_MODULE@$KUBERAY_VERSION")"
+  kueue="$(module_dir "$KUEUE_MODULE@$KUEUE_VERSION")"
+  kwok="$(module_dir "$KWOK_MODULE@$KWOK_VERSION")"
+  mkdir -p "$tmp/crds" "$tmp/manifests"
+  for f in "${KUBERAY_CRDS[@]}"; do cp "$kuberay/config/crd/bases/$f" "$tmp/crds/$f"; done
+  "$bin/kustomize" build "$kuberay/config/default" > "$tmp/manifests/kuberay.yaml"
+  "$bin/kustomize" build "$kueue/config/default" > "$tmp/manifests/kueue.yaml"
+  {
+    cat "$kwok/kustomize/crd/bases/kwok.x-k8s.io_stages.yaml"
+    for f in "${KWOK_STAGES[@]}"; do
+      printf -- '---\n'
+      cat "$kwok/kustomize/stage/$f"
+    done
+  } > "$tmp/manifests/kwok.yaml"
+  chmod -R u+w "$tmp/crds" "$tmp/manifests"
+}
+
+echo "building ${kube_binaries[*]} ($kube_version) and ${module_binaries[*]} into $bin"
+# Two streams (the kube build; the three modules one after another): on two
+# cores each go build already uses both, so more streams only add contention.
+timed kube build_kube > "$tmp/kube.log" 2>&1 &
+kube_pid=$!
+build_modules
+write_manifests
+if ! wait "$kube_pid"; then
+  cat "$tmp/kube.log" >&2
+  exit 1
+fi
+
+# Renames only, so a test session starting meanwhile sees old or new files.
+mkdir -p "$bin/crds" "$bin/manifests"
+for f in "${KUBERAY_CRDS[@]}"; do mv -f "$tmp/crds/$f" "$bin/crds/$f"; done
+for f in "$bin"/crds/*.yaml; do
+  [[ " ${KUBERAY_CRDS[*]} " == *" $(basename "$f") "* ]] || rm -f "$f"
+done
+for f in "${manifests[@]}"; do mv -f "$tmp/manifests/$f" "$bin/manifests/$f"; done
+for f in "${kube_binaries[@]}" "${module_binaries[@]}"; do mv -f "$tmp/$f" "$bin/$f"; done
+echo "$key" > "$stamp"
+echo "per step (wall, the kube build runs beside the others): $(tr '\n' ' ' < "$tmp/times")"
+echo "cluster binaries built in $((SECONDS - start))s"

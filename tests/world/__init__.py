@@ -1,0 +1,1 @@
+"""The test world's own tests (the package rocmtrain_testworld, tests/testworld)."""

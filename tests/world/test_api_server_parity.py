@@ -1,0 +1,166 @@
+"""The models, the generated CRD and KubeRay's CRD agree, as judged by a real kube-apiserver.
+
+Pydantic validates in the CLI, the operator and the training image; the API server
+validates with the generated schema and CEL. These tests show both accept the same
+objects, reject the same objects with the same message, and default the same way, and
+that every rendered RayJob passes a server-side dry-run create against KubeRay's CRD.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.api.validate import validate_job
+from rocmtrain.render import render_rayjob
+from rocmtrain_testworld.kubecluster import KubeCluster
+from unit.edits import drop, put
+from unit.samples import example, full_job, minimal_job
+
+pytestmark = pytest.mark.cluster
+
+Edit = Callable[[dict[str, Any]], None]
+
+
+def _in(namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    manifest = copy.deepcopy(manifest)
+    manifest["metadata"] = {"name": manifest["metadata"]["name"], "namespace": namespace}
+    return manifest
+
+
+@pytest.fixture(scope="module")
+def namespace(kube: KubeCluster) -> str:
+    return kube.new_namespace("parity")
+
+
+@pytest.mark.parametrize("name", ["cluster-mi300x", "kueue"])
+def test_rendered_examples_pass_kuberay_dry_run(kube: KubeCluster, namespace: str, name: str) -> None:
+    job, errors = validate_job(_in(namespace, example(f"{name}.yaml")))
+    assert job is not None, errors
+    kube.create(render_rayjob(job), dry_run=True)
+
+
+def test_rendered_full_job_passes_kuberay_dry_run(kube: KubeCluster, namespace: str) -> None:
+    job, errors = validate_job(_in(namespace, full_job()))
+    assert job is not None, errors
+    kube.create(render_rayjob(job), dry_run=True)
+
+
+def test_server_defaults_equal_model_defaults(kube: KubeCluster, namespace: str) -> None:
+    manifest = _in(namespace, minimal_job())
+    stored = kube.create(manifest, dry_run=True)
+    assert stored["spec"] == RocmTrainingJob.model_validate(manifest).spec.dump()
+
+
+def test_full_job_is_accepted_by_both(kube: KubeCluster, namespace: str) -> None:
+    manifest = _in(namespace, full_job())
+    assert validate_job(manifest)[0] is not None
+    kube.create(manifest, dry_run=True)
+
+
+# Each case breaks one rule; the API server (schema or CEL) and pydantic must both refuse it.
+REFUSED: list[tuple[str, Edit, str]] = [
+    ("labels-missing", drop("spec.model.numLabels"), "numLabels is required"),
+    ("regression-labels", put("spec.model", {"source": "/m", "task": "regression", "numLabels": 3}), "numLabels"),
+    (
+        "gpu-model-without-gpus",
+        put("spec.resources", {"gpusPerWorker": 0, "gpu": {"family": "AI"}}),
+        "gpu model selection requires gpusPerWorker > 0",
+    ),
+    (
+        "env-two-sources",
+        put("spec.env", [{"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]),
+        "set either value or valueFrom, not both",
+    ),
+    (
+        "volume-two-sources",
+        put("spec.volumes", [{"name": "v", "emptyDir": {}, "persistentVolumeClaim": {"claimName": "c"}}]),
+        "exactly one source",
+    ),
+    ("volume-no-source", put("spec.volumes", [{"name": "v"}]), "exactly one source"),
+    (
+        "ttl-without-shutdown",
+        put("spec.lifecycle", {"shutdownAfterJobFinishes": False, "ttlSecondsAfterFinished": 60}),
+        "ttlSecondsAfterFinished requires shutdownAfterJobFinishes",
+    ),
+    (
+        "mount-without-volume",
+        put("spec.volumeMounts", [{"name": "nope", "mountPath": "/nope"}]),
+        "every volumeMount must name a volume",
+    ),
+    ("path-traversal", put("spec.data.train.uri", "/data/../etc/passwd"), "'..'"),
+    ("name-too-long", put("metadata.name", "j" * 41), "at most 40"),
+    ("workers-zero", put("spec.resources.workers", 0), "workers"),
+    ("gpus-fractional", put("spec.resources.gpusPerWorker", 0.5), "gpusPerWorker"),
+    ("precision-unknown", put("spec.training.precision", "fp8"), "precision"),
+    ("shell-in-image", put("spec.image", "busybox; rm -rf /"), "image"),
+    ("newline-in-field", put("spec.data.textField", "text\nlabel"), "textField"),
+    ("node-selector-key", put("spec.scheduling.nodeSelector", {"bad key!": "x"}), "label"),
+    ("storage-missing", drop("spec.checkpoint.storagePath"), "checkpoint.storagePath is required for a cluster job"),
+    (
+        "tuning-concurrency",
+        put("spec.tuning", {"searchSpace": {"epochs": [1, 2]}, "numTrials": 2, "maxConcurrentTrials": 3}),
+        "maxConcurrentTrials must not exceed numTrials",
+    ),
+    (
+        "tuning-range-reversed",
+        put("spec.tuning", {"searchSpace": {"weightDecay": {"min": 0.2, "max": 0.1}}}),
+        "min must be less than max",
+    ),
+    ("tuning-space-empty", put("spec.tuning", {"searchSpace": {}}), "at least one hyper-parameter"),
+    ("tuning-metric", put("spec.tuning", {"searchSpace": {"epochs": [1]}, "metric": "bleu"}), "metric"),
+]
+
+
+def test_server_defaults_of_a_search_equal_model_defaults(kube: KubeCluster, namespace: str) -> None:
+    manifest = _in(namespace, full_job())
+    manifest["spec"]["tuning"] = {"searchSpace": {"learningRate": {"min": 1e-5, "max": 1e-3}}}
+    stored = kube.create(manifest, dry_run=True)
+    assert stored["spec"]["tuning"] == RocmTrainingJob.model_validate(manifest).spec.tuning.dump()
+
+
+@pytest.mark.parametrize(("case", "edit", "words"), REFUSED, ids=[c[0] for c in REFUSED])
+def test_both_refuse(kube: KubeCluster, namespace: str, case: str, edit: Edit, words: str) -> None:
+    manifest = minimal_job()
+    edit(manifest)
+    manifest["metadata"]["namespace"] = namespace
+
+    job, errors = validate_job(manifest)
+    assert job is None, case
+    assert any(words in f"{e.path} {e.message}" for e in errors), errors
+
+    with pytest.raises(ApiException) as info:
+        kube.create(manifest, dry_run=True)
+    assert info.value.status == 422, info.value.body
+    assert words in json.loads(info.value.body)["message"], info.value.body
+
+
+def test_only_suspend_and_lifecycle_change_after_creation(kube: KubeCluster, namespace: str) -> None:
+    manifest = _in(namespace, full_job())
+    manifest["metadata"]["name"] = "immutable"
+    created = kube.create(manifest)
+    path = kube.path_for(created)
+
+    changed = kube.request(
+        "PATCH",
+        path,
+        body={"spec": {"suspend": True, "lifecycle": {"ttlSecondsAfterFinished": 60}}},
+        content_type="application/merge-patch+json",
+    )
+    assert changed["spec"]["suspend"] is True
+
+    for patch in (
+        {"spec": {"resources": {"workers": 9}}},
+        {"spec": {"model": {"maxSeqLength": 64}}},
+        {"spec": {"tuning": {"searchSpace": {"epochs": [1, 2]}}}},
+    ):
+        with pytest.raises(ApiException) as info:
+            kube.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
+        assert info.value.status == 422
+        assert "is immutable" in str(info.value.body)
