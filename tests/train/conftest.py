@@ -8,6 +8,7 @@ times, with dropout off where a test compares weights.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,32 +16,38 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertModel, LlamaConfig, LlamaModel
 
+from rocmtrain_train.driver.train_job import embedded_ray_options
 from rocmtrain_train.model.pretrained import packaged_model
+from train.jobs import job, settings
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 
 
 def start_ray() -> None:
-    """One embedded Ray with as many CPUs as the machine has (at least two), unless one runs already."""
+    """One embedded Ray, unless one runs already: the one `rocmtrain run` starts for a search (with the
+    dashboard, whose state API frees a stopped trial's resources: see test_search), with at least two CPUs.
+    It serves runs without a search alike, so the tests need no other."""
     import ray
 
     if not ray.is_initialized():
-        ray.init(
-            num_cpus=max(2, os.cpu_count() or 1),
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level="WARNING",
-        )
+        search = job("ray", {"tuning": {"searchSpace": {"learningRate": {"min": 1e-5, "max": 1e-4}}}})
+        options = embedded_ray_options(settings(search, Path(tempfile.gettempdir())))
+        ray.init(**{**options, "num_cpus": max(2, os.cpu_count() or 1)})
 
 
 @pytest.fixture(scope="session")
-def ray_local() -> Iterator[None]:
-    """The embedded Ray of the session (a test that needs a cluster of its own starts it again after)."""
+def ray_session() -> Iterator[None]:
+    """Stops the embedded Ray at the end of the session."""
     import ray
 
-    start_ray()
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_local(ray_session) -> None:
+    """The embedded Ray: started once, and again only after a module that needed a cluster of its own."""
+    start_ray()
 
 
 def minilm_tokenizer():
@@ -52,7 +59,12 @@ def minilm_tokenizer():
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> Path:
     """A 2-layer BERT with MiniLM's tokenizer; no dropout, so that runs can be compared weight by weight."""
-    path = tmp_path_factory.mktemp("tiny-bert")
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+def save_tiny_bert(path: Path) -> Path:
+    """`path`, holding a randomly initialised 2-layer BERT without dropout and MiniLM's tokenizer: for tests
+    of mechanics (resume, status) rather than of what a model learns, in a fraction of MiniLM's time."""
     torch.manual_seed(0)
     config = BertConfig(
         vocab_size=30522,

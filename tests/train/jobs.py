@@ -31,11 +31,12 @@ def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def job(name: str, *specs: dict[str, Any]) -> RocmTrainingJob:
-    """The quickstart job under another name, with the FAST settings and then `specs` merged into its spec."""
+def job(name: str, *specs: dict[str, Any], model: Path | None = None) -> RocmTrainingJob:
+    """The quickstart job under another name, with the FAST settings and then `specs` merged into its spec;
+    trained from the model folder `model` instead of MiniLM, if given."""
     raw = yaml.safe_load(QUICKSTART.read_text())
     raw["metadata"]["name"] = name
-    for extra in (FAST, *specs):
+    for extra in (FAST, *specs, {"model": {"source": str(model)}} if model else {}):
         raw["spec"] = merge(raw["spec"], extra)
     return RocmTrainingJob.model_validate(raw)
 

@@ -39,7 +39,7 @@ TINY = {
 
 
 def tiny_job(name: str, model: Path, *specs: dict):
-    return job(name, TINY, {"model": {"source": str(model)}}, *specs)
+    return job(name, TINY, *specs, model=model)
 
 
 def weights(model_path: str) -> dict[str, torch.Tensor]:

@@ -23,7 +23,6 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from rocmtrain_train.config import local_settings
 from rocmtrain_train.driver.torch_trainer import scaling_config
 from rocmtrain_train.reporting.relay import Inbox, ReportRelay
-from train.conftest import start_ray
 from train.jobs import EXAMPLES, job
 
 pytestmark = pytest.mark.ray
@@ -32,8 +31,9 @@ PODS, GPUS, CPUS = 2, 2, 2
 
 
 @pytest.fixture(scope="module")
-def pods(ray_local):
-    """PODS nodes (the first is Ray's head) with GPUS fake GPUs and CPUS CPUs each."""
+def pods():
+    """PODS nodes (the first is Ray's head) with GPUS fake GPUs and CPUS CPUs each, in place of the embedded Ray
+    (the next module that needs that starts it again)."""
     ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": CPUS, "num_gpus": GPUS})
     nodes = [cluster.head_node, *(cluster.add_node(num_cpus=CPUS, num_gpus=GPUS) for _ in range(PODS - 1))]
@@ -46,7 +46,6 @@ def pods(ray_local):
     finally:
         ray.shutdown()
         cluster.shutdown()
-        start_ray()
 
 
 def where(config: dict) -> None:

@@ -1,4 +1,5 @@
-"""Hyper-parameter search on a real local Ray: Ray Tune trials of the real MiniLM, on CPUs.
+"""Hyper-parameter search on a real local Ray: Ray Tune trials of the real MiniLM, on CPUs (of a tiny BERT
+where only the mechanics count, not what the trials learn).
 
 Nothing is faked: ASHA decides from real evaluations, the killed worker is a real process killed
 with SIGKILL, and the interrupted driver is a real `rocmtrain run` process stopped with SIGINT.
@@ -12,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,9 +22,8 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from rocmtrain.api.models import ProgressReport, RocmTrainingJob
 from rocmtrain_train.config import RunSettings
-from rocmtrain_train.driver.train_job import embedded_ray_options, run_local
+from rocmtrain_train.driver.train_job import run_local
 from rocmtrain_train.search.tune_trials import SUMMARY_FILE, TRIALS_DIR, SearchOutcome
-from train.conftest import start_ray
 from train.jobs import EXAMPLES, job, settings
 
 pytestmark = pytest.mark.ray
@@ -74,21 +73,13 @@ def test_a_killed_trial_worker_is_recovered(ray_local, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def asha_search(ray_local, tmp_path_factory) -> Iterator[tuple[RunSettings, SearchOutcome]]:
-    """A search with ASHA on the Ray that `rocmtrain run` starts for it (the session's Ray is stopped meanwhile)."""
-    import ray
-
+def asha_search(ray_local, tmp_path_factory) -> tuple[RunSettings, SearchOutcome]:
+    """A search with ASHA, on an embedded Ray with the options `rocmtrain run` gives a search."""
     spec = tuning(numTrials=4, maxConcurrentTrials=1, seed=3, scheduler={"gracePeriod": 1, "reductionFactor": 2})
     run = settings(job("search-asha", SMALL, spec), tmp_path_factory.mktemp("search-asha"))
-    ray.shutdown()
-    ray.init(**embedded_ray_options(run))
-    try:
-        outcome = run_local(run, console=False)
-        assert isinstance(outcome, SearchOutcome)
-        yield run, outcome
-    finally:
-        ray.shutdown()
-        start_ray()
+    outcome = run_local(run, console=False)
+    assert isinstance(outcome, SearchOutcome)
+    return run, outcome
 
 
 def test_asha_stops_poor_trials_early(asha_search):
@@ -161,8 +152,9 @@ def trials_done(metrics: Path) -> int:
     return tuning.trials_done if tuning else 0
 
 
-def test_a_restarted_driver_continues_the_search_without_rerunning_finished_trials(ray_local, tmp_path):
-    raw = job("search-resume", SMALL, tuning(numTrials=2, maxConcurrentTrials=1, scheduler={"type": "None"})).dump()
+def test_a_restarted_driver_continues_the_search_without_rerunning_finished_trials(ray_local, tiny_bert, tmp_path):
+    spec = tuning(numTrials=2, maxConcurrentTrials=1, scheduler={"type": "None"})
+    raw = job("search-resume", SMALL, spec, model=tiny_bert).dump()
     for source in (raw["spec"]["data"]["train"], raw["spec"]["data"]["eval"]):
         source["uri"] = str((EXAMPLES / source["uri"]).resolve())
     job_file = tmp_path / "job.yaml"
