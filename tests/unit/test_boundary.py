@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 import tomllib
 from collections.abc import Iterator
@@ -104,6 +105,18 @@ def test_the_contract_imports_none_of_the_heavy_libraries() -> None:
     names = {name.split(".")[0] for module, path in contract for _, name in imported(path.read_text(), module)}
     assert not names & HEAVY
     assert names - set(sys.stdlib_module_names) == {"rocmtrain", *CONTRACT_THIRD_PARTY}
+
+
+def test_the_driver_and_the_trial_actors_leave_the_training_loop_to_the_ranks() -> None:
+    """The driver (`python -m rocmtrain_train`) and each Tune trial actor (`search.tune_trials`) pickle the
+    ranks' loop by reference and never run it: importing it (transformers, the models) would cost each of
+    them seconds of CPU (see `driver.torch_trainer.train_worker`)."""
+    probe = (
+        "import sys, rocmtrain_train.__main__, rocmtrain_train.search.tune_trials\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers' or m.endswith('step_loop')))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]", loaded
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,6 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig,
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from rocmtrain_train.config import RunSettings
-from rocmtrain_train.loop.step_loop import train_worker
 from rocmtrain_train.reporting.driver_report import Reporter, Sink, summary
 from rocmtrain_train.reporting.log_files import main_logger
 from rocmtrain_train.reporting.rank_report import RankReport
@@ -59,6 +58,15 @@ def scaling_config(settings: RunSettings) -> ScalingConfig:
         resources_per_worker=layout.resources_per_rank(),
         placement_strategy="PACK",
     )
+
+
+def train_worker(config: dict[str, Any]) -> None:
+    """Ray Train's `train_loop_per_worker`, which imports the loop (torch's and transformers' models) on
+    the ranks only: the driver and each Tune trial actor pickle it by reference and never run it, and
+    would otherwise spend seconds of CPU importing what only the ranks need."""
+    from rocmtrain_train.loop.step_loop import train_worker as run_rank
+
+    run_rank(config)
 
 
 def build_trainer(settings: RunSettings, callbacks: Sequence[UserCallback] = ()) -> TorchTrainer:
