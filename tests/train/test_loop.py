@@ -8,6 +8,7 @@ import time
 import pytest
 
 from rocmtrain_train.data.prefetch import Prefetcher
+from rocmtrain_train.driver.torch_trainer import poll_interval_s
 from rocmtrain_train.loop.step_loop import steps_until_report
 
 
@@ -22,6 +23,11 @@ from rocmtrain_train.loop.step_loop import steps_until_report
 )
 def test_the_next_report_comes_about_one_interval_later(steps, seconds, interval, expected):
     assert steps_until_report(steps, seconds, interval) == expected
+
+
+@pytest.mark.parametrize(("report_interval", "poll"), [(10.0, 2.0), (4.0, 2.0), (2.0, 1.0), (1.0, 0.5), (0.5, 0.25)])
+def test_ray_train_polls_twice_per_report_at_most_every_two_seconds(report_interval, poll):
+    assert poll_interval_s(report_interval) == poll
 
 
 def test_batches_come_in_order_from_a_background_thread():

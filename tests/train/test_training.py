@@ -11,6 +11,7 @@ import re
 import signal
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from train.jobs import job, settings
 pytestmark = pytest.mark.ray
 
 GLOBAL_BATCH = 32
+GLOBAL_STEPS = 960 // GLOBAL_BATCH
 # Fault-tolerance runs: a smaller data set, a checkpoint every 5 steps.
 FAULTS = {"data": {"train": {"maxSamples": 640}}, "checkpoint": {"everySteps": 5}}
 
@@ -41,7 +43,7 @@ def test_two_workers_fine_tune_minilm(two_workers):
     assert outcome.summary["world_size"] == 2 and outcome.worker_failures == 0
     # 960 reviews of mixed opinions, 6% of labels wrong (examples/data/generate.py): measured 0.76, chance 0.33
     assert outcome.summary["eval_accuracy"] >= 0.7
-    assert outcome.summary["steps"] == 960 // GLOBAL_BATCH
+    assert outcome.summary["steps"] == GLOBAL_STEPS
 
     lines = Path(run.log_dir, "metrics.jsonl").read_text().splitlines()
     reports = [ProgressReport.model_validate_json(line) for line in lines]
@@ -49,10 +51,23 @@ def test_two_workers_fine_tune_minilm(two_workers):
     # One report's loss is noisy (batches of 32 with 6% wrong labels): compare the first and last five.
     assert len(losses) >= 10 and sum(losses[-5:]) < 0.8 * sum(losses[:5])
     assert reports[-1].final and reports[-1].progress.step == reports[-1].progress.total_steps
+    # The driver hears of the last step within seconds: the controller polls the ranks twice per report
+    # interval (torch_trainer.poll_interval_s). At Ray's 2 s against a report a second, its 30 reports
+    # queued up, and the driver heard of the end 25 s after the ranks had got there.
+    lag = logged_at(Path(run.log_dir, "main.log"), "completed at step") - logged_at(
+        Path(run.log_dir, "rank-0.log"), f"step {GLOBAL_STEPS}/{GLOBAL_STEPS} "
+    )
+    assert lag < 8, f"the driver heard of the end {lag:.1f} s after rank 0 got there"
 
     # Evaluation is sharded over both workers and all-reduced: both ranks hold the same numbers.
     rank0, rank1 = (r.evaluation for r in outcome.final_ranks)
     assert rank0 == rank1 and {"eval_loss", "eval_accuracy", "eval_f1"} <= rank0.keys()
+
+
+def logged_at(log: Path, text: str) -> float:
+    """When the first line of `log` holding `text` was written (the logging module's timestamp)."""
+    line = next(line for line in log.read_text().splitlines() if text in line)
+    return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def test_logs_and_the_saved_model(two_workers):

@@ -14,6 +14,7 @@ from its step, including the position inside the epoch (see `loop.step_loop`).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,8 +70,25 @@ def train_worker(config: dict[str, Any]) -> None:
     run_rank(config)
 
 
+# Ray Train's controller polls the ranks this often (Ray's variable and default) and takes one report of
+# each rank per poll; a rank's further reports wait in line behind it.
+POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+RAY_POLL_INTERVAL_S = 2.0
+
+
+def poll_interval_s(report_interval_s: float) -> float:
+    """The controller's poll interval for ranks that report every `report_interval_s`: two polls per report,
+    so that reports never queue up (with Ray's 2 s and a report a second, the status falls further behind
+    the ranks with every report, and the run ends only when the queue is empty), at most Ray's default."""
+    return min(RAY_POLL_INTERVAL_S, report_interval_s / 2)
+
+
 def build_trainer(settings: RunSettings, callbacks: Sequence[UserCallback] = ()) -> TorchTrainer:
-    """The TorchTrainer of one run: the job's hyper-parameters, checkpoints under `settings.run_path`."""
+    """The TorchTrainer of one run: the job's hyper-parameters, checkpoints under `settings.run_path`.
+
+    Ray Train's controller reads its poll interval from the environment of the process that calls `fit`
+    (the driver, or a search's trial actor), which it is set in here."""
+    os.environ[POLL_INTERVAL_ENV] = f"{poll_interval_s(settings.report_interval_s):g}"
     spec = settings.job.spec
     return TorchTrainer(
         train_worker,
