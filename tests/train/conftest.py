@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from rocmtrain_train.driver.train_job import embedded_ray_options
 from rocmtrain_train.model.pretrained import packaged_model
 from train.jobs import job, settings
 
+HERE = Path(__file__).parent
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 
 
@@ -35,19 +35,20 @@ def start_ray() -> None:
         ray.init(**{**options, "num_cpus": max(2, os.cpu_count() or 1)})
 
 
-@pytest.fixture(scope="session")
-def ray_session() -> Iterator[None]:
-    """Stops the embedded Ray at the end of the session."""
-    import ray
-
-    yield
-    ray.shutdown()
-
-
 @pytest.fixture(scope="module")
-def ray_local(ray_session) -> None:
+def ray_local() -> None:
     """The embedded Ray: started once, and again only after a module that needed a cluster of its own."""
     start_ray()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stops the embedded Ray after the last test of this folder (tests/conftest.py runs its Ray tests
+    first), so that it takes no CPU from the tests after them."""
+    if nextitem is None or HERE not in nextitem.path.parents:
+        import ray
+
+        ray.shutdown()
 
 
 def minilm_tokenizer():
