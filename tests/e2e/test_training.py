@@ -43,8 +43,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.ray]
 
 ORDER = ["Pending", "Initializing", "Running", "Succeeded"]
 # The two jobs at once: 3 and 12 steps; the larger one loses a worker.
-SAMPLES = (48, 192)
 LOSES_A_WORKER = 192
+SAMPLES = (48, LOSES_A_WORKER)
 
 
 def _finished(state: dict) -> bool:

@@ -23,6 +23,7 @@ from typing import Any
 import ray
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, UserCallback
 from ray.train.torch import TorchConfig, TorchTrainer
+from ray.train.v2._internal.constants import DEFAULT_HEALTH_CHECK_INTERVAL_S, HEALTH_CHECK_INTERVAL_S_ENV_VAR
 
 from rocmtrain_train.config import RunSettings
 from rocmtrain_train.reporting.driver_report import Reporter, Sink, summary
@@ -70,17 +71,15 @@ def train_worker(config: dict[str, Any]) -> None:
     run_rank(config)
 
 
-# Ray Train's controller polls the ranks this often (Ray's variable and default) and takes one report of
-# each rank per poll; a rank's further reports wait in line behind it.
-POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
-RAY_POLL_INTERVAL_S = 2.0
-
-
 def poll_interval_s(report_interval_s: float) -> float:
     """The controller's poll interval for ranks that report every `report_interval_s`: two polls per report,
-    so that reports never queue up (with Ray's 2 s and a report a second, the status falls further behind
-    the ranks with every report, and the run ends only when the queue is empty), at most Ray's default."""
-    return min(RAY_POLL_INTERVAL_S, report_interval_s / 2)
+    so that reports never queue up, at most Ray's default.
+
+    Ray Train's controller polls the ranks every `HEALTH_CHECK_INTERVAL_S_ENV_VAR` seconds (2 s) and takes
+    one report of each rank per poll; a rank's later reports wait in line. With 2 s and a report a second,
+    the status falls further behind the ranks with every report, and the run ends only when the queue is
+    empty."""
+    return min(DEFAULT_HEALTH_CHECK_INTERVAL_S, report_interval_s / 2)
 
 
 def build_trainer(settings: RunSettings, callbacks: Sequence[UserCallback] = ()) -> TorchTrainer:
@@ -88,7 +87,7 @@ def build_trainer(settings: RunSettings, callbacks: Sequence[UserCallback] = ())
 
     Ray Train's controller reads its poll interval from the environment of the process that calls `fit`
     (the driver, or a search's trial actor), which it is set in here."""
-    os.environ[POLL_INTERVAL_ENV] = f"{poll_interval_s(settings.report_interval_s):g}"
+    os.environ[HEALTH_CHECK_INTERVAL_S_ENV_VAR] = f"{poll_interval_s(settings.report_interval_s):g}"
     spec = settings.job.spec
     return TorchTrainer(
         train_worker,
