@@ -38,13 +38,13 @@ from rocmtrain.api.contract import (
     VERSION,
 )
 from rocmtrain.api.timestamps import rfc3339
+from rocmtrain.status.messages import EVENT_MESSAGE_LIMIT, bounded
 
 FIELD_MANAGER = OPERATOR_NAME
 _MERGE_PATCH = "application/merge-patch+json"
 # Transient failures worth a quick retry: throttling, server errors, timeouts.
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 _RETRY_DELAYS = (0.1, 0.5, 1.0)
-EVENT_MESSAGE_LIMIT = 1024  # the API server refuses longer event messages
 # How long one request may take, connecting and waiting for a pooled connection included.
 REQUEST_TIMEOUT_SECONDS = 15.0
 CONNECT_TIMEOUT_SECONDS = 5.0
@@ -273,7 +273,7 @@ class Kube:
             },
             "type": type,
             "reason": reason,
-            "message": message[:EVENT_MESSAGE_LIMIT],
+            "message": bounded(message, EVENT_MESSAGE_LIMIT),
             "source": {"component": FIELD_MANAGER},
             "reportingComponent": FIELD_MANAGER,
             "reportingInstance": socket.gethostname()[:128],

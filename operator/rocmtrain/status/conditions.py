@@ -17,6 +17,7 @@ from typing import Any, Literal
 from rocmtrain.api import models
 from rocmtrain.api.conditions import ConditionType
 from rocmtrain.api.timestamps import rfc3339
+from rocmtrain.status.messages import CONDITION_MESSAGE_LIMIT, bounded
 
 MANAGED_CONDITIONS = frozenset(ConditionType)
 
@@ -48,12 +49,13 @@ class Condition:
         )
 
     def wire(self, *, since: str, generation: int | None) -> dict[str, Any]:
-        """The condition as written, its status last changed at `since`, computed from spec `generation`."""
+        """The condition as written, its status last changed at `since`, computed from spec `generation`; its
+        message bounded (`rocmtrain.status.messages`)."""
         return models.Condition(
             type=self.type,
             status=self.status,
             reason=self.reason,
-            message=self.message,
+            message=bounded(self.message, CONDITION_MESSAGE_LIMIT),
             last_transition_time=since,
             observed_generation=generation,
         ).dump()

@@ -48,6 +48,7 @@ from rocmtrain.api.timestamps import parse_time, rfc3339
 from rocmtrain.status.accounting import Price, account
 from rocmtrain.status.conditions import Condition, find, merge_conditions
 from rocmtrain.status.kueue import Admission, admission
+from rocmtrain.status.messages import QUOTE_LIMIT, bounded
 from rocmtrain.status.pods import RayPods, assess
 
 # Status fields the operator writes; the progress endpoint owns the others.
@@ -75,9 +76,6 @@ TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 READY_PHASES = frozenset({"Running", "Succeeded", "Suspended"})
 # Phases in which the Ray cluster's ready workers hold their GPUs (see `rocmtrain.status.accounting`).
 HOLDING_PHASES = frozenset({"Initializing", "Running"})
-
-# How much of the API server's own message a condition or event quotes.
-QUOTE_LIMIT = 1024
 
 
 class HoldKind(enum.Enum):
@@ -116,15 +114,10 @@ KUBERAY_NOT_INSTALLED = Hold(
 )
 
 
-def quote(message: str, limit: int = QUOTE_LIMIT) -> str:
-    """Another system's message, cut to `limit` characters for a condition or an event."""
-    return message if len(message) <= limit else message[: limit - 1] + "…"
-
-
 def refused_create(status: int, message: str) -> Hold:
     """The hold of a RayJob whose create the API server refused (HTTP `status`, its `message`)."""
     reason = Reason.RAYJOB_FORBIDDEN if status == 403 else Reason.RAYJOB_INVALID
-    return Hold(HoldKind.BLOCKED, reason, quote(f"the API server refused the RayJob: {message}"))
+    return Hold(HoldKind.BLOCKED, reason, bounded(f"the API server refused the RayJob: {message}", QUOTE_LIMIT))
 
 
 @dataclass(frozen=True)
