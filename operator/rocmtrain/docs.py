@@ -25,7 +25,8 @@ from rocmtrain.api import crd
 from rocmtrain.api.models import metric_rows
 from rocmtrain.api.patterns import describe_pattern
 
-_KEY_RULE = re.compile(r"^self\.all\(k, k\.matches\(r'(.*)'\)\)$")
+# A map's key rule (rocmtrain.api.crd): the key pattern, then the bound on a label key's prefix.
+_KEY_RULE = re.compile(r"^self\.all\(k, k\.matches\(r'(.*?)'\)(?: && k\.matches\(r'[^']*'\))?\)$")
 _IMMUTABLE_RULE = re.compile(r"^self\.(\w+) == oldSelf\.\1$")
 Notes = dict[str, list[str]]
 

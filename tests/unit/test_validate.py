@@ -45,6 +45,8 @@ def tuning(*edits: Edit) -> Edit:
 TS = "spec.tuning.searchSpace"
 
 # (id, edit of full_job(), path of the error, words of its message)
+# A label key whose prefix is one character over the 253 Kubernetes allows.
+LONG_PREFIX_KEY = f"{'a' * 254}/zone"
 INVALID: list[tuple[str, Edit, str, str]] = [
     ("workers-string", put("spec.resources.workers", "4"), "spec.resources.workers", "valid integer"),
     ("workers-zero", put("spec.resources.workers", 0), "spec.resources.workers", "greater than or equal to 1"),
@@ -226,6 +228,25 @@ INVALID: list[tuple[str, Edit, str, str]] = [
         "DNS",
     ),
     ("queue-shell", put("spec.scheduling.queueName", "q;reboot"), "spec.scheduling.queueName", "DNS-1123 subdomain"),
+    ("queue-over-label", put("spec.scheduling.queueName", "q" * 64), "spec.scheduling.queueName", "at most 63"),
+    (
+        "kueue-priority-over-label",
+        put("spec.scheduling.kueuePriorityClass", "p" * 64),
+        "spec.scheduling.kueuePriorityClass",
+        "at most 63",
+    ),
+    (
+        "selector-key-prefix",
+        put("spec.scheduling.nodeSelector", {LONG_PREFIX_KEY: "v"}),
+        f'spec.scheduling.nodeSelector["{LONG_PREFIX_KEY}"]',
+        "prefix is at most 253",
+    ),
+    (
+        "toleration-key-prefix",
+        put("spec.scheduling.tolerations", [{"key": LONG_PREFIX_KEY, "operator": "Exists"}]),
+        "spec.scheduling.tolerations[0].key",
+        "prefix is at most 253",
+    ),
     ("gpu-product-shell", put("spec.resources.gpu.productName", "$(x)"), "spec.resources.gpu.productName", "label"),
 ]
 
@@ -572,6 +593,10 @@ CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
     ("spec.resources", "self.gpusPerWorker > 0 || !has(self.gpu)"): (
         put("spec.resources.gpusPerWorker", 0),
         "spec.resources.gpu",
+    ),
+    ("spec.scheduling.tolerations[].key", "self.matches(r'^([^/]{1,253}/)?[^/]*$')"): (
+        put("spec.scheduling.tolerations", [{"key": LONG_PREFIX_KEY, "operator": "Exists"}]),
+        "spec.scheduling.tolerations[0].key",
     ),
     ("spec.scheduling.nodeSelector", LABEL_KEYS): (
         put("spec.scheduling.nodeSelector", {"-bad": "v"}),

@@ -102,6 +102,13 @@ REFUSED: list[tuple[str, Edit, str]] = [
     ("shell-in-image", put("spec.image", "busybox; rm -rf /"), "image"),
     ("newline-in-field", put("spec.data.textField", "text\nlabel"), "textField"),
     ("node-selector-key", put("spec.scheduling.nodeSelector", {"bad key!": "x"}), "label"),
+    ("node-selector-key-prefix", put("spec.scheduling.nodeSelector", {f"{'a' * 254}/zone": "x"}), "253"),
+    (
+        "toleration-key-prefix",
+        put("spec.scheduling.tolerations", [{"key": f"{'a' * 254}/g", "operator": "Exists"}]),
+        "253",
+    ),
+    ("queue-over-label", put("spec.scheduling.queueName", "q" * 64), "63"),
     ("storage-missing", drop("spec.checkpoint.storagePath"), "checkpoint.storagePath is required for a cluster job"),
     (
         "tuning-concurrency",

@@ -14,7 +14,7 @@ import yaml
 
 from rocmtrain.api import models
 from rocmtrain.api.contract import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from rocmtrain.api.patterns import DNS_1035_LABEL
+from rocmtrain.api.patterns import DNS_1035_LABEL, LABEL_KEY_PREFIX_BOUND
 
 CRD_FILE = f"{GROUP}_{PLURAL}.yaml"
 
@@ -117,7 +117,10 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             ((pattern, sub),) = value.items()
             out["additionalProperties"] = _structural(sub, defs)
             out.setdefault("x-kubernetes-validations", []).append(
-                {"rule": f"self.all(k, k.matches(r'{pattern}'))", "message": "keys must be label keys: [prefix/]name"}
+                {
+                    "rule": f"self.all(k, k.matches(r'{pattern}') && k.matches(r'{LABEL_KEY_PREFIX_BOUND}'))",
+                    "message": "keys must be label keys: [prefix/]name, the prefix at most 253 characters",
+                }
             )
         elif key == "exclusiveMinimum":
             out["minimum"], out["exclusiveMinimum"] = value, True

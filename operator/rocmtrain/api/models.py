@@ -27,6 +27,7 @@ from rocmtrain.api.types import (
     FieldName,
     Image,
     LabelKey,
+    LabelledName,
     LabelValue,
     Location,
     Quantity,
@@ -315,13 +316,15 @@ class Toleration(ApiModel):
 class SchedulingSpec(ApiModel):
     """Where and in which order the Ray pods are placed."""
 
-    queue_name: DnsSubdomain | None = Field(
+    queue_name: LabelledName | None = Field(
         default=None,
-        description="Kueue LocalQueue; sets `kueue.x-k8s.io/queue-name` and lets Kueue admit the job.",
+        description="Kueue LocalQueue; sets `kueue.x-k8s.io/queue-name` (a label: at most 63 characters) and lets "
+        "Kueue admit the job.",
     )
-    kueue_priority_class: DnsSubdomain | None = Field(
+    kueue_priority_class: LabelledName | None = Field(
         default=None,
-        description="Kueue WorkloadPriorityClass; sets `kueue.x-k8s.io/priority-class`.",
+        description="Kueue WorkloadPriorityClass; sets `kueue.x-k8s.io/priority-class` (a label: at most 63 "
+        "characters).",
     )
     priority_class_name: DnsSubdomain | None = Field(
         default=None, description="Kubernetes PriorityClass of the Ray pods."

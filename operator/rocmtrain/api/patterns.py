@@ -23,6 +23,8 @@ LABEL_KEY = (
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
+# A label key's prefix is at most 253 characters: LABEL_KEY cannot count it, so a key must match both.
+LABEL_KEY_PREFIX_BOUND = r"^([^/]{1,253}/)?[^/]*$"
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 # Environment variable name as Kubernetes accepts it (C identifier subset).
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -57,7 +59,10 @@ PATTERN_DESCRIPTIONS = {
     DNS_1035_LABEL: "a DNS-1035 label: lowercase letters, digits and '-', starting with a letter",
     DNS_SUBDOMAIN: "a DNS-1123 subdomain: lowercase DNS labels joined by '.'",
     QUANTITY: "a resource quantity such as 500m, 2, 1.5 or 16Gi",
-    LABEL_KEY: "a label key: an optional DNS prefix and '/', then letters, digits, '-', '_' or '.'",
+    LABEL_KEY: (
+        "a label key: an optional DNS prefix of at most 253 characters and '/', then up to 63 letters, digits, "
+        "'-', '_' or '.'"
+    ),
     LABEL_VALUE: "a label value: up to 63 letters, digits, '-', '_' or '.', starting and ending alphanumeric",
     ENV_NAME: "an environment variable name: letters, digits and '_', not starting with a digit",
     IMAGE: "a container image reference such as registry.example.com/team/image:tag",

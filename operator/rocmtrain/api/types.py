@@ -16,6 +16,7 @@ from rocmtrain.api.patterns import (
     FIELD_NAME,
     IMAGE,
     LABEL_KEY,
+    LABEL_KEY_PREFIX_BOUND,
     LABEL_VALUE,
     LOCATION,
     QUANTITY,
@@ -42,10 +43,32 @@ _NO_TRAVERSAL = (
     ),
 )
 
+PREFIX_TOO_LONG = "a label key's prefix is at most 253 characters"
+
+
+def _prefix_bounded(value: str) -> str:
+    if not re.match(LABEL_KEY_PREFIX_BOUND, value):
+        raise ValueError(PREFIX_TOO_LONG)
+    return value
+
+
+_PREFIX_BOUND = (
+    AfterValidator(_prefix_bounded),
+    Field(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": f"self.matches(r'{LABEL_KEY_PREFIX_BOUND}')", "message": PREFIX_TOO_LONG}
+            ]
+        }
+    ),
+)
+
 DnsLabel = Annotated[str, StringConstraints(pattern=DNS_LABEL, max_length=63)]
 DnsSubdomain = Annotated[str, StringConstraints(pattern=DNS_SUBDOMAIN, max_length=253)]
 Quantity = Annotated[str, StringConstraints(pattern=QUANTITY, max_length=32)]
-LabelKey = Annotated[str, StringConstraints(pattern=LABEL_KEY, max_length=317)]
+LabelKey = Annotated[str, StringConstraints(pattern=LABEL_KEY, max_length=317), *_PREFIX_BOUND]
+# An object name that is also written as a label value (Kueue's queue-name and priority-class labels).
+LabelledName = Annotated[str, StringConstraints(pattern=DNS_SUBDOMAIN, max_length=63)]
 LabelValue = Annotated[str, StringConstraints(pattern=LABEL_VALUE, max_length=63)]
 EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME, max_length=128)]
 Image = Annotated[str, StringConstraints(pattern=IMAGE, max_length=512)]
