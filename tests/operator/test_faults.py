@@ -146,15 +146,27 @@ def test_a_status_write_that_failed_for_a_pod_change_is_retried(kube: KubeCluste
     wait_until(lambda: api.phase(ns, "unplaced") == "Initializing", timeout=20, what="Initializing")
     proxy.fault = lambda m, p: Fault.status(500) if _is_status_patch(m, p) and "/unplaced/" in p else None
     start = proxy.loop.time()
-    # A worker pod as KubeRay labels it, which the scheduler found no room for (no kubelet or scheduler here).
+    # A worker pod as KubeRay makes it (its labels, its RayCluster as controller), which the scheduler found no
+    # room for (no KubeRay, kubelet or scheduler here: the RayCluster is only an object, which no one acts on).
     kube.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "ray", "namespace": ns}})
+    head = {"rayStartParams": {}, "template": {"spec": {"containers": [{"name": "ray-head", "image": "rocm/ray"}]}}}
+    ray_cluster = kube.create(
+        {
+            "apiVersion": "ray.io/v1",
+            "kind": "RayCluster",
+            "metadata": {"name": cluster, "namespace": ns},
+            "spec": {"headGroupSpec": head},
+        }
+    )
+    owner = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": cluster, "controller": True}
+    owner["uid"] = ray_cluster["metadata"]["uid"]
     labels = {**MANAGED_LABELS, JOB_NAME_LABEL: "unplaced", RAY_CLUSTER_LABEL: cluster, RAY_NODE_TYPE_LABEL: "worker"}
     pod = f"{cluster}-gpu-worker-q1w2e"
     kube.create(
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": pod, "namespace": ns, "labels": labels},
+            "metadata": {"name": pod, "namespace": ns, "labels": labels, "ownerReferences": [owner]},
             "spec": {"serviceAccountName": "ray", "containers": [{"name": "ray", "image": "rocm/ray:2.60.0"}]},
         }
     )

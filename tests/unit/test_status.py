@@ -475,6 +475,7 @@ def ray_pod(name: str, *, cluster: str = "job-x7k2p", ready: bool = True, **stat
             "name": name,
             "labels": {"rocmtrain.dev/job-name": "job", "ray.io/cluster": cluster, "ray.io/node-type": "worker"},
             "deleting": False,
+            "controller": {"kind": "RayCluster", "name": cluster},
         },
         "phase": "Running",
         "ready": ready,
@@ -521,6 +522,18 @@ def test_pods_that_cannot_run_raise_a_condition_with_one_event_per_cause():
         ("Warning", "Unschedulable"),
         ("Warning", "CrashLoopBackOff"),
     ]
+
+
+def test_ready_workers_never_exceed_the_desired_count_nor_count_look_alike_pods():
+    running = rayjob("Running", "RUNNING", **RUN, rayClusterStatus=cluster(2))
+    extra = [ray_pod(f"w-{i}") for i in range(50)]  # more ready workers than the job asks for
+    fake = [ray_pod(f"f-{i}") for i in range(50)]  # labels copied, not controlled by the RayCluster
+    for pod in fake:
+        pod["metadata"]["controller"] = {}
+    (capped,) = run([running], pods=[extra])
+    assert capped["workersReady"] == 2 and capped["gpusHeld"] == 2 * spec().resources.gpus_per_worker
+    (counted,) = run([running], pods=[[ray_pod("w-1"), *fake]])
+    assert counted["workersReady"] == 1
 
 
 def conditions_of(status: dict[str, Any]) -> dict[str, str]:

@@ -179,7 +179,9 @@ def _workers(obs: Observation) -> tuple[int, int]:
     reported = cluster.get("desiredWorkerReplicas")
     pods = _ray_pods(obs)
     ready = pods.ready_workers if pods is not None else count(cluster.get("readyWorkerReplicas"))
-    return (reported if isinstance(reported, int) and reported > 0 else desired), ready
+    desired = reported if isinstance(reported, int) and reported > 0 else desired
+    # Never more than the job asks for: GPUs held, and so cost, follow this count.
+    return desired, min(ready, desired)
 
 
 # ---- Kueue ---------------------------------------------------------------------------

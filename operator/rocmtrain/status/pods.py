@@ -46,6 +46,16 @@ class RayPods:
     problem: PodProblem | None
 
 
+RAYCLUSTER_KIND = "RayCluster"
+
+
+def _controller(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The kind and name of the object that controls a pod (its controller owner reference); empty if none."""
+    refs: list[Mapping[str, Any]] = meta.get("ownerReferences") or []
+    ref = next((r for r in refs if r.get("controller")), {})
+    return {key: ref[key] for key in ("kind", "name") if key in ref}
+
+
 def pod_view(pod: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a Ray pod the operator keeps in memory (its pod watch)."""
     meta = pod.get("metadata") or {}
@@ -59,6 +69,7 @@ def pod_view(pod: Mapping[str, Any]) -> dict[str, Any]:
             "name": meta.get("name"),
             "labels": {k: labels[k] for k in (JOB_NAME_LABEL, RAY_CLUSTER_LABEL, RAY_NODE_TYPE_LABEL) if k in labels},
             "deleting": "deletionTimestamp" in meta,
+            "controller": _controller(meta),
         },
         "phase": status.get("phase"),
         "ready": (conditions.get("Ready") or {}).get("status") == "True",
@@ -147,11 +158,18 @@ def _name(view: Mapping[str, Any]) -> str:
 
 
 def assess(pods: Iterable[Mapping[str, Any]], cluster: str) -> RayPods | None:
-    """What the pods of Ray cluster `cluster` show; None when none of them is known."""
+    """What the pods of Ray cluster `cluster` show; None when none of them is known.
+
+    A pod counts only when that RayCluster controls it (KubeRay's owner reference): anyone who may create
+    pods in the namespace can copy a Ray pod's labels, but not make KubeRay's cluster its controller.
+    """
+    owner = {"kind": RAYCLUSTER_KIND, "name": cluster}
     current = [
         view
         for view in pods
-        if view["metadata"]["labels"].get(RAY_CLUSTER_LABEL) == cluster and not view["metadata"]["deleting"]
+        if view["metadata"]["labels"].get(RAY_CLUSTER_LABEL) == cluster
+        and view["metadata"].get("controller") == owner
+        and not view["metadata"]["deleting"]
     ]
     if not current:
         return None
