@@ -118,6 +118,29 @@ async def test_a_recovered_worker_failure_is_an_event_on_the_job(http: TestClien
     assert jobs.events == [("job1", "Warning", Reason.WORKER_FAILURE_RECOVERED)]
 
 
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+async def test_an_ended_job_takes_no_more_reports(http: TestClient, jobs: Jobs, phase: str):
+    job = jobs.objects["team-a", "job1"]
+    job["status"] = {"phase": phase, "metrics": {"evalAccuracy": 0.61}}
+    resp = await http.post(URL, json={**REPORT, "metrics": {"evalAccuracy": 1.0}}, headers=bearer("good"))
+    assert resp.status == 409 and "ended" in await resp.text()
+    assert job["status"]["metrics"] == {"evalAccuracy": 0.61} and not jobs.patches
+
+
+async def test_a_job_that_ends_while_its_report_is_written_keeps_what_it_ended_with(http: TestClient, jobs: Jobs):
+    """The phase is checked again on the re-read after a conflict: here the write it lost to ended the job."""
+    jobs.conflicts = 1
+    patch_status = jobs.patch_status
+
+    async def ending(namespace: str, name: str, patch: dict[str, Any]) -> None:
+        jobs.objects[namespace, name]["status"]["phase"] = "Succeeded"
+        await patch_status(namespace, name, patch)
+
+    jobs.patch_status = ending  # type: ignore[method-assign]
+    resp = await http.post(URL, json=REPORT, headers=bearer("good"))
+    assert resp.status == 409 and not jobs.patches
+
+
 async def test_healthz(http: TestClient):
     resp = await http.get("/healthz")
     assert resp.status == 200

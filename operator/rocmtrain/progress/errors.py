@@ -12,6 +12,7 @@ response in one place.
     ├── NotFound         404  no such job
     │   └── Gone              the job went while its report was written
     ├── BodyTimeout      408  the body came too slowly
+    ├── Ended            409  the job has ended: its status takes no more reports
     ├── TooLarge         413  the body is over the limit
     ├── TooManyRequests  429  over a rate (Retry-After)
     │   └── Busy              the endpoint's TokenReview budget is spent
@@ -82,6 +83,13 @@ class BodyTimeout(Refusal):
 
     status = HTTPStatus.REQUEST_TIMEOUT
     reason = "body too slow"
+
+
+class Ended(Refusal):
+    """The job has ended (Succeeded or Failed): its status takes no more reports (409)."""
+
+    status = HTTPStatus.CONFLICT
+    reason = "job has ended"
 
 
 class TooLarge(Refusal):

@@ -63,6 +63,7 @@ from rocmtrain.progress.auth import MAX_TOKEN_BYTES, Identity, PodAuthoriser, To
 from rocmtrain.progress.errors import (
     BodyTimeout,
     Conflict,
+    Ended,
     Forbidden,
     Gone,
     NotFound,
@@ -72,7 +73,7 @@ from rocmtrain.progress.errors import (
     Unauthenticated,
 )
 from rocmtrain.progress.limits import MAX_BODY_BYTES, RateLimiter, parse_report
-from rocmtrain.progress.status_patch import progress_patch, report_events
+from rocmtrain.progress.status_patch import progress_patch, report_events, takes_reports
 from rocmtrain.progress.store import KubeJobStore
 from rocmtrain.render import RenderOptions
 
@@ -168,11 +169,13 @@ async def _record(
 
     The patch carries the resourceVersion it was computed from, so a concurrent
     write (another report, the operator's own status updates) is never lost.
-    Raise Gone, Unavailable, or Conflict when it keeps changing.
+    Raise Ended once the job has ended, Gone, Unavailable, or Conflict when it keeps changing.
     """
     meta = job["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta.get("uid")
     for _ in range(PATCH_ATTEMPTS):
+        if not takes_reports(job.get("status")):
+            raise Ended
         patch = progress_patch(report, job.get("status"), now())
         patch["metadata"] = {"resourceVersion": job["metadata"]["resourceVersion"]}
         try:

@@ -35,6 +35,7 @@ from rocmtrain.api.models import (
 )
 from rocmtrain.api.timestamps import rfc3339
 from rocmtrain.status.events import Event
+from rocmtrain.status.phase import TERMINAL_PHASES
 
 _PROGRESS_FIELDS = tuple(field.alias or name for name, field in Progress.model_fields.items())
 _TUNING_FIELDS = tuple(field.alias or name for name, field in TuningStatus.model_fields.items())
@@ -76,6 +77,12 @@ def extend_history(
     else:
         kept.append(point.dump())
     return kept if limit is None else kept[-limit:]
+
+
+def takes_reports(status: Mapping[str, Any] | None) -> bool:
+    """Whether a job's status takes progress reports: not once the job has ended, so that what it ended with
+    (its final metrics, the cost it was charged) stays as it was."""
+    return (status or {}).get("phase") not in TERMINAL_PHASES
 
 
 def progress_patch(report: ProgressReport, status: Mapping[str, Any] | None, now: dt.datetime) -> dict[str, Any]:
