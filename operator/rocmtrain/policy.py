@@ -1,4 +1,5 @@
-"""The cluster admin's allow-lists: which images and priority classes jobs may use (pure).
+"""The cluster admin's allow-lists and limits: which images and priority classes jobs may use, how large a
+job may be, and where none may run (pure).
 
 Creating a RocmTrainingJob makes the operator create pods in the job's namespace
 with the job's image, volumes and priority class, so it carries the authority to
@@ -9,6 +10,12 @@ allows everything. The operator reads them from `ROCMTRAIN_ALLOWED_IMAGES`,
 `ROCMTRAIN_ALLOWED_PRIORITY_CLASSES` and `ROCMTRAIN_ALLOWED_KUEUE_PRIORITY_CLASSES`
 (`rocmtrain.controller.settings`) and refuses a job outside them with reason
 `NotAllowed`.
+
+A job's size is capped, so that one job cannot ask KubeRay for a cluster that floods the API server
+and the scheduler: at most `max_worker_pods` worker pods (workers × trials at once;
+`ROCMTRAIN_MAX_WORKER_PODS`) and `max_gpus` GPUs (`ROCMTRAIN_MAX_JOB_GPUS`). And no job runs in a
+protected namespace (`ROCMTRAIN_PROTECTED_NAMESPACES`: `kube-system` and the operator's own by default),
+where its pods would sit beside the cluster's and the operator's own.
 """
 
 from __future__ import annotations
@@ -69,19 +76,38 @@ def image_allowed(reference: str, prefixes: tuple[str, ...]) -> bool:
     return False
 
 
+DEFAULT_MAX_WORKER_PODS = 1024
+DEFAULT_MAX_GPUS = 4096
+
+
 @dataclass(frozen=True)
 class Policy:
-    """The allow-lists; an empty tuple allows everything."""
+    """The allow-lists (an empty tuple allows everything), the size limits and the protected namespaces."""
 
     images: tuple[str, ...] = ()
     priority_classes: tuple[str, ...] = ()
     kueue_priority_classes: tuple[str, ...] = ()
+    max_worker_pods: int = DEFAULT_MAX_WORKER_PODS
+    max_gpus: int = DEFAULT_MAX_GPUS
+    protected_namespaces: tuple[str, ...] = ("kube-system",)
 
-    def check(self, spec: RocmTrainingJobSpec) -> list[FieldError]:
-        """Every field of `spec` the allow-lists refuse."""
-        return list(self._problems(spec))
+    def check(self, spec: RocmTrainingJobSpec, namespace: str) -> list[FieldError]:
+        """Every field of `spec`, a job in `namespace`, that the allow-lists and limits refuse."""
+        return list(self._problems(spec, namespace))
 
-    def _problems(self, spec: RocmTrainingJobSpec) -> Iterator[FieldError]:
+    def _problems(self, spec: RocmTrainingJobSpec, namespace: str) -> Iterator[FieldError]:
+        if namespace in self.protected_namespaces:
+            yield FieldError("metadata.namespace", f"no job may run in the protected namespace {namespace}")
+        if spec.worker_pods > self.max_worker_pods:
+            yield FieldError(
+                "spec.resources.workers",
+                f"{spec.worker_pods} worker pods (workers × trials at once) is over the limit of "
+                f"{self.max_worker_pods}",
+            )
+        if spec.total_gpus > self.max_gpus:
+            yield FieldError(
+                "spec.resources.gpusPerWorker", f"{spec.total_gpus} GPUs in all is over the limit of {self.max_gpus}"
+            )
         if not image_allowed(spec.image, self.images):
             yield FieldError("spec.image", f"{spec.image} is not from an allowed registry ({', '.join(self.images)})")
         scheduling = spec.scheduling

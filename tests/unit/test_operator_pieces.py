@@ -68,6 +68,17 @@ def test_config_defaults_and_overrides():
     with pytest.raises(ValueError, match="ROCMTRAIN_PROGRESS_HOST must be an IP address"):
         OperatorConfig.from_env({**progress, "ROCMTRAIN_PROGRESS_HOST": "all"})
     assert OperatorConfig.from_env({"ROCMTRAIN_SUBMITTER_RETRIES": "0"}).render_options.submitter_retries == 0
+    # The operator's own namespace is protected beside kube-system, unless the admin says otherwise.
+    assert OperatorConfig.from_env(progress).policy.protected_namespaces == ("kube-system", "rocm-train-system")
+    assert OperatorConfig.from_env({"ROCMTRAIN_PROTECTED_NAMESPACES": "-"}).policy.protected_namespaces == ()
+    limits = {
+        "ROCMTRAIN_PROTECTED_NAMESPACES": "infra",
+        "ROCMTRAIN_MAX_WORKER_PODS": "8",
+        "ROCMTRAIN_MAX_JOB_GPUS": "64",
+    }
+    assert OperatorConfig.from_env(limits).policy == Policy(
+        max_worker_pods=8, max_gpus=64, protected_namespaces=("infra",)
+    )
 
 
 @pytest.mark.parametrize(
@@ -85,6 +96,9 @@ def test_config_defaults_and_overrides():
         {"ROCMTRAIN_ALLOWED_IMAGES": "ghcr.io/acme evil"},
         {"ROCMTRAIN_ALLOWED_PRIORITY_CLASSES": "Training"},
         {"ROCMTRAIN_SUBMITTER_RETRIES": "21"},
+        {"ROCMTRAIN_MAX_WORKER_PODS": "0"},
+        {"ROCMTRAIN_MAX_JOB_GPUS": "many"},
+        {"ROCMTRAIN_PROTECTED_NAMESPACES": "Kube_System"},
     ],
 )
 def test_config_refuses_bad_values(env):

@@ -1,4 +1,4 @@
-"""The cluster admin's allow-lists for images and priority classes (pure)."""
+"""The cluster admin's allow-lists for images and priority classes, size limits and protected namespaces (pure)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _job(**edits: object) -> RocmTrainingJob:
 
 
 def test_everything_is_allowed_without_lists():
-    assert Policy().check(_job(spec__scheduling__kueuePriorityClass="high").spec) == []
+    assert Policy().check(_job(spec__scheduling__kueuePriorityClass="high").spec, "ml") == []
 
 
 def test_each_list_refuses_at_its_field():
@@ -66,11 +66,39 @@ def test_each_list_refuses_at_its_field():
         spec__scheduling__priorityClassName="system-cluster-critical",
         spec__scheduling__kueuePriorityClass="high",
     ).spec
-    errors = {e.path: e.message for e in policy.check(spec)}
+    errors = {e.path: e.message for e in policy.check(spec, "ml")}
     assert errors == {
         "spec.image": "docker.io/evil/miner:1 is not from an allowed registry (ghcr.io/acme)",
         "spec.scheduling.priorityClassName": "system-cluster-critical is not an allowed priority class (training)",
         "spec.scheduling.kueuePriorityClass": "high is not an allowed priority class (low)",
     }
     fine = _job(spec__image="ghcr.io/acme/train:2", spec__scheduling__priorityClassName="training").spec
-    assert policy.check(fine) == []
+    assert policy.check(fine, "ml") == []
+
+
+def test_no_job_runs_in_a_protected_namespace():
+    spec = _job().spec
+    policy = Policy(protected_namespaces=("kube-system", "rocm-train-system"))
+    for namespace in ("kube-system", "rocm-train-system"):
+        ((error),) = policy.check(spec, namespace)
+        assert (error.path, error.message) == (
+            "metadata.namespace",
+            f"no job may run in the protected namespace {namespace}",
+        )
+    assert policy.check(spec, "ml") == [] and Policy(protected_namespaces=()).check(spec, "kube-system") == []
+
+
+def test_a_job_larger_than_the_limits_is_refused_at_its_fields():
+    search = {"searchSpace": {"epochs": [1, 2]}, "numTrials": 64, "maxConcurrentTrials": 64}
+    huge = _job(spec__resources__workers=1024, spec__resources__gpusPerWorker=8, spec__tuning=search).spec
+    errors = {e.path: e.message for e in Policy().check(huge, "ml")}
+    assert errors == {
+        "spec.resources.workers": "65536 worker pods (workers × trials at once) is over the limit of 1024",
+        "spec.resources.gpusPerWorker": "524288 GPUs in all is over the limit of 4096",
+    }
+    at_limit = _job(spec__resources__workers=4, spec__resources__gpusPerWorker=2).spec
+    assert Policy(max_worker_pods=4, max_gpus=8).check(at_limit, "ml") == []
+    assert [e.path for e in Policy(max_worker_pods=3, max_gpus=7).check(at_limit, "ml")] == [
+        "spec.resources.workers",
+        "spec.resources.gpusPerWorker",
+    ]

@@ -218,7 +218,11 @@ class Reconciler:
     ) -> float | None:
         meta = job["metadata"]
         valid, errors = _validated(job)
-        why, refused = (phase.INVALID_SPEC, errors) if valid is None else (phase.NOT_ALLOWED, self._policy(valid))
+        why, refused = (
+            (phase.INVALID_SPEC, errors)
+            if valid is None
+            else (phase.NOT_ALLOWED, self._policy(valid, meta["namespace"]))
+        )
         async with state.lock:
             current = self._current(state, job)
             if valid is None or refused:
@@ -239,9 +243,9 @@ class Reconciler:
             await self._write(job, state, current, new)
         return None if hold is None else hold.retry_after(self._config.retry_seconds)
 
-    def _policy(self, valid: RocmTrainingJob) -> list[FieldError]:
-        """What the operator's allow-lists refuse in the job."""
-        return self._config.policy.check(valid.spec)
+    def _policy(self, valid: RocmTrainingJob, namespace: str) -> list[FieldError]:
+        """What the operator's allow-lists and limits refuse in the job."""
+        return self._config.policy.check(valid.spec, namespace)
 
     async def _read_rayjob(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The RayJob as the watch last saw it, else as the API server has it."""

@@ -15,9 +15,15 @@
 | ROCMTRAIN_ALLOWED_IMAGES                 | (any)     | comma-separated image prefixes jobs may use          |
 | ROCMTRAIN_ALLOWED_PRIORITY_CLASSES       | (any)     | PriorityClass names jobs may use                     |
 | ROCMTRAIN_ALLOWED_KUEUE_PRIORITY_CLASSES | (any)     | Kueue WorkloadPriorityClass names jobs may use       |
+| ROCMTRAIN_MAX_WORKER_PODS                | 1024      | most worker pods of one job (workers × trials)       |
+| ROCMTRAIN_MAX_JOB_GPUS                   | 4096      | most GPUs of one job, trials at once included        |
+| ROCMTRAIN_PROTECTED_NAMESPACES           | see below | comma-separated namespaces where no job may run      |
 | ROCMTRAIN_METRICS_MAX_JOBS               | 500       | jobs with per-job metric series; 0 turns them off    |
 | ROCMTRAIN_GPU_PRICES                     | (none)    | price per GPU-hour by product: `NAME=PRICE,default=` |
 | ROCMTRAIN_COST_CURRENCY                  | USD       | ISO 4217 currency of those prices (`status.cost`)    |
+
+ROCMTRAIN_PROTECTED_NAMESPACES defaults to `kube-system` and the operator's own namespace
+(`ROCMTRAIN_OPERATOR_NAMESPACE`); set it to `-` to protect none.
 
 The progress endpoint is on when `ROCMTRAIN_OPERATOR_NAMESPACE` is set (the
 Deployment sets it from the downward API); its other `ROCMTRAIN_PROGRESS_*`
@@ -37,7 +43,7 @@ import kopf
 from rocmtrain.api.contract import OPERATOR_NAME
 from rocmtrain.api.patterns import DNS_LABEL, DNS_SUBDOMAIN, IMAGE
 from rocmtrain.controller.supervision import RestartPolicy
-from rocmtrain.policy import Policy
+from rocmtrain.policy import DEFAULT_MAX_GPUS, DEFAULT_MAX_WORKER_PODS, Policy
 from rocmtrain.progress.server import ProgressServerConfig, listen_host
 from rocmtrain.render import RenderOptions
 from rocmtrain.render.options import MAX_SUBMITTER_RETRIES
@@ -85,12 +91,25 @@ def _host(env: Mapping[str, str], variable: str) -> str:
         raise ConfigError(str(exc)) from None
 
 
+def _protected(env: Mapping[str, str]) -> tuple[str, ...]:
+    raw = env.get("ROCMTRAIN_PROTECTED_NAMESPACES", "").strip()
+    if raw == "-":
+        return ()
+    if raw:
+        return _names(env, "ROCMTRAIN_PROTECTED_NAMESPACES", DNS_LABEL, "a namespace name")
+    own = env.get("ROCMTRAIN_OPERATOR_NAMESPACE", "").strip()
+    return ("kube-system", own) if own and own != "kube-system" else ("kube-system",)
+
+
 def _policy(env: Mapping[str, str]) -> Policy:
     image_prefix = IMAGE.removesuffix("$") + "[/:@]?$"  # a reference, or a registry or repository path
     return Policy(
         images=_names(env, "ROCMTRAIN_ALLOWED_IMAGES", image_prefix, "an image prefix"),
         priority_classes=_names(env, "ROCMTRAIN_ALLOWED_PRIORITY_CLASSES", DNS_SUBDOMAIN, "a class name"),
         kueue_priority_classes=_names(env, "ROCMTRAIN_ALLOWED_KUEUE_PRIORITY_CLASSES", DNS_SUBDOMAIN, "a class name"),
+        max_worker_pods=_int(env, "ROCMTRAIN_MAX_WORKER_PODS", DEFAULT_MAX_WORKER_PODS, 1, 1_000_000),
+        max_gpus=_int(env, "ROCMTRAIN_MAX_JOB_GPUS", DEFAULT_MAX_GPUS, 1, 1_000_000),
+        protected_namespaces=_protected(env),
     )
 
 
