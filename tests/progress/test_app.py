@@ -338,3 +338,28 @@ async def test_a_new_best_trial_posts_one_event(jobs: Jobs):
             assert (await client.post(URL, json=body, headers=bearer("good"))).status == 204
     assert jobs.events == [("job1", "Normal", Reason.NEW_BEST_TRIAL)] * 2
     assert jobs.objects["team-a", "job1"]["status"]["tuning"]["bestTrialId"] == "t_2"
+
+
+async def test_events_from_reports_are_limited_per_job_and_reason(jobs: Jobs):
+    """A best trial that changes with every report posts a few events, then one a minute."""
+    clock = [0.0]
+    app = make_app(
+        authenticate=authenticate,
+        authorise=authorise,
+        jobs=jobs,
+        limiter=RateLimiter(100, 100),
+        sources=RateLimiter(100, 100),
+        events=RateLimiter(1 / 60, 3, clock=lambda: clock[0]),
+    )
+    tuning = {"metric": "evalLoss", "mode": "min", "trialsTotal": 2, "trialsRunning": 2}
+    async with TestClient(TestServer(app)) as client:
+        for i in range(20):
+            best = {"bestTrialId": f"t_{i % 2}", "bestMetric": 0.5 - i / 100}
+            body = {"progress": {"step": i, "totalSteps": 40}, "tuning": {**tuning, **best}}
+            assert (await client.post(URL, json=body, headers=bearer("good"))).status == 204
+        assert len(jobs.events) == 3
+        clock[0] = 60.0
+        body = {"progress": {"step": 30, "totalSteps": 40}, "tuning": {**tuning, "bestTrialId": "t_9", "bestMetric": 0}}
+        assert (await client.post(URL, json=body, headers=bearer("good"))).status == 204
+    assert len(jobs.events) == 4
+    assert jobs.objects["team-a", "job1"]["status"]["tuning"]["bestTrialId"] == "t_9", "the status still follows"

@@ -189,6 +189,12 @@ async def _record(
     raise Conflict
 
 
+# Events that reports bring (a new best trial, a recovered worker), per job and reason: a few at once,
+# then one a minute, however often a run's reports change their mind.
+EVENT_BURST = 5
+EVENT_RATE_PER_SECOND = 1 / 60
+
+
 def make_app(
     *,
     authenticate: Authenticate,
@@ -196,14 +202,17 @@ def make_app(
     jobs: JobStore,
     limiter: RateLimiter,
     sources: RateLimiter | None = None,
+    events: RateLimiter | None = None,
     body_timeout: float = 10.0,
     now: Callable[[], dt.datetime] = _utcnow,
 ) -> web.Application:
-    """The endpoint's aiohttp application, built from its parts (`sources`: the per-address limit).
+    """The endpoint's aiohttp application, built from its parts (`sources`: the per-address limit;
+    `events`: the limit of the events reports bring, per job and reason).
 
     Handlers refuse a request by raising a `Refusal`; one middleware turns it into the answer.
     """
     sources = sources or RateLimiter(SOURCE_RATE_PER_SECOND, SOURCE_BURST)
+    events = events or RateLimiter(EVENT_RATE_PER_SECOND, EVENT_BURST)
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -238,7 +247,8 @@ def make_app(
         report = parse_report(await _read_bounded(request, MAX_BODY_BYTES, body_timeout))
         before = await _record(jobs, job, report, now)
         for event in report_events(report, before.get("status")):
-            await jobs.post_event(before, type=event.type, reason=event.reason, message=event.message)
+            if events.acquire(f"{namespace}/{name}/{event.reason}") == 0:
+                await jobs.post_event(before, type=event.type, reason=event.reason, message=event.message)
         prometheus.PROGRESS_REPORTS.inc()
         return web.Response(status=204)
 
