@@ -56,25 +56,15 @@ def world() -> Iterator[World]:
 CLUSTER_FIXTURES = frozenset({"kube", "world"})
 
 
-def needs_binaries(item: pytest.Item) -> bool:
-    """Whether a test needs a binary of ``make cluster-binaries``: a control plane or a Go-built tool."""
-    markers = {mark.name for mark in item.iter_markers()}
-    return bool({"cluster", "gotools"} & markers or CLUSTER_FIXTURES & set(item.fixturenames))
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files in three groups, in collected order within each; a file moves as a whole, so that its module
-    fixtures are set up once:
-
-    1. the embedded Ray's tests, before a control plane starts: an idle control plane still takes CPU (the
-       world's and the lean one's together about 13% of a core), which the Ray tests, bound by CPU, would lose;
-    2. the other tests that need no binary of ``make cluster-binaries``;
-    3. the rest. ``make test`` runs the Go build beside the first two groups; whatever needs a binary waits
-       for it (``rocmtrain_testworld.paths.wait_for_build``).
-    """
-    binary_files = {item.path for item in items if needs_binaries(item)}
-    ray_files = {item.path for item in items if item.get_closest_marker("ray")} - binary_files
-    items.sort(key=lambda item: 0 if item.path in ray_files else 2 if item.path in binary_files else 1)
+    """The files of the embedded Ray's tests first, before a control plane starts: an idle control plane
+    still takes CPU (the world's and the lean one's together about 13% of a core), which the Ray tests,
+    bound by CPU, would lose. Otherwise the order stays as collected; a file moves as a whole, so that
+    its module fixtures are set up once."""
+    ray_files = {
+        item.path for item in items if item.get_closest_marker("ray") and not CLUSTER_FIXTURES & set(item.fixturenames)
+    }
+    items.sort(key=lambda item: item.path not in ray_files)
 
 
 @pytest.hookimpl(wrapper=True)

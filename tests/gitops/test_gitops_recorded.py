@@ -36,7 +36,6 @@ def test_argocd_health_of_a_recorded_job(case: str):
     assert health["message"]
 
 
-@pytest.mark.gotools
 def test_kstatus_of_every_recorded_job():
     cases = sorted(CASES)
     got = kstatus([recorded(case) for case in cases])

@@ -45,7 +45,6 @@ def write_rules(folder: Path, groups: list[dict]) -> Path:
     return path
 
 
-@pytest.mark.gotools
 def test_the_rules_parse_and_lint_clean(tmp_path: Path):
     write_rules(tmp_path, rule_groups())
     result = promtool("check", "rules", "--lint=all", "--lint-fatal", "rules.yaml", cwd=tmp_path)
@@ -53,7 +52,6 @@ def test_the_rules_parse_and_lint_clean(tmp_path: Path):
     assert "SUCCESS: 6 rules found" in result.stdout
 
 
-@pytest.mark.gotools
 def test_the_alerts_fire_as_their_unit_tests_say(tmp_path: Path):
     write_rules(tmp_path, rule_groups())
     shutil.copy(HERE / "rules_test.yaml", tmp_path / "rules_test.yaml")
@@ -63,7 +61,6 @@ def test_the_alerts_fire_as_their_unit_tests_say(tmp_path: Path):
     assert tested == {name for name, _ in rule_expressions()}  # every alert has a unit test
 
 
-@pytest.mark.gotools
 def test_every_dashboard_query_parses(tmp_path: Path):
     """Each query, as Grafana sends it, becomes a recording rule: promtool parses every one in one run."""
     queries = list(dashboard_expressions())
@@ -74,7 +71,6 @@ def test_every_dashboard_query_parses(tmp_path: Path):
     assert f"SUCCESS: {len(queries)} rules found" in result.stdout
 
 
-@pytest.mark.gotools
 def test_a_broken_query_is_caught(tmp_path: Path):
     write_rules(tmp_path, [{"name": "bad", "rules": [{"record": "bad:query", "expr": "sum by (le (rate(x[1m]))"}]}])
     assert promtool("check", "rules", "rules.yaml", cwd=tmp_path).returncode != 0

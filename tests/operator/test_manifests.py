@@ -34,7 +34,6 @@ def test_manifest_crds_are_copies_of_crds():
         assert (MANIFEST_CRDS / name).read_text() == (CRDS / name).read_text(), f"run `make manifests`: {name}"
 
 
-@pytest.mark.gotools
 def test_kustomize_builds_the_operator(kustomized: list[dict[str, Any]]):
     kinds = {o["kind"] for o in kustomized}
     assert kinds >= {
@@ -49,7 +48,6 @@ def test_kustomize_builds_the_operator(kustomized: list[dict[str, Any]]):
     assert subject == {"kind": "ServiceAccount", "name": "rocm-train-operator", "namespace": OPERATOR_NAMESPACE}
 
 
-@pytest.mark.gotools
 def test_deployment_is_hardened(kustomized: list[dict[str, Any]]):
     deployment = _one(kustomized, "Deployment")["spec"]
     assert deployment["replicas"] == 1 and deployment["strategy"] == {"type": "Recreate"}
@@ -75,7 +73,6 @@ def test_deployment_is_hardened(kustomized: list[dict[str, Any]]):
     assert service["ports"] == [{"name": "metrics", "port": ports["metrics"], "targetPort": "metrics"}]
 
 
-@pytest.mark.gotools
 def test_roles_name_every_verb_and_resource(kustomized: list[dict[str, Any]]):
     rules = [rule for o in kustomized if o["kind"] in ("ClusterRole", "Role") for rule in o["rules"]]
     assert rules
@@ -83,7 +80,6 @@ def test_roles_name_every_verb_and_resource(kustomized: list[dict[str, Any]]):
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"], rule
 
 
-@pytest.mark.gotools
 def test_network_policy_admits_reports_only_from_the_rendered_ray_pods(kustomized: list[dict[str, Any]]):
     policy = _one(kustomized, "NetworkPolicy")["spec"]
     deployment = _one(kustomized, "Deployment")["spec"]["template"]
@@ -112,7 +108,6 @@ def _cert_manager_overlay(folder: Path, namespace: str | None = None) -> list[di
     return kustomize_build(folder)
 
 
-@pytest.mark.gotools
 @pytest.mark.parametrize("namespace", [None, "ml-platform"])
 def test_cert_manager_component_issues_the_secret_the_operator_reads(tmp_path: Path, namespace: str | None):
     objs = _cert_manager_overlay(tmp_path, namespace)

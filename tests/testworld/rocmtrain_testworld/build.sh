@@ -15,7 +15,7 @@
 #   promtool kstatus (each with its own stamp; see their block)
 # The build is skipped when the stamp (hash of go.mod, go.sum, the wrapper
 # sources, this script) matches and every output exists.
-# Env: CLUSTER_BIN_DIR overrides the output folder; FORCE=1 rebuilds; BUILD_LOCK_FD: see the lock.
+# Env: CLUSTER_BIN_DIR overrides the output folder; FORCE=1 rebuilds.
 set -euo pipefail
 
 export GOFLAGS=-buildvcs=false
@@ -174,13 +174,6 @@ write_manifests() {
 
 start=$SECONDS
 mkdir -p "$bin"
-# Held until this build ends (by the background steps too): whatever needs a binary waits on it
-# (paths.wait_for_build). `make test` takes it before it starts this build beside the tests, and
-# passes it on as BUILD_LOCK_FD, so that no test can look before the build has begun.
-if [[ -z "${BUILD_LOCK_FD:-}" ]]; then
-  exec 9> "$bin/.build.lock"
-  flock 9
-fi
 tmp="$(mktemp -d "$bin/.build.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 : > "$tmp/times"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rocmtrain_testworld.api import KubeCluster
-from rocmtrain_testworld.paths import BIN_DIR, CRDS_DIR, KUBERAY_CRDS_DIR, wait_for_build
+from rocmtrain_testworld.paths import BIN_DIR, CRDS_DIR, KUBERAY_CRDS_DIR
 from rocmtrain_testworld.pki import SERVICE_CIDR, Pki, kubeconfig
 from rocmtrain_testworld.processes import CONTROL_PLANE, ClusterError, Process, free_port, http_ok, stop_all
 
@@ -23,9 +23,7 @@ LEAN_CONTROLLERS = ("*", "-node-lifecycle-controller")
 
 
 def binaries_present(names: Sequence[str] = CONTROL_PLANE) -> bool:
-    """Whether ``make cluster-binaries`` has produced ``names`` and KubeRay's CRDs (once a build under way
-    has ended)."""
-    wait_for_build()
+    """Whether ``make cluster-binaries`` has produced ``names`` and KubeRay's CRDs."""
     return all((BIN_DIR / b).is_file() for b in names) and any(KUBERAY_CRDS_DIR.glob("*.yaml"))
 
 

@@ -11,13 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from rocmtrain_testworld.paths import BIN_DIR, wait_for_build
+from rocmtrain_testworld.paths import BIN_DIR
 
 
 def go_tool(name: str) -> Path:
-    """The path of tool `name` in the cluster binaries folder, once a build under way has ended; skips
-    (fails under CI) when it is not built."""
-    wait_for_build()
+    """The path of tool `name` in the cluster binaries folder; skips (fails under CI) when it is not built."""
     binary = BIN_DIR / name
     if not binary.is_file():
         message = f"no {name} in {BIN_DIR}; run `make cluster-binaries`"

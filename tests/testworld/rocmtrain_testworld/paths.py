@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import tomllib
@@ -25,8 +24,6 @@ REPO_ROOT = _checkout(Path(__file__).resolve())
 CLUSTER_DIR = REPO_ROOT / ".cluster"
 # Written by build.sh (beside this module).
 BIN_DIR = Path(os.environ.get("CLUSTER_BIN_DIR", CLUSTER_DIR / "bin"))
-# build.sh holds it (exclusively) while it builds; `make test` runs that build beside the tests.
-BUILD_LOCK = BIN_DIR / ".build.lock"
 KUBERAY_CRDS_DIR = BIN_DIR / "crds"
 MANIFESTS_DIR = BIN_DIR / "manifests"
 # The repo's own CRDs (make crds).
@@ -34,19 +31,6 @@ CRDS_DIR = REPO_ROOT / "crds"
 # `kubecluster.py up`: the detached cluster's pids and kubeconfig (its state: STATE_DIR).
 PIDS_FILE = CLUSTER_DIR / "pids"
 KUBECONFIG_FILE = CLUSTER_DIR / "kubeconfig"
-
-
-def wait_for_build(lock: Path = BUILD_LOCK) -> None:
-    """Return once no build.sh is building into the binaries folder: `make test` runs the Go build beside
-    the tests that need none of its binaries, and whatever needs one waits here first."""
-    try:
-        fd = os.open(lock, os.O_RDONLY)
-    except FileNotFoundError:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-    finally:
-        os.close(fd)
 
 
 def outside_tmp(cluster_dir: Path, name: str) -> Path:

@@ -24,7 +24,7 @@ from rocmtrain.api.contract import OPERATOR_NAME
 from rocmtrain.api.manifests import load_documents
 from rocmtrain_testworld import runtime
 from rocmtrain_testworld.api import KubeCluster
-from rocmtrain_testworld.paths import BIN_DIR, REPO_ROOT, wait_for_build
+from rocmtrain_testworld.paths import BIN_DIR, REPO_ROOT
 from rocmtrain_testworld.processes import ClusterError, Process, free_port, http_ok
 from rocmtrain_testworld.world import World
 
@@ -41,7 +41,6 @@ TOKEN_SECONDS = 30 * 24 * 3600
 def kustomize(folder: Path) -> list[dict[str, Any]]:
     """`kustomize build folder` (the kustomize of `make cluster-binaries`), as objects read as kubectl
     reads them (YAML 1.2 numbers: `5e-05`)."""
-    wait_for_build()
     binary = BIN_DIR / "kustomize"
     if not binary.is_file():
         raise ClusterError(f"no kustomize in {BIN_DIR}; run `make cluster-binaries`")
