@@ -16,10 +16,11 @@ $(BIN)/activate:
 
 # Installs the project with every extra into .venv, at the versions of constraints.txt (the lock
 # both Dockerfiles use too), and the test world (tests/testworld: the package rocmtrain_testworld);
-# re-runs only when a pyproject or the lock changes. No byte-compiling of every installed file: Python
-# compiles what it imports, once.
+# re-runs only when a pyproject or the lock changes. pip byte-compiles what it installs: where
+# PYTHONDONTWRITEBYTECODE is set (as on the project's machine), Python never caches what it compiles, and
+# every process (each Ray worker too) would compile its imports again.
 $(VENV)/.installed: pyproject.toml tests/testworld/pyproject.toml constraints.txt | $(BIN)/activate
-	$(PY) -m pip install --quiet --no-compile --constraint constraints.txt -e '.[operator,train,plot,dev]' -e tests/testworld
+	$(PY) -m pip install --quiet --constraint constraints.txt -e '.[operator,train,plot,dev]' -e tests/testworld
 	touch $@
 
 install: $(VENV)/.installed
