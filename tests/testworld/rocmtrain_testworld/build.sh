@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Build the local test cluster from pinned Go modules:
-#   - etcd, kube-apiserver, kube-controller-manager, kube-scheduler from
-#     go.mod here (k8s.io/kubernetes), in one `go build`;
-#   - kwok, the KubeRay operator and Kueue, each from its own module
-#     (`go install module/cmd@version`: their k8s.io versions differ);
+#   - etcd, kube-apiserver, kube-controller-manager, kube-scheduler, Kueue and
+#     kwok from go.mod here (k8s.io/kubernetes, sigs.k8s.io/kueue,
+#     sigs.k8s.io/kwok), in one `go build`: one module graph, so the k8s.io
+#     libraries, gRPC and the rest that they share compile once;
+#   - the KubeRay operator from its own module (`go install module@version`:
+#     it needs k8s.io v0.34 and controller-runtime v0.22);
 #   - the manifests the harness installs from those modules: KubeRay's CRDs
 #     and RBAC, Kueue's CRDs, RBAC and webhooks (`kustomize build
 #     config/default` of each), kwok's Stage CRD and stock stages.
@@ -26,20 +28,18 @@ KUBERAY_MODULE=github.com/ray-project/kuberay/ray-operator
 KUBERAY_VERSION=v1.5.1
 KUBERAY_CRDS=(ray.io_rayjobs.yaml ray.io_rayclusters.yaml ray.io_rayservices.yaml)
 KWOK_MODULE=sigs.k8s.io/kwok
-KWOK_VERSION=v0.8.0
 # kwok's stock stages the harness starts from (kwok.py adds its own).
 KWOK_STAGES=(node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml
   pod/fast/pod-ready.yaml pod/fast/pod-delete.yaml)
 KUEUE_MODULE=sigs.k8s.io/kueue
-KUEUE_VERSION=v0.17.1
 KUSTOMIZE_VERSION=v5.8.2
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../../.." && pwd)" # the checkout (this is tests/testworld/rocmtrain_testworld)
 bin="${CLUSTER_BIN_DIR:-$root/.cluster/bin}"
 stamp="$bin/.stamp"
-kube_binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler)
-module_binaries=(kwok kuberay-operator kueue)
+kube_binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kueue kwok)
+module_binaries=(kuberay-operator)
 manifests=(kuberay.yaml kueue.yaml kwok.yaml)
 
 cd "$here"
@@ -94,7 +94,10 @@ build_kstatus() {
   echo "$kstatus_key" > "$bin/.kstatus.stamp"
 }
 
-kube_version="$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' go.mod)"
+go_mod_version() { awk -v m="$1" '$1 == m { print $2; exit }' go.mod; }
+kube_version="$(go_mod_version k8s.io/kubernetes)"
+KUEUE_VERSION="$(go_mod_version "$KUEUE_MODULE")"
+KWOK_VERSION="$(go_mod_version "$KWOK_MODULE")"
 kube_minor="$(echo "$kube_version" | cut -d. -f2)"
 ldflags="-s -w"
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -103,12 +106,15 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 build_kube() {
-  # One `go build` for all four so shared packages are compiled once.
-  go build -trimpath -ldflags "$ldflags" -o "$tmp/" \
+  # One `go build` for all six so that shared packages are compiled once (Kueue and kwok alone
+  # compiled about five times the code that is theirs only).
+  go build -trimpath -ldflags "$ldflags -X $KUEUE_MODULE/pkg/version.GitVersion=$KUEUE_VERSION" -o "$tmp/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler \
-    ./cmd/etcd
+    ./cmd/etcd \
+    "$KUEUE_MODULE/cmd/kueue" \
+    "$KWOK_MODULE/cmd/kwok"
 }
 
 install_module() { # name package@version
@@ -127,8 +133,6 @@ build_the_rest() { # main (1 when the main stamp is stale)
   fi
   if [[ "$1" == 1 ]]; then
     timed kuberay-operator install_module kuberay-operator "$KUBERAY_MODULE@$KUBERAY_VERSION"
-    timed kwok install_module kwok "$KWOK_MODULE/cmd/kwok@$KWOK_VERSION"
-    timed kueue install_module kueue "$KUEUE_MODULE/cmd/kueue@$KUEUE_VERSION"
   fi
   if ! tool_stamp promtool "$PROMETHEUS_MODULE_VERSION"; then
     echo "building promtool ($PROMETHEUS_MODULE_VERSION) into $bin"

@@ -1,6 +1,6 @@
 //go:build tools
 
-// Package tools records the kube binaries built by build.sh so that
+// Package tools records the binaries build.sh builds from this module so that
 // `go mod tidy` keeps their dependencies.
 package tools
 
@@ -8,4 +8,6 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "sigs.k8s.io/kueue/cmd/kueue"
+	_ "sigs.k8s.io/kwok/cmd/kwok"
 )
