@@ -138,6 +138,7 @@ class Ref:
 
 JOBS = Ref(GROUP, VERSION, PLURAL)
 RAYJOBS = Ref(RAYJOB_GROUP, RAYJOB_VERSION, RAYJOB_PLURAL)
+NETWORK_POLICIES = Ref("networking.k8s.io", "v1", "networkpolicies")
 
 
 async def retrying(call: Any, *args: Any, **kwargs: Any) -> Any:

@@ -10,11 +10,14 @@ torn down. See conftest.py for what is real and what stands in.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
 import signal
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -181,6 +184,7 @@ def test_operator_restarted_mid_run_then_job_deleted(
     rayjobs = world.cluster.request("GET", kuberay.RAYJOBS.format(ns=ns))["items"]
     assert [r["metadata"]["uid"] for r in rayjobs] == [rayjob_uid], "no second RayJob"
     assert after["rayJobName"] == "minilm" and after["workersReady"] == 2
+    _dashboard_takes_only_the_clusters_token(world, ns, "minilm")
 
     # Deleting the job ends every process of its pods within seconds (garbage collection, then the runtime).
     assert watch.processes()
@@ -191,6 +195,28 @@ def test_operator_restarted_mid_run_then_job_deleted(
     world.cluster.wait_for(lambda: ray_cluster_gone(world.cluster, ns, "minilm"), 60, "the Ray cluster to go")
     assert not world.cluster.request("GET", kuberay.RAYJOBS.format(ns=ns))["items"]
     assert gone_after < 60
+
+
+def _dashboard_takes_only_the_clusters_token(world: World, ns: str, name: str) -> None:
+    """Ray's job API on the running head, asked from outside the job (this machine reaches every pod):
+    refused without KubeRay's token for the cluster (401) or with another (403), served with it."""
+    (head,) = world.cluster.request("GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=ray.io/node-type=head")["items"]
+    cluster = head["metadata"]["labels"]["ray.io/cluster"]
+    secret = world.cluster.request("GET", f"/api/v1/namespaces/{ns}/secrets/{cluster}")
+    token = base64.b64decode(secret["data"]["auth_token"]).decode()
+    url = f"http://{head['status']['podIP']}:8265/api/jobs/"
+
+    def status_of(headers: dict[str, str]) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as answer:
+                return answer.status, answer.read()
+        except urllib.error.HTTPError as refused:
+            return refused.code, b""
+
+    assert status_of({})[0] == 401
+    assert status_of({"Authorization": "Bearer not-the-token"})[0] == 403
+    served, body = status_of({"Authorization": f"Bearer {token}"})
+    assert served == 200 and [j["entrypoint"] for j in json.loads(body)] == ["python -m rocmtrain_train"]
 
 
 def test_a_job_whose_data_does_not_parse_fails_with_the_drivers_error(

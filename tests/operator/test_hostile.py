@@ -61,13 +61,18 @@ def _count(api: Api, ns: str, name: str, reason: str) -> int:
     return [r for _, r in api.events(ns, name)].count(reason)
 
 
-def test_a_quota_refusing_the_rayjob_shows_its_message(kube: KubeCluster, api: Api, ns: str):
-    quota = {
+def _none_of(resource: str, name: str, ns: str) -> dict:
+    """A ResourceQuota that allows no object of `resource` in `ns`."""
+    return {
         "apiVersion": "v1",
         "kind": "ResourceQuota",
-        "metadata": {"name": "no-rayjobs", "namespace": ns},
-        "spec": {"hard": {"count/rayjobs.ray.io": "0"}},
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"hard": {f"count/{resource}": "0"}},
     }
+
+
+def test_a_quota_refusing_the_rayjob_shows_its_message(kube: KubeCluster, api: Api, ns: str):
+    quota = _none_of("rayjobs.ray.io", "no-rayjobs", ns)
     kube.create(quota)
     kube.create(job_manifest("quota", ns))
     blocked = _blocked(api, ns, "quota")
@@ -86,6 +91,28 @@ def test_a_quota_refusing_the_rayjob_shows_its_message(kube: KubeCluster, api: A
         lambda: api.condition(ns, "quota", ConditionType.BLOCKED).get("reason") == Reason.UNBLOCKED,
         what=Reason.UNBLOCKED,
     )
+
+
+def test_no_rayjob_before_its_network_policy_which_the_job_owns(kube: KubeCluster, api: Api, ns: str):
+    """A quota refusing NetworkPolicies holds the job (no Ray pod may start unprotected); once it goes,
+    the policy is made, owned by the job, before the RayJob."""
+    quota = _none_of("networkpolicies.networking.k8s.io", "no-policies", ns)
+    kube.create(quota)
+    kube.create(job_manifest("fenced", ns))
+    blocked = _blocked(api, ns, "fenced")
+    assert blocked["reason"] == Reason.NETWORK_POLICY_REFUSED
+    assert blocked["message"].startswith("the API server refused the job's NetworkPolicy (HTTP 403): ")
+    assert "quota: no-policies" in blocked["message"]
+    assert api.phase(ns, "fenced") == "Pending" and api.rayjob(ns, "fenced") is None
+    kube.delete(quota)
+    wait_until(lambda: api.rayjob(ns, "fenced"), timeout=30, interval=0.2, what="the RayJob once the quota is gone")
+    policy = kube.request("GET", f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/fenced-ray")
+    job = api.job(ns, "fenced")
+    assert job is not None
+    (owner,) = policy["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"], owner["controller"]) == ("RocmTrainingJob", job["metadata"]["uid"], True)
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"rocmtrain.dev/job-name": "fenced"}}
+    wait_until(lambda: _count(api, ns, "fenced", Reason.NETWORK_POLICY_REFUSED) == 1, what="one refusal event")
 
 
 def test_an_admission_policy_refusing_the_rayjob_shows_its_message(kube: KubeCluster, api: Api, ns: str):

@@ -144,6 +144,7 @@ ALLOWED = [
     ("list", "ray.io", "rayjobs", ""),
     ("watch", "ray.io", "rayjobs", ""),
     ("patch", "ray.io", "rayjobs", ""),
+    ("create", "networking.k8s.io", "networkpolicies", ""),
     ("list", "", "nodes", ""),
     ("watch", "", "nodes", ""),
     ("get", "apiextensions.k8s.io", "customresourcedefinitions", ""),
@@ -160,6 +161,8 @@ ALLOWED = [
 DENIED = [
     ("delete", "ray.io", "rayjobs", ""),
     ("update", "ray.io", "rayjobs", ""),
+    ("patch", "networking.k8s.io", "networkpolicies", ""),
+    ("delete", "networking.k8s.io", "networkpolicies", ""),
     ("create", "rocmtrain.dev", "rocmtrainingjobs", ""),
     ("patch", "rocmtrain.dev", "rocmtrainingjobs", ""),
     ("delete", "rocmtrain.dev", "rocmtrainingjobs", ""),

@@ -18,7 +18,7 @@ from rocmtrain.api.models import MUTABLE_FIELDS, RocmTrainingJob
 from rocmtrain.api.names import rayjob_name
 from rocmtrain.api.quantity import parse_quantity, whole_cpus
 from rocmtrain.api.validate import validate_job
-from rocmtrain.render import ENTRYPOINT, RenderOptions, render_rayjob, render_rayjob_yaml
+from rocmtrain.render import ENTRYPOINT, RenderOptions, render_network_policy, render_rayjob, render_rayjob_yaml
 from rocmtrain_testworld import rayjob_schema
 from unit.samples import example, full_job, minimal_job
 
@@ -393,6 +393,38 @@ def test_labels_link_every_object_back_to_the_job(full: RocmTrainingJob) -> None
     assert rayjob["metadata"]["labels"] == expected
     for template in pods(rayjob).values():
         assert template["metadata"]["labels"] == expected
+
+
+def test_ray_token_auth_is_on_and_its_variables_are_not_the_users(full: RocmTrainingJob) -> None:
+    cluster = render_rayjob(full)["spec"]["rayClusterSpec"]
+    assert cluster["authOptions"] == {"mode": "token"}
+    # KubeRay gives the token to every Ray container from its own Secret; nothing rendered names it.
+    for template in pods(render_rayjob(full, options=OPTIONS)).values():
+        assert not {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"} & {var["name"] for var in env_of(template)}
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
+        manifest = full_job()
+        manifest["spec"]["env"] = [{"name": name, "value": "disabled"}]
+        _, errors = validate_job(manifest)
+        assert [e.path for e in errors] == ["spec.env[0].name"], errors
+
+
+def test_network_policy_admits_only_the_jobs_pods_but_to_the_dashboard(full: RocmTrainingJob) -> None:
+    policy = render_network_policy(full)
+    labels = render_rayjob(full)["metadata"]["labels"]
+    assert policy["apiVersion"] == "networking.k8s.io/v1" and policy["kind"] == "NetworkPolicy"
+    assert policy["metadata"] == {"name": "sample-ray", "namespace": "ml", "labels": labels}
+    own = {"matchLabels": {"rocmtrain.dev/job-name": "sample"}}
+    # Selects every pod the RayJob makes (head, workers, submitter: they carry the job's labels).
+    for template in pods(render_rayjob(full)).values():
+        assert own["matchLabels"].items() <= template["metadata"]["labels"].items()
+    assert policy["spec"] == {
+        "podSelector": own,
+        "policyTypes": ["Ingress"],
+        "ingress": [
+            {"from": [{"podSelector": own}]},
+            {"from": [{"namespaceSelector": {}}], "ports": [{"protocol": "TCP", "port": 8265}]},
+        ],
+    }
 
 
 def test_queued_job_gets_kueue_labels_and_is_created_suspended() -> None:

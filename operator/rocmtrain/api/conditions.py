@@ -58,6 +58,7 @@ class Reason(StrEnum):
     RAYJOB_FORBIDDEN = "RayJobForbidden"
     RAYJOB_INVALID = "RayJobInvalid"
     RAYJOB_CONFLICT = "RayJobConflict"
+    NETWORK_POLICY_REFUSED = "NetworkPolicyRefused"
     PROGRESS_CA_CONFLICT = "ProgressCAConflict"
     # RayPodsUnavailable: why the Ray pods cannot run.
     UNSCHEDULABLE = "Unschedulable"

@@ -58,6 +58,9 @@ RAY_NODE_TYPE_LABEL: Final = "ray.io/node-type"
 # The Ray pods (head and workers) of the operator's jobs: the labels of the rendered
 # templates (KubeRay keeps them) and KubeRay's cluster label, which the submitter pod lacks.
 RAY_PODS_SELECTOR: Final = f"{MANAGED_SELECTOR},{RAY_CLUSTER_LABEL}"
+# Ray's dashboard and job API on the head (KubeRay's default port), which KubeRay's operator polls.
+RAY_DASHBOARD_PORT: Final = 8265
+NETWORK_POLICY_API_VERSION: Final = "networking.k8s.io/v1"
 
 # ---- Kueue --------------------------------------------------------------------------------
 

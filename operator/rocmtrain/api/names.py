@@ -43,6 +43,11 @@ def rayjob_name_of(job_name: str) -> str:
     return job_name
 
 
+def network_policy_name(job: RocmTrainingJob) -> str:
+    """The NetworkPolicy around the job's Ray pods (`rocmtrain.render.network`)."""
+    return f"{job.metadata.name}-ray"
+
+
 def worker_group_name(job: RocmTrainingJob) -> str:
     """The Ray worker group: `gpu` or `cpu`, short so worker pod names are never cut."""
     return "gpu" if job.spec.resources.gpus_per_worker else "cpu"

@@ -42,8 +42,8 @@ from rocmtrain.api.conditions import Reason
 from rocmtrain.api.models import RocmTrainingJob, RocmTrainingJobSpec
 from rocmtrain.api.validate import FieldError, validate_job
 from rocmtrain.controller.settings import OperatorConfig
-from rocmtrain.kube import JOBS, RAYJOBS, ApiMissing, Kube, Refused
-from rocmtrain.render import render_rayjob
+from rocmtrain.kube import JOBS, NETWORK_POLICIES, RAYJOBS, ApiMissing, Kube, Refused
+from rocmtrain.render import render_network_policy, render_rayjob
 from rocmtrain.status import phase
 from rocmtrain.status.accounting import Price
 from rocmtrain.status.events import transition_events
@@ -265,6 +265,8 @@ class Reconciler:
         rendered["metadata"]["ownerReferences"] = [owner_reference(job)]
         hold = blocked or node_fit.check(valid.spec, nodes)
         if hold is None:
+            hold = await self._protect(job, valid)
+        if hold is None:
             live = self._known(namespace, name)  # not seen yet: the create below finds out
         else:  # held: carry the fields over to a RayJob that already exists, create none
             live = await self._read_rayjob(namespace, name)
@@ -293,6 +295,17 @@ class Reconciler:
             live = await self._kube.patch(RAYJOBS, namespace, name, {"spec": patch}) or live
             logger.info("updated RayJob %s/%s: %s", namespace, name, sorted(patch))
         return live, None
+
+    async def _protect(self, job: Mapping[str, Any], valid: RocmTrainingJob) -> Hold | None:
+        """Create the job's NetworkPolicy (kept when it exists) before any of its Ray pods; what holds the job."""
+        policy = render_network_policy(valid)
+        policy["metadata"]["ownerReferences"] = [owner_reference(job)]
+        try:
+            await self._kube.create(NETWORK_POLICIES, policy)
+        except Refused as exc:
+            logger.warning("NetworkPolicy %s/%s refused: %s", valid.metadata.namespace, valid.metadata.name, exc)
+            return phase.refused_network_policy(exc.status, exc.message)
+        return None
 
     # ---- RayJob side --------------------------------------------------------------------
 

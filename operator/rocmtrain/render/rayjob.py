@@ -15,6 +15,12 @@ Design choices (KubeRay v1.5.1, Ray 2.60.0):
   webhook, when it mutates a RayJob (suspending it, or naming a namespace's default
   LocalQueue), writes `rayStartParams: null` where the field is absent, which the
   CRD refuses.
+- `authOptions: {mode: token}`: KubeRay makes a random token in a Secret named after the
+  RayCluster and gives it (RAY_AUTH_MODE, RAY_AUTH_TOKEN) to the head, the workers and the
+  submitter; Ray then refuses every dashboard, job-API and RPC request without it, so
+  nobody outside the job can submit code to its cluster (the NetworkPolicy of
+  `rocmtrain.render.network` also keeps them from Ray's ports). Users cannot set either
+  variable (`rocmtrain.api.validate`).
 - One worker group with replicas = minReplicas = maxReplicas and the autoscaler off:
   data-parallel training wants a fixed world size, and Kueue requires it.
 - Queued jobs (spec.scheduling.queueName) get Kueue's labels and are created
@@ -88,6 +94,7 @@ def ray_cluster_spec(job: RocmTrainingJob, options: RenderOptions) -> dict[str, 
     workers = job.spec.worker_pods
     return {
         "rayVersion": RAY_VERSION,
+        "authOptions": {"mode": "token"},
         "enableInTreeAutoscaling": False,
         "headGroupSpec": {
             "rayStartParams": {"num-cpus": "0"},

@@ -120,6 +120,12 @@ def refused_create(status: int, message: str) -> Hold:
     return Hold(HoldKind.BLOCKED, reason, bounded(f"the API server refused the RayJob: {message}", QUOTE_LIMIT))
 
 
+def refused_network_policy(status: int, message: str) -> Hold:
+    """The hold of a job whose NetworkPolicy the API server refused: no Ray pod runs unprotected."""
+    text = f"the API server refused the job's NetworkPolicy (HTTP {status}): {message}"
+    return Hold(HoldKind.BLOCKED, Reason.NETWORK_POLICY_REFUSED, bounded(text, QUOTE_LIMIT))
+
+
 @dataclass(frozen=True)
 class Observation:
     """Everything the status of one valid job is computed from."""
