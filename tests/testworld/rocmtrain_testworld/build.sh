@@ -63,6 +63,8 @@ up_to_date() {
 # CPU (kwok cold: 185 s against 247 s) for about 1 GiB per compile at most.
 export GOGC=off
 export GOMEMLIMIT=3GiB
+# No DWARF from the compiler either (the linker's -s -w drops it anyway): kwok cold, 4% less CPU.
+export GOFLAGS="$GOFLAGS -gcflags=all=-dwarf=false"
 
 # Times one step into $tmp/times (shown at the end).
 timed() {
@@ -106,8 +108,8 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 build_kube() {
-  # One `go build` for all six so that shared packages are compiled once (Kueue and kwok alone
-  # compiled about five times the code that is theirs only).
+  # One `go build` for all six so that shared packages are compiled once (of the Go source that
+  # Kueue's build alone compiles, 22% is not shared with Kubernetes; of kwok's, 10%).
   go build -trimpath -ldflags "$ldflags -X $KUEUE_MODULE/pkg/version.GitVersion=$KUEUE_VERSION" -o "$tmp/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
