@@ -87,6 +87,8 @@ def _constraints(node: dict[str, Any], required: bool, notes: list[str]) -> list
         out.append(f"at most {node['maxLength']} characters")
     if "maxItems" in node:
         out.append(f"at most {node['maxItems']} items")
+    if "maxProperties" in node:
+        out.append(f"at most {node['maxProperties']} fields")
     if "pattern" in node:
         out.append(describe_pattern(node["pattern"]))
     if keys := node.get("x-kubernetes-list-map-keys"):

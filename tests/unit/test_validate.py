@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import shlex
+import subprocess
 from typing import Any
 
 import pytest
@@ -155,6 +157,12 @@ INVALID: list[tuple[str, Edit, str, str]] = [
         put("spec.volumes[0]", {"name": "h", "hostPath": {"path": "/"}}),
         "spec.volumes[0].hostPath",
         "unknown field",
+    ),
+    (
+        "volume-source-fields",
+        put("spec.volumes[0]", {"name": "models", "emptyDir": {f"field{i}": i for i in range(17)}}),
+        "spec.volumes[0].emptyDir",
+        "at most 16 items",
     ),
     (
         "volume-source-string",
@@ -344,6 +352,35 @@ def test_valid_jobs_pass() -> None:
         job, errors = validate_job(manifest)
         assert errors == []
         assert job is not None
+
+
+def _with_env(count: int, length: int) -> dict[str, Any]:
+    manifest = minimal_job()
+    manifest["spec"]["env"] = [{"name": f"V{i}", "value": "x" * length} for i in range(count)]
+    return manifest
+
+
+def test_a_job_too_large_for_its_drivers_variable_is_refused_whole() -> None:
+    # 62 values of 4,096 characters, each within its own bound, would make ROCMTRAIN_JOB 257 KB.
+    job, errors = validate_job(_with_env(62, 4096))
+    assert job is None and [e.path for e in errors] == ["spec"]
+    words = r"the job is 25\d,\d{3} bytes as its driver reads it \(ROCMTRAIN_JOB\), at most 98,304: .*"
+    assert re.fullmatch(words, errors[0].message)
+    # 20 of them (82 KB) pass, and every pod's environment of the RayJob stays under Linux's limit.
+    job, errors = validate_job(_with_env(20, 4096))
+    assert errors == [] and job is not None
+    rayjob = render_rayjob(job)
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    (config,) = [v["value"] for v in head["env"] if v["name"] == "ROCMTRAIN_JOB"]
+    assert 80_000 < len(config.encode()) <= 98_304
+
+
+def test_linux_refuses_an_environment_string_over_128_kib() -> None:
+    """Why the bound exists: execve fails (E2BIG) for one `NAME=value` longer than MAX_ARG_STRLEN."""
+    with pytest.raises(OSError) as refused:
+        subprocess.run(["true"], env={"ROCMTRAIN_JOB": "x" * (128 * 1024)}, check=False)
+    assert refused.value.errno == errno.E2BIG
+    subprocess.run(["true"], env={"ROCMTRAIN_JOB": "x" * 98_304}, check=True)
 
 
 # --- context: cluster or local -------------------------------------------------------

@@ -109,6 +109,11 @@ REFUSED: list[tuple[str, Edit, str]] = [
         "253",
     ),
     ("queue-over-label", put("spec.scheduling.queueName", "q" * 64), "63"),
+    (
+        "volume-source-fields",
+        put("spec.volumes", [{"name": "scratch", "emptyDir": {f"k{i}": i for i in range(17)}}]),
+        "at most 16 items",
+    ),
     ("storage-missing", drop("spec.checkpoint.storagePath"), "checkpoint.storagePath is required for a cluster job"),
     (
         "tuning-concurrency",

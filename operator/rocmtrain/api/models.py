@@ -390,10 +390,15 @@ class PersistentVolumeClaimSource(ApiModel):
     read_only: bool = Field(default=False, description="Mount the claim read-only.")
 
 
+# Top-level fields of one volume source: the Kubernetes Volume API's have at most eight.
+VOLUME_SOURCE_FIELDS = 16
+
+
 def _source(description: str) -> Any:
-    """A volume source passed through as the Kubernetes Volume API defines it."""
+    """A volume source passed through as the Kubernetes Volume API defines it (at most 16 fields)."""
     return Field(
         default=None,
+        max_length=VOLUME_SOURCE_FIELDS,
         description=description + " Fields as in the Kubernetes Volume API; checked when the RayJob is created.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )

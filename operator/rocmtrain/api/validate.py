@@ -29,6 +29,7 @@ from rocmtrain.api.contract import (
     RESERVED_VOLUMES,
     is_hub,
 )
+from rocmtrain.api.job_config import JOB_CONFIG_LIMIT, job_config_json
 from rocmtrain.api.models import STORAGE_REQUIRED, TUNING_METRICS, RocmTrainingJob, TrainingSpec
 from rocmtrain.api.patterns import DNS_1035_LABEL, describe_pattern
 from rocmtrain.api.quantity import parse_quantity
@@ -91,6 +92,8 @@ def validate_job(obj: Any, *, context: Context = "cluster") -> tuple[RocmTrainin
         *_check_resources(job),
         *_check_tuning(job),
     ]
+    if not errors:
+        errors.extend(_check_size(job))
     return (None, errors) if errors else (job, [])
 
 
@@ -246,6 +249,16 @@ def _check_env(job: RocmTrainingJob) -> Iterator[FieldError]:
     for index, var in enumerate(job.spec.env):
         if var.name.startswith(OWNED_ENV_PREFIX) or var.name in RESERVED_ENV:
             yield FieldError(f"spec.env[{index}].name", f"{var.name} is set by the operator, KubeRay or Ray")
+
+
+def _check_size(job: RocmTrainingJob) -> Iterator[FieldError]:
+    size = len(job_config_json(job).encode())
+    if size > JOB_CONFIG_LIMIT:
+        yield FieldError(
+            "spec",
+            f"the job is {size:,} bytes as its driver reads it (ROCMTRAIN_JOB), at most {JOB_CONFIG_LIMIT:,}: "
+            "keep large data (env values, configuration) in a ConfigMap or Secret mounted as a volume",
+        )
 
 
 def _check_volumes(job: RocmTrainingJob) -> Iterator[FieldError]:

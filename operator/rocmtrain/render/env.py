@@ -9,20 +9,18 @@ where the training image reads them from.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rocmtrain.api.contract import (
-    API_VERSION,
     JOB_ENV,
-    KIND,
     PROGRESS_CA_ENV,
     PROGRESS_TOKEN_ENV,
     PROGRESS_URL_ENV,
     TMP_PATH,
     progress_path,
 )
-from rocmtrain.api.models import MUTABLE_FIELDS, RocmTrainingJob
+from rocmtrain.api.job_config import job_config_json
+from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.api.quantity import whole_cpus
 from rocmtrain.render.options import RenderOptions
 from rocmtrain.render.volumes import PROGRESS_CA_PATH, PROGRESS_TOKEN_PATH
@@ -37,20 +35,6 @@ from rocmtrain.render.volumes import PROGRESS_CA_PATH, PROGRESS_TOKEN_PATH
 # TORCH_NCCL_ASYNC_ERROR_HANDLING (PyTorch's default, 3, already ends the process
 # on a failed collective, which Ray Train then handles as a worker failure).
 GPU_ENV = (("NCCL_DEBUG", "WARN"), ("HSA_FORCE_FINE_GRAIN_PCIE", "1"))
-
-
-def job_config_json(job: RocmTrainingJob) -> str:
-    """The job as the training driver reads it from `ROCMTRAIN_JOB` (compact, sorted JSON).
-
-    The spec's mutable fields (suspend, lifecycle) are left out: the driver does not
-    use them, and leaving them out keeps the pod templates unchanged when they change.
-    """
-    metadata: dict[str, Any] = {"name": job.metadata.name, "namespace": job.metadata.namespace}
-    if job.metadata.uid:
-        metadata["uid"] = job.metadata.uid
-    spec = {key: value for key, value in job.spec.dump().items() if key not in MUTABLE_FIELDS}
-    document = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
-    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def progress_url(job: RocmTrainingJob, base_url: str) -> str:
