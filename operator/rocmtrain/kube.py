@@ -30,6 +30,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from rocmtrain.api.contract import (
     GROUP,
+    NETWORK_POLICY_GROUP,
+    NETWORK_POLICY_PLURAL,
+    NETWORK_POLICY_VERSION,
     OPERATOR_NAME,
     PLURAL,
     RAYJOB_GROUP,
@@ -138,7 +141,7 @@ class Ref:
 
 JOBS = Ref(GROUP, VERSION, PLURAL)
 RAYJOBS = Ref(RAYJOB_GROUP, RAYJOB_VERSION, RAYJOB_PLURAL)
-NETWORK_POLICIES = Ref("networking.k8s.io", "v1", "networkpolicies")
+NETWORK_POLICIES = Ref(NETWORK_POLICY_GROUP, NETWORK_POLICY_VERSION, NETWORK_POLICY_PLURAL)
 
 
 async def retrying(call: Any, *args: Any, **kwargs: Any) -> Any:

@@ -60,7 +60,11 @@ RAY_NODE_TYPE_LABEL: Final = "ray.io/node-type"
 RAY_PODS_SELECTOR: Final = f"{MANAGED_SELECTOR},{RAY_CLUSTER_LABEL}"
 # Ray's dashboard and job API on the head (KubeRay's default port), which KubeRay's operator polls.
 RAY_DASHBOARD_PORT: Final = 8265
-NETWORK_POLICY_API_VERSION: Final = "networking.k8s.io/v1"
+# The NetworkPolicy the operator makes around each job's Ray pods.
+NETWORK_POLICY_GROUP: Final = "networking.k8s.io"
+NETWORK_POLICY_VERSION: Final = "v1"
+NETWORK_POLICY_API_VERSION: Final = f"{NETWORK_POLICY_GROUP}/{NETWORK_POLICY_VERSION}"
+NETWORK_POLICY_PLURAL: Final = "networkpolicies"
 
 # ---- Kueue --------------------------------------------------------------------------------
 

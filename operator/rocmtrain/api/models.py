@@ -390,7 +390,7 @@ class PersistentVolumeClaimSource(ApiModel):
     read_only: bool = Field(default=False, description="Mount the claim read-only.")
 
 
-# Top-level fields of one volume source: the Kubernetes Volume API's have at most eight.
+# Top-level fields of one volume source: those of the Kubernetes Volume API have at most five (csi).
 VOLUME_SOURCE_FIELDS = 16
 
 
