@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build the local test cluster from pinned Go modules:
-#   - etcd, kube-apiserver, kube-controller-manager, kube-scheduler, Kueue and
-#     kwok from go.mod here (k8s.io/kubernetes, sigs.k8s.io/kueue,
-#     sigs.k8s.io/kwok), in one `go build`: one module graph, so the k8s.io
+#   - etcd, kube-apiserver, kube-controller-manager, kube-scheduler, Kueue, kwok,
+#     promtool and kstatus from go.mod here (k8s.io/kubernetes, sigs.k8s.io/kueue,
+#     sigs.k8s.io/kwok, github.com/prometheus/prometheus; cmd/kstatus around
+#     sigs.k8s.io/cli-utils), in one `go build`: one module graph, so the k8s.io
 #     libraries, gRPC and the rest that they share compile once;
 #   - the KubeRay operator from its own module (`go install module@version`:
 #     it needs k8s.io v0.34 and controller-runtime v0.22);
@@ -12,9 +13,8 @@
 #
 # Output (.cluster/bin):
 #   etcd kube-apiserver kube-controller-manager kube-scheduler
-#   kwok kuberay-operator kueue kustomize
+#   kwok kuberay-operator kueue kustomize promtool kstatus
 #   crds/ray.io_*.yaml  manifests/{kuberay,kueue,kwok}.yaml
-#   promtool kstatus (each with its own stamp; see their block)
 # The build is skipped when the stamp (hash of go.mod, go.sum, the wrapper
 # sources, this script) matches and every output exists.
 # Env: CLUSTER_BIN_DIR overrides the output folder; FORCE=1 rebuilds.
@@ -38,7 +38,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../../.." && pwd)" # the checkout (this is tests/testworld/rocmtrain_testworld)
 bin="${CLUSTER_BIN_DIR:-$root/.cluster/bin}"
 stamp="$bin/.stamp"
-kube_binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kueue kwok)
+kube_binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kueue kwok promtool kstatus)
 module_binaries=(kuberay-operator)
 manifests=(kuberay.yaml kueue.yaml kwok.yaml)
 
@@ -79,23 +79,6 @@ build_kustomize() {
   GOBIN="$bin" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION"
 }
 
-# promtool (tests/monitoring) from the Prometheus Go module, without the service-discovery plugins
-# it does not need for `check rules` / `test rules` (build tag remove_all_sd: a much smaller build);
-# kstatus (the status tests): kstatus/ here, a small command around sigs.k8s.io/cli-utils' kstatus
-# (Flux's). Each has its own stamp, so each builds (or not) whatever the main stamp says.
-PROMETHEUS_MODULE_VERSION=v0.316.0
-kstatus_key="$(cat "$here/kstatus/go.mod" "$here/kstatus/go.sum" "$here/kstatus/main.go" | sha256sum | cut -d' ' -f1)"
-tool_stamp() { [[ "${FORCE:-0}" != 1 && -x "$bin/$1" && "$(cat "$bin/.$1.stamp" 2>/dev/null)" == "$2" ]]; }
-build_promtool() {
-  GOBIN="$bin" go install -trimpath -tags remove_all_sd -ldflags "-s -w" \
-    "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_MODULE_VERSION"
-  echo "$PROMETHEUS_MODULE_VERSION" > "$bin/.promtool.stamp"
-}
-build_kstatus() {
-  (cd "$here/kstatus" && go build -trimpath -ldflags "-s -w" -o "$bin/kstatus" .)
-  echo "$kstatus_key" > "$bin/.kstatus.stamp"
-}
-
 go_mod_version() { awk -v m="$1" '$1 == m { print $2; exit }' go.mod; }
 kube_version="$(go_mod_version k8s.io/kubernetes)"
 KUEUE_VERSION="$(go_mod_version "$KUEUE_MODULE")"
@@ -108,15 +91,21 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 build_kube() {
-  # One `go build` for all six so that shared packages are compiled once (of the Go source that
-  # Kueue's build alone compiles, 22% is not shared with Kubernetes; of kwok's, 10%).
-  go build -trimpath -ldflags "$ldflags -X $KUEUE_MODULE/pkg/version.GitVersion=$KUEUE_VERSION" -o "$tmp/" \
+  # One `go build` for all eight so that shared packages are compiled once (of the Go source that
+  # Kueue's build alone compiles, 22% is not shared with Kubernetes; of kwok's, 10%; of promtool's,
+  # 24%). promtool is used for `check rules` / `test rules` only, so it is built without the
+  # service-discovery plugins (tag remove_all_sd: a much smaller build; the other binaries have no
+  # code under that tag).
+  go build -trimpath -tags remove_all_sd \
+    -ldflags "$ldflags -X $KUEUE_MODULE/pkg/version.GitVersion=$KUEUE_VERSION" -o "$tmp/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler \
     ./cmd/etcd \
     "$KUEUE_MODULE/cmd/kueue" \
-    "$KWOK_MODULE/cmd/kwok"
+    "$KWOK_MODULE/cmd/kwok" \
+    github.com/prometheus/prometheus/cmd/promtool \
+    ./cmd/kstatus
 }
 
 install_module() { # name package@version
@@ -135,14 +124,6 @@ build_the_rest() { # main (1 when the main stamp is stale)
   fi
   if [[ "$1" == 1 ]]; then
     timed kuberay-operator install_module kuberay-operator "$KUBERAY_MODULE@$KUBERAY_VERSION"
-  fi
-  if ! tool_stamp promtool "$PROMETHEUS_MODULE_VERSION"; then
-    echo "building promtool ($PROMETHEUS_MODULE_VERSION) into $bin"
-    timed promtool build_promtool
-  fi
-  if ! tool_stamp kstatus "$kstatus_key"; then
-    echo "building kstatus (sigs.k8s.io/cli-utils) into $bin"
-    timed kstatus build_kstatus
   fi
 }
 

@@ -5,9 +5,12 @@
 package tools
 
 import (
+	_ "github.com/prometheus/prometheus/cmd/promtool"
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "sigs.k8s.io/kueue/cmd/kueue"
 	_ "sigs.k8s.io/kwok/cmd/kwok"
+
+	_ "rocmtrain.dev/testworld/cmd/kstatus"
 )
