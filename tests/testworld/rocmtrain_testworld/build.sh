@@ -58,7 +58,7 @@ up_to_date() {
   for f in "${manifests[@]}"; do [[ -f "$bin/manifests/$f" ]] || return 1; done
 }
 
-# The build is bound by CPU on two cores (the cold build takes about 1,900 s of it, the downloads
+# The build is bound by CPU on two cores (its wall time is its CPU time over both cores: see docs/benchmarks.md; the downloads
 # 25 s), so the Go compiler runs without its garbage collector below a 3 GiB heap: a quarter less
 # CPU (kwok cold: 185 s against 247 s) for about 1 GiB per compile at most.
 export GOGC=off
