@@ -58,9 +58,10 @@ up_to_date() {
   for f in "${manifests[@]}"; do [[ -f "$bin/manifests/$f" ]] || return 1; done
 }
 
-# The build is bound by CPU on two cores (its wall time is its CPU time over both cores: see docs/benchmarks.md; the downloads
-# 25 s), so the Go compiler runs without its garbage collector below a 3 GiB heap: a quarter less
-# CPU (kwok cold: 185 s against 247 s) for about 1 GiB per compile at most.
+# The build is bound by CPU on two cores (its wall time is its CPU time over both cores, the
+# downloads 25 s: see docs/benchmarks.md), so the Go compiler runs without its garbage collector
+# below a 3 GiB heap: a quarter less CPU (kwok cold: 185 s against 247 s) for about 1 GiB per
+# compile at most.
 export GOGC=off
 export GOMEMLIMIT=3GiB
 # No DWARF from the compiler either (the linker's -s -w drops it anyway): kwok cold, 4% less CPU.

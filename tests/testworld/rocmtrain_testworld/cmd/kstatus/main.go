@@ -1,7 +1,8 @@
 // kstatus prints what sigs.k8s.io/cli-utils' kstatus (the status library of Flux and kpt)
 // computes for Kubernetes objects: it reads one JSON object per line on stdin and writes
 // one JSON line per object, {"status": "Current"|"InProgress"|"Failed"|..., "message": "..."}.
-// Built by build.sh (with the Kubernetes binaries, in one module graph); used by the tests of the RocmTrainingJob status.
+// Built by build.sh (with the Kubernetes binaries, in one module graph); used by the tests of
+// the RocmTrainingJob status.
 package main
 
 import (
