@@ -159,10 +159,37 @@ INVALID: list[tuple[str, Edit, str, str]] = [
         "unknown field",
     ),
     (
-        "volume-source-fields",
-        put("spec.volumes[0]", {"name": "models", "emptyDir": {f"field{i}": i for i in range(17)}}),
-        "spec.volumes[0].emptyDir",
-        "at most 16 items",
+        "volume-source-nested-field",
+        put("spec.volumes[0]", {"name": "models", "emptyDir": {"sizeLimit": "1Gi", "k0": {"k1": "v"}}}),
+        "spec.volumes[0].emptyDir.k0",
+        "unknown field",
+    ),
+    (
+        "volume-items",
+        put("spec.volumes[0]", {"name": "c", "configMap": {"name": "c", "items": [{"key": "k", "path": "p"}] * 65}}),
+        "spec.volumes[0].configMap.items",
+        "at most 64 items",
+    ),
+    (
+        "volume-csi-attributes",
+        put(
+            "spec.volumes[0]",
+            {"name": "c", "csi": {"driver": "d", "volumeAttributes": {f"k{i}": "v" for i in range(33)}}},
+        ),
+        "spec.volumes[0].csi.volumeAttributes",
+        "at most 32",
+    ),
+    (
+        "volume-nfs-server",
+        put("spec.volumes[0]", {"name": "n", "nfs": {"server": "$(reboot)", "path": "/x"}}),
+        "spec.volumes[0].nfs.server",
+        "DNS-1123 subdomain",
+    ),
+    (
+        "volume-file-mode",
+        put("spec.volumes[0]", {"name": "s", "secret": {"secretName": "s", "defaultMode": 0o1777}}),
+        "spec.volumes[0].secret.defaultMode",
+        "511",
     ),
     (
         "volume-source-string",
@@ -562,13 +589,15 @@ def test_env_value_stays_verbatim_data() -> None:
 
 def test_volume_source_strings_stay_inside_the_volume() -> None:
     manifest = full_job()
-    manifest["spec"]["volumes"][1] = {"name": "ckpt", "nfs": {"server": "$(reboot)", "path": "/x;y"}}
+    manifest["spec"]["volumes"][1] = {
+        "name": "ckpt",
+        "csi": {"driver": "s3.csi.aws.com", "volumeAttributes": {"mountOptions": "$(reboot); `id`"}},
+    }
     job, errors = validate_job(manifest)
     assert errors == []
     assert job is not None
     rayjob = render_rayjob(job)
-    assert_inert(rayjob, "$(reboot)")
-    assert_inert(rayjob, "/x;y")
+    assert_inert(rayjob, "$(reboot); `id`")
 
 
 # --- pydantic and CEL agree ---------------------------------------------------------------
@@ -640,6 +669,22 @@ CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
         'spec.scheduling.nodeSelector["-bad"]',
     ),
     ("spec.env[]", "!(has(self.value) && has(self.valueFrom))"): (put("spec.env[2].value", "v"), "spec.env[2]"),
+    ("spec.volumes[].configMap.items[].path", TRAVERSAL): (
+        put("spec.volumes[0]", {"name": "c", "configMap": {"name": "c", "items": [{"key": "k", "path": "a/../../x"}]}}),
+        "spec.volumes[0].configMap.items[0].path",
+    ),
+    ("spec.volumes[].secret.items[].path", TRAVERSAL): (
+        put("spec.volumes[0]", {"name": "s", "secret": {"secretName": "s", "items": [{"key": "k", "path": ".."}]}}),
+        "spec.volumes[0].secret.items[0].path",
+    ),
+    ("spec.volumes[].nfs.path", TRAVERSAL): (
+        put("spec.volumes[0]", {"name": "n", "nfs": {"server": "nfs", "path": "/exports/../etc"}}),
+        "spec.volumes[0].nfs.path",
+    ),
+    ("spec.volumes[].csi.volumeAttributes", LABEL_KEYS): (
+        put("spec.volumes[0]", {"name": "c", "csi": {"driver": "d", "volumeAttributes": {"-bad": "v"}}}),
+        'spec.volumes[0].csi.volumeAttributes["-bad"]',
+    ),
     ("spec.volumes[]", VOLUME_RULE): (put("spec.volumes[0].secret", {"secretName": "s"}), "spec.volumes[0]"),
     ("spec", "has(self.checkpoint.storagePath)"): (drop("spec.checkpoint.storagePath"), "spec.checkpoint.storagePath"),
     ("spec.tuning", "self.maxConcurrentTrials <= self.numTrials"): (

@@ -110,10 +110,11 @@ REFUSED: list[tuple[str, Edit, str]] = [
     ),
     ("queue-over-label", put("spec.scheduling.queueName", "q" * 64), "63"),
     (
-        "volume-source-fields",
-        put("spec.volumes", [{"name": "scratch", "emptyDir": {f"k{i}": i for i in range(17)}}]),
-        "at most 16 items",
+        "volume-items",
+        put("spec.volumes", [{"name": "c", "configMap": {"name": "c", "items": [{"key": "k", "path": "p"}] * 65}}]),
+        "at most 64 items",
     ),
+    ("volume-nfs-path", put("spec.volumes", [{"name": "n", "nfs": {"server": "nfs", "path": "x;y"}}]), "nfs.path"),
     ("storage-missing", drop("spec.checkpoint.storagePath"), "checkpoint.storagePath is required for a cluster job"),
     (
         "tuning-concurrency",
@@ -128,6 +129,66 @@ REFUSED: list[tuple[str, Edit, str]] = [
     ("tuning-space-empty", put("spec.tuning", {"searchSpace": {}}), "at least one hyper-parameter"),
     ("tuning-metric", put("spec.tuning", {"searchSpace": {"epochs": [1]}, "metric": "bleu"}), "metric"),
 ]
+
+
+# One volume of every source the API offers, with every field set.
+EVERY_SOURCE = [
+    {"name": "claim", "persistentVolumeClaim": {"claimName": "data", "readOnly": True}},
+    {
+        "name": "config",
+        "configMap": {
+            "name": "c",
+            "items": [{"key": "a.yaml", "path": "conf/a.yaml", "mode": 0o440}],
+            "optional": True,
+        },
+    },
+    {"name": "creds", "secret": {"secretName": "s", "defaultMode": 0o400}},
+    {"name": "scratch", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+    {"name": "share", "nfs": {"server": "10.0.0.2", "path": "/exports/data", "readOnly": True}},
+    {
+        "name": "bucket",
+        "csi": {
+            "driver": "s3.csi.aws.com",
+            "readOnly": False,
+            "fsType": "fuse",
+            "volumeAttributes": {"bucketName": "b", "mountOptions": "allow-delete,region us-east-1"},
+            "nodePublishSecretRef": {"name": "s3-creds"},
+        },
+    },
+    {
+        "name": "local",
+        "ephemeral": {
+            "volumeClaimTemplate": {
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": "fast",
+                    "volumeMode": "Filesystem",
+                    "resources": {"requests": {"storage": "100Gi"}},
+                }
+            }
+        },
+    },
+]
+
+
+def test_every_volume_source_is_stored_as_given(kube: KubeCluster, namespace: str) -> None:
+    manifest = _in(namespace, minimal_job())
+    manifest["spec"]["volumes"] = EVERY_SOURCE
+    job = RocmTrainingJob.model_validate(manifest)
+    assert [volume.dump() for volume in job.spec.volumes] == EVERY_SOURCE
+    assert kube.create(manifest, dry_run=True)["spec"]["volumes"] == EVERY_SOURCE
+
+
+def test_the_server_prunes_what_the_models_refuse_in_a_volume_source(kube: KubeCluster, namespace: str) -> None:
+    """A source's unknown fields, however many and however deep, never reach the stored object (or the operator's
+    cache): the schema has no free-form field left to keep them."""
+    manifest = _in(namespace, minimal_job())
+    manifest["spec"]["volumes"] = [
+        {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi", **{f"k{i}": {"deep": [i]} for i in range(10_000)}}}
+    ]
+    assert validate_job(manifest)[0] is None
+    stored = kube.create(manifest, dry_run=True)
+    assert stored["spec"]["volumes"] == [{"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}]
 
 
 def test_server_defaults_of_a_search_equal_model_defaults(kube: KubeCluster, namespace: str) -> None:

@@ -51,6 +51,8 @@ FIELD_NAME = r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
 CONFIG_KEY = r"^[-._A-Za-z0-9]+$"
 # A relative path below a volume root.
 REL_PATH = r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$"
+# A filesystem type (ext4, xfs).
+FS_TYPE = r"^[a-z0-9]+$"
 # Free text that is only ever data (an env value): no NUL.
 TEXT = r"^[^\x00]*$"
 
@@ -75,6 +77,7 @@ PATTERN_DESCRIPTIONS = {
     FIELD_NAME: "a record field name: letters, digits, '_', '.' or '-', starting with a letter or '_'",
     CONFIG_KEY: "a Secret or ConfigMap key: letters, digits, '-', '_' or '.'",
     REL_PATH: "a relative path of letters, digits, '.', '_' and '-' segments",
+    FS_TYPE: "a filesystem type of lowercase letters and digits, such as ext4 or xfs",
     TEXT: "text without NUL characters",
     CURRENCY: "an ISO 4217 currency code such as USD or EUR",
 }
