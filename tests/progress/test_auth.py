@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+from collections.abc import Callable
 
 import pytest
 
@@ -233,24 +235,17 @@ async def test_any_tokenreview_failure_is_unavailable_never_a_crash(code: int):
             await api.close()
 
 
-async def test_reviews_are_cached_refusals_apart_and_kept_within_their_budget():
-    """Accepted and refused answers are cached apart (refusals never push out an accepted token), and
-    TokenReviews beyond the budget are refused as Busy before they are sent."""
+@contextlib.asynccontextmanager
+async def _token_reviews(accepted: Callable[[str], bool], reviewed: list[str]):
+    """An API client whose TokenReviews a local server answers: `accepted(token)` decides, `reviewed` lists them."""
     from aiohttp import web
     from aiohttp.test_utils import TestServer
     from kubernetes_asyncio import client
 
-    from rocmtrain.progress.auth import CACHE_ENTRIES, TokenReviewAuthenticator
-    from rocmtrain.progress.errors import Busy
-    from rocmtrain.progress.limits import RateLimiter
-
-    reviewed: list[str] = []
-    good = _jwt({**CLAIMS, "sub": "good"})
-
     async def review(request: web.Request) -> web.Response:
         token = (await request.json())["spec"]["token"]
         reviewed.append(token)
-        status = BOUND if token == good else {"authenticated": False}
+        status = BOUND if accepted(token) else {"authenticated": False}
         return web.json_response(
             {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": ""}, "status": status}
         )
@@ -260,28 +255,75 @@ async def test_reviews_are_cached_refusals_apart_and_kept_within_their_budget():
     async with TestServer(app) as server:
         api = client.ApiClient(client.Configuration(host=str(server.make_url(""))))
         try:
-            generous = TokenReviewAuthenticator(api, wall_clock=lambda: NOW, reviews=RateLimiter(1e6, 10**6))
-            assert await generous(good) == await generous(good) and reviewed == [good]
-            refused = [_jwt({**CLAIMS, "sub": f"forged-{i}"}) for i in range(CACHE_ENTRIES + 100)]
-            for token in refused:
-                with pytest.raises(Unauthenticated):
-                    await generous(token)
-            with pytest.raises(Unauthenticated):
-                await generous(refused[-1])  # cached refusal: no review
-            with pytest.raises(Unauthenticated):
-                await generous("junk")  # no review at all
-            assert await generous(good) and len(reviewed) == 1 + len(refused), "the accepted token is still cached"
-            reviewed.clear()
-            clock = [0.0]
-            tight = TokenReviewAuthenticator(
-                api, wall_clock=lambda: NOW, reviews=RateLimiter(1.0, 3, clock=lambda: clock[0])
-            )
-            outcomes = []
-            for i in range(10):
-                try:
-                    await tight(_jwt({**CLAIMS, "sub": f"flood-{i}"}))
-                except (Busy, Unauthenticated) as exc:
-                    outcomes.append(type(exc).__name__)
-            assert outcomes == ["Unauthenticated"] * 3 + ["Busy"] * 7 and len(reviewed) == 3
+            yield api
         finally:
             await api.close()
+
+
+async def test_reviews_are_cached_refusals_apart_and_kept_within_their_budget():
+    """Accepted and refused answers are cached apart (refusals never push out an accepted token), and
+    TokenReviews beyond the budget are refused as Busy before they are sent."""
+    from rocmtrain.progress.auth import CACHE_ENTRIES, TokenReviewAuthenticator
+    from rocmtrain.progress.errors import Busy
+    from rocmtrain.progress.limits import RateLimiter
+
+    reviewed: list[str] = []
+    good = _jwt({**CLAIMS, "sub": "good"})
+    async with _token_reviews(lambda token: token == good, reviewed) as api:
+        generous = TokenReviewAuthenticator(api, wall_clock=lambda: NOW, reviews=RateLimiter(1e6, 10**6))
+        assert await generous(good) == await generous(good) and reviewed == [good]
+        refused = [_jwt({**CLAIMS, "sub": f"forged-{i}"}) for i in range(CACHE_ENTRIES + 100)]
+        for token in refused:
+            with pytest.raises(Unauthenticated):
+                await generous(token)
+        with pytest.raises(Unauthenticated):
+            await generous(refused[-1])  # cached refusal: no review
+        with pytest.raises(Unauthenticated):
+            await generous("junk")  # no review at all
+        assert await generous(good) and len(reviewed) == 1 + len(refused), "the accepted token is still cached"
+        reviewed.clear()
+        clock = [0.0]
+        tight = TokenReviewAuthenticator(
+            api, wall_clock=lambda: NOW, reviews=RateLimiter(1.0, 3, clock=lambda: clock[0])
+        )
+        outcomes = []
+        for i in range(10):
+            try:
+                await tight(_jwt({**CLAIMS, "sub": f"flood-{i}"}))
+            except (Busy, Unauthenticated) as exc:
+                outcomes.append(type(exc).__name__)
+        assert outcomes == ["Unauthenticated"] * 3 + ["Busy"] * 7 and len(reviewed) == 3
+
+
+async def test_forgeries_never_take_the_reviews_of_a_pod_that_reported():
+    """Forged tokens spend the shared budget of pods without an accepted token; the driver whose token was
+    accepted still has its next token (rotated by the kubelet) reviewed. Forgeries that name no pod, or a pod
+    that has not reported, stay in the shared budget."""
+    from rocmtrain.progress.auth import TokenReviewAuthenticator, claimed_pod_uid
+    from rocmtrain.progress.errors import Busy
+    from rocmtrain.progress.limits import RateLimiter
+
+    reviewed: list[str] = []
+    clock = [0.0]
+
+    def of_pod(uid: str, sub: str) -> str:
+        return _jwt({**CLAIMS, "sub": sub, "kubernetes.io": {"namespace": "team-a", "pod": {"name": "p", "uid": uid}}})
+
+    # The driver's pod is the one the review names (BOUND's pod uid).
+    first, rotated = of_pod("0f1e", "driver-1"), of_pod("0f1e", "driver-2")
+    assert claimed_pod_uid(json.loads(base64.urlsafe_b64decode(first.split(".")[1] + "=="))) == "0f1e"
+    async with _token_reviews(lambda token: token in (first, rotated), reviewed) as api:
+        authenticate = TokenReviewAuthenticator(
+            api, clock=lambda: clock[0], wall_clock=lambda: NOW, reviews=RateLimiter(1.0, 3, clock=lambda: clock[0])
+        )
+        assert await authenticate(first)  # its first report: from the shared budget
+        outcomes = []
+        for i in range(20):
+            forged = of_pod(f"guess-{i}", f"forged-{i}") if i % 2 else _jwt({**CLAIMS, "sub": f"forged-{i}"})
+            try:
+                await authenticate(forged)
+            except (Busy, Unauthenticated) as exc:
+                outcomes.append(type(exc).__name__)
+        assert outcomes == ["Unauthenticated"] * 2 + ["Busy"] * 18, "the shared budget is spent"
+        assert await authenticate(rotated), "the driver's next token is still reviewed"
+        assert len(reviewed) == 4

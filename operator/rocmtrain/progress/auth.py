@@ -4,8 +4,9 @@ A report carries a projected service-account token with the audience
 `rocmtrain.dev/progress`, bound to the Ray head pod that sends it. Before the API
 server is asked anything, a token must look like one (`token_claims`: a JWT of
 bounded size whose unverified claims name our audience and have not expired) and
-fit the budget of TokenReviews (a token bucket over all sources, and at most a few
-reviews at once). The API server's TokenReview then says whether it is valid
+fit the budget of TokenReviews (`TokenReviewAuthenticator`: a token bucket, and a few
+reviews at once, shared by the tokens of pods that have not reported lately, so that
+forgeries only compete with forgeries). The API server's TokenReview then says whether it is valid
 (signature, expiry, audience, and that the bound pod still exists with the same
 uid) and names the pod. Answers are cached by a hash of the token, accepted ones
 and refused ones apart (a flood of refused tokens never evicts an accepted one),
@@ -65,11 +66,14 @@ REFUSED_CACHE_ENTRIES = 4096
 # Projected service-account tokens are JWTs of about 1 KiB.
 MAX_TOKEN_BYTES = 8 * 1024
 _JWT = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")
-# TokenReviews the endpoint may send: a rate over all sources, bursts, and at once.
+# TokenReviews the endpoint may send for the tokens of pods without an accepted token lately: a rate
+# over them all, bursts, and at once.
 REVIEW_RATE_PER_SECOND = 20.0
 REVIEW_BURST = 40
 REVIEWS_AT_ONCE = 8
 REVIEW_QUEUE_SECONDS = 1.0
+# How long a pod whose token was accepted keeps out of that shared budget (tokens refresh hourly).
+KNOWN_POD_SECONDS = 2 * 3600.0
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -110,6 +114,14 @@ def token_claims(token: str, audience: str, now: float) -> dict[str, Any]:
     if not isinstance(expires, int | float) or expires <= now:
         raise Unauthenticated("token not accepted")
     return claims
+
+
+def claimed_pod_uid(claims: Mapping[str, Any]) -> str:
+    """The uid of the pod a projected token's unverified claims name ("" when they name none)."""
+    found: Any = claims
+    for key in ("kubernetes.io", "pod", "uid"):
+        found = found.get(key) if isinstance(found, Mapping) else None
+    return found if isinstance(found, str) else ""
 
 
 def _single(extra: Mapping[str, Any], key: str) -> str | None:
@@ -202,7 +214,16 @@ class TtlCache(Generic[K, V]):
 
 
 class TokenReviewAuthenticator:
-    """Authenticate bearer tokens with the API server's TokenReview, within a budget of reviews."""
+    """Authenticate bearer tokens with the API server's TokenReview, within a budget of reviews.
+
+    The tokens of pods that have not had one accepted within `KNOWN_POD_SECONDS` share one budget
+    (`reviews`, at most `reviews_at_once` at once). A token whose unverified claims name a pod (by
+    uid) that has is reviewed outside it: forged tokens are never accepted, so however many a tenant
+    sends from however many pods they spend only that shared budget, and the drivers that have
+    reported keep their reviews. (Pod uids are random and readable only where the pods may be
+    listed; a token claiming a known uid is still reviewed, and every source keeps to the
+    endpoint's rate per address.)
+    """
 
     def __init__(
         self,
@@ -220,6 +241,7 @@ class TokenReviewAuthenticator:
         self._clock, self._wall_clock = clock, wall_clock
         self._accepted: TtlCache[bytes, Identity] = TtlCache(ACCEPTED_TTL_SECONDS, CACHE_ENTRIES, clock)
         self._refused: TtlCache[bytes, Unauthenticated] = TtlCache(REFUSED_TTL_SECONDS, REFUSED_CACHE_ENTRIES, clock)
+        self._known_pods: TtlCache[str, bool] = TtlCache(KNOWN_POD_SECONDS, CACHE_ENTRIES, clock)
         self._reviews = reviews or RateLimiter(REVIEW_RATE_PER_SECOND, REVIEW_BURST, clock=clock)
         self._at_once = asyncio.Semaphore(reviews_at_once)
 
@@ -235,29 +257,32 @@ class TokenReviewAuthenticator:
         except Unauthenticated as exc:
             self._refused.put(key, exc)
             raise
-        identity = await self._review(key, token)
+        if self._known_pods.get(claimed_pod_uid(claims)):
+            identity = await self._review(key, token)
+        else:
+            if (wait := self._reviews.acquire("")) > 0:
+                raise Busy(wait)
+            try:
+                await asyncio.wait_for(self._at_once.acquire(), REVIEW_QUEUE_SECONDS)
+            except TimeoutError:
+                raise Busy(REVIEW_QUEUE_SECONDS) from None
+            try:
+                identity = await self._review(key, token)
+            finally:
+                self._at_once.release()
+        self._known_pods.put(identity.pod_uid, True)
         # Never trust the cache past the token's own expiry.
         self._accepted.put(key, identity, until=self._clock() + claims["exp"] - self._wall_clock())
         return identity
 
     async def _review(self, key: bytes, token: str) -> Identity:
-        wait = self._reviews.acquire("")
-        if wait > 0:
-            raise Busy(wait)
-        try:
-            await asyncio.wait_for(self._at_once.acquire(), REVIEW_QUEUE_SECONDS)
-        except TimeoutError:
-            raise Busy(REVIEW_QUEUE_SECONDS) from None
-        try:
-            body: Any = {  # the client takes plain dicts as well as its model classes
-                "apiVersion": "authentication.k8s.io/v1",
-                "kind": "TokenReview",
-                "spec": {"token": token, "audiences": [self._audience]},
-            }
-            prometheus.TOKEN_REVIEWS.inc()
-            review = await checked("TokenReview", self._authn.create_token_review(body), passing=())
-        finally:
-            self._at_once.release()
+        body: Any = {  # the client takes plain dicts as well as its model classes
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, "audiences": [self._audience]},
+        }
+        prometheus.TOKEN_REVIEWS.inc()
+        review = await checked("TokenReview", self._authn.create_token_review(body), passing=())
         try:
             return identity_from_review(self._serialize(review).get("status") or {}, self._audience)
         except Unauthenticated as exc:
