@@ -35,6 +35,7 @@ from rocmtrain_testworld.jobs import (
     job,
     ray_cluster_gone,
     reports,
+    run_folder,
     status,
     volume,
 )
@@ -60,7 +61,7 @@ def _assert_trained(world: World, ns: str, name: str, folder: Path, watch: Watch
     assert final["phase"] == "Succeeded", final
     RocmTrainingJobStatus.model_validate(final)
     # The driver's own reports (written beside the checkpoints) are what reached the status.
-    pushed = reports(folder, name)
+    pushed = reports(folder, ns, name)
     last = pushed[-1]
     assert last["final"] and final["progress"] == last["progress"] and final["metrics"] == last["metrics"]
     assert final["progress"]["percent"] == 100 and final["progress"]["step"] == final["progress"]["totalSteps"]
@@ -123,7 +124,7 @@ def test_two_jobs_at_once_succeed_each_with_its_own_live_metrics_one_after_losin
     assert sorted(steps.values()) == [3, 12], steps
     for ns, (folder, samples) in jobs.items():
         assert steps[ns] == samples // 16
-        assert finals[ns]["metrics"] == reports(folder, "minilm")[-1]["metrics"]
+        assert finals[ns]["metrics"] == reports(folder, ns, "minilm")[-1]["metrics"]
         assert bool(finals[ns].get("workerFailures")) == (samples == LOSES_A_WORKER), finals[ns]
     assert len({str(f["metrics"]) for f in finals.values()}) == 2
 
@@ -139,7 +140,7 @@ def _recovers_a_lost_worker(world: World, ns: str, name: str, folder: Path, watc
     recovered = [e for e in events(world.cluster, ns, name) if e["reason"] == "WorkerFailureRecovered"]
     assert recovered and recovered[0]["type"] == "Warning", killed
     assert "training continued from the checkpoint at step" in recovered[0]["message"]
-    resumed = [r["resumedFromStep"] for r in reports(folder, name) if r.get("workerFailures")]
+    resumed = [r["resumedFromStep"] for r in reports(folder, ns, name) if r.get("workerFailures")]
     assert resumed and min(resumed) >= 2, "restored a checkpoint, not from scratch"
     return final
 
@@ -277,7 +278,7 @@ def test_a_search_runs_its_trials_at_once_on_one_ray_cluster_and_reports_the_bes
     assert searched["bestConfig"] == best["config"] and final["metrics"]["evalAccuracy"] == best["metric"]
     assert final["progress"]["percent"] == 100
     assert max(watch.workers_running, default=0) == 2, watch.workers_running
-    pushed = reports(folder, "search")
+    pushed = reports(folder, ns, "search")
     assert any(r["tuning"]["trialsRunning"] == 2 for r in pushed if r.get("tuning")), "the trials ran at once"
 
     assert world.cluster.printed(JOBS.format(ns=ns) + "/search")["Best"] == best["metric"]
@@ -287,7 +288,7 @@ def test_a_search_runs_its_trials_at_once_on_one_ray_cluster_and_reports_the_bes
         "the NewBestTrial event",
     )
     assert f"trial {best['id']} is the best so far" in announced[-1]["message"], announced
-    run = folder / "runs" / "search"
+    run = run_folder(folder, ns, "search")
     assert searched["bestCheckpoint"] == str(run / "model")
     assert (run / "model" / "model.safetensors").is_file() and (run / "model" / "config.json").is_file()
     summary = json.loads((run / "search-summary.json").read_text())

@@ -72,13 +72,23 @@ CLUSTER = {
 
 def test_cluster_settings():
     on_volume = cluster_settings(job("big", {"checkpoint": {"storagePath": "/mnt/ckpt"}}), run_id="r")
-    assert on_volume.run_path == "/mnt/ckpt/big" and on_volume.log_dir == "/mnt/ckpt/big/logs"
+    assert on_volume.run_path == "/mnt/ckpt/default/big" and on_volume.log_dir == "/mnt/ckpt/default/big/logs"
     in_bucket = cluster_settings(job("big", {"checkpoint": {"storagePath": "s3://bucket/runs"}}), run_id="r")
-    assert in_bucket.model_output == "s3://bucket/runs/big/model"
+    assert in_bucket.model_output == "s3://bucket/runs/default/big/model"
     assert in_bucket.log_dir == f"{CLUSTER_LOG_ROOT}/big/logs"
     with pytest.raises(ConfigError, match="storagePath is required for a cluster job"):
         cluster_settings(job("big"), run_id="r")
     assert cluster_settings(job("big", CLUSTER, {"resources": {"gpusPerWorker": 2}}), run_id="r").gpus_per_worker == 2
+
+
+def test_jobs_of_one_name_in_two_namespaces_never_share_a_run_folder():
+    foo = job("foo", CLUSTER)
+    in_namespace = [
+        foo.model_copy(update={"metadata": foo.metadata.model_copy(update={"namespace": ns})})
+        for ns in ("team-a", "team-b")
+    ]
+    paths = {cluster_settings(j, run_id="r").run_path for j in in_namespace}
+    assert paths == {"s3://bucket/runs/team-a/foo", "s3://bucket/runs/team-b/foo"}
 
 
 def test_the_job_travels_in_the_environment_and_is_validated_as_a_cluster_job():

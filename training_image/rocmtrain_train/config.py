@@ -34,7 +34,7 @@ class RunSettings:
     """Everything a worker needs besides the job: it travels to each worker in the train loop config."""
 
     job: RocmTrainingJob
-    storage: str  # storage root: an absolute local path or an object-store URI
+    storage: str  # runs' root (a cluster's: storagePath/namespace): an absolute local path or an object-store URI
     log_dir: str  # local folder of main.log and rank-<k>.log
     use_gpu: bool
     cpus_per_worker: float  # CPUs of one worker pod (locally: this machine's share), split among its ranks
@@ -123,12 +123,15 @@ def cluster_settings(job: RocmTrainingJob, run_id: str) -> RunSettings:
     """Settings of a run on a Ray cluster started by the operator (the RayJob's driver).
 
     The storage path is required there (`rocmtrain.api.validate`): the workers upload their own
-    checkpoints from their pods, so only shared storage holds them all.
+    checkpoints from their pods, so only shared storage holds them all. The run folder is
+    `<storagePath>/<namespace>/<name>`: jobs of one name in two namespaces never share checkpoints,
+    and a job re-created under its namespace and name continues its predecessor's run (`resume: auto`).
     """
-    storage = job.spec.checkpoint.storage_path
-    if storage is None:
+    root = job.spec.checkpoint.storage_path
+    if root is None:
         raise ConfigError(f"spec.checkpoint.storagePath: {STORAGE_REQUIRED}")
     name = job.metadata.name
+    storage = join_location(root, job.metadata.namespace)
     local_storage = storage.startswith("/")
     return RunSettings(
         job=job,

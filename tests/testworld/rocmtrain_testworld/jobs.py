@@ -126,9 +126,14 @@ def events(cluster: KubeCluster, namespace: str, name: str) -> list[dict[str, An
     return sorted(found, key=lambda e: int(e["metadata"]["resourceVersion"]))
 
 
-def reports(folder: Path, name: str) -> list[dict[str, Any]]:
+def run_folder(folder: Path, namespace: str, name: str) -> Path:
+    """The job's run folder under the storage of `cpu_job` (`<storagePath>/<namespace>/<name>`)."""
+    return folder / "runs" / namespace / name
+
+
+def reports(folder: Path, namespace: str, name: str) -> list[dict[str, Any]]:
     """What the driver reported, as it wrote it next to the checkpoints (`metrics.jsonl`)."""
-    path = folder / "runs" / name / "logs" / "metrics.jsonl"
+    path = run_folder(folder, namespace, name) / "logs" / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 

@@ -10,7 +10,8 @@ Tune keeps the experiment under `<run>/search/`; a restarted driver restores it
 (`Tuner.restore(..., resume_errored=True)`): finished trials keep their results and are not run
 again, unfinished ones start again and resume from their own checkpoints. At the end the best
 trial's model is copied to `<run>/model` (where a single job's model goes) and
-`<run>/search-summary.json` lists every trial.
+`<run>/search-summary.json` lists every trial. `<run>/search-owner.json` names the job, and a
+driver restores only its own job's experiment.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 from ray.tune.search import BasicVariantGenerator
 
 from rocmtrain.api.models import Metrics, Progress, ProgressReport, TuningSpec
-from rocmtrain_train.config import RunSettings, join_location
+from rocmtrain_train.config import ConfigError, RunSettings, join_location
 from rocmtrain_train.driver.torch_trainer import build_trainer
 from rocmtrain_train.reporting.driver_report import Sink
 from rocmtrain_train.reporting.log_files import main_logger
@@ -46,6 +47,9 @@ from rocmtrain_train.storage import filesystem
 SEARCH_DIR = "search"
 TRIALS_DIR = "trials"
 SUMMARY_FILE = "search-summary.json"
+# Beside the experiment: the job whose search it is; a search restores only its own job's experiment.
+OWNER_FILE = "search-owner.json"
+MAX_OWNER_BYTES = 4096
 TIME_ATTR = "evaluations"
 # What a trial's own actor reserves: it only runs the trial's Ray Train controller, and needs no CPU
 # (the head has none for Ray; the worker pods' CPUs all go to ranks). Tune refuses an empty request.
@@ -249,14 +253,45 @@ class SearchProgress(tune.Callback):
         self._update(trials)
 
 
+def search_owner(settings: RunSettings) -> dict[str, str]:
+    """The job a search belongs to, as `OWNER_FILE` records it: its namespace and name."""
+    return {"namespace": settings.job.metadata.namespace, "name": settings.job.metadata.name}
+
+
+def _recorded_owner(settings: RunSettings) -> Any:
+    fs, path = filesystem(join_location(settings.run_path, OWNER_FILE), None)
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    with fs.open_input_stream(path) as source:
+        try:
+            return json.loads(source.read(MAX_OWNER_BYTES))
+        except ValueError:
+            return None
+
+
 def _tuner(settings: RunSettings, experiment: str, log: logging.Logger) -> tune.Tuner:
-    """A new search, or the one a previous driver left under `experiment` (resume: auto)."""
+    """A new search, or the one a previous driver of this job left under `experiment` (resume: auto).
+
+    `Tuner.restore` unpickles what it finds, so it only restores an experiment whose run folder
+    `OWNER_FILE` names this job, written before its first trial: another job's search is refused,
+    not run. Whoever can write the run folder could still forge both, so write access to it is
+    the trust boundary (docs/operations/security.md).
+    """
     tuning = settings.job.spec.tuning
     assert tuning is not None
     trainable = tune.with_resources(tune.with_parameters(run_trial, settings=settings), TRIAL_ACTOR_RESOURCES)
+    owner = search_owner(settings)
     if settings.job.spec.checkpoint.resume == "auto" and tune.Tuner.can_restore(experiment):
+        recorded = _recorded_owner(settings)
+        if recorded != owner:
+            raise ConfigError(
+                f"{experiment} holds a search that {OWNER_FILE} does not give to {owner['namespace']}/"
+                f"{owner['name']}: refusing to restore it (Ray Tune's restore runs the pickles it finds); "
+                "move the folder away, or use another storagePath or checkpoint.resume: never"
+            )
         log.info("continuing the search in %s", experiment)
         return tune.Tuner.restore(experiment, trainable, resume_errored=True)
+    _write_json(join_location(settings.run_path, OWNER_FILE), owner)
     task = settings.job.spec.model.task
     return tune.Tuner(
         trainable,
@@ -290,6 +325,7 @@ def copy_model(source: str, destination: str) -> None:
 
 def _write_json(location: str, document: dict[str, Any]) -> None:
     fs, path = filesystem(location, None)
+    fs.create_dir(str(PurePosixPath(path).parent), recursive=True)
     with fs.open_output_stream(path) as out:
         out.write((json.dumps(document, indent=2) + "\n").encode())
 
