@@ -226,6 +226,25 @@ class Kube:
                 return None
             raise
 
+    async def delete(self, ref: Ref, namespace: str, name: str, *, uid: str) -> bool:
+        """Delete the object with `uid` (its dependents in the background); False when it is gone or replaced."""
+        body = {"preconditions": {"uid": uid}, "propagationPolicy": "Background"}
+        try:
+            await retrying(
+                self._objects.delete_namespaced_custom_object,
+                ref.group,
+                ref.version,
+                namespace,
+                ref.plural,
+                name,
+                body=body,
+            )
+        except ApiException as exc:
+            if exc.status in (404, 409):  # gone, or the uid precondition failed: a new object of that name
+                return False
+            raise
+        return True
+
     async def patch(self, ref: Ref, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
         """Merge-patch the object; None when it is gone."""
         return await self._patch(self._objects.patch_namespaced_custom_object, ref, namespace, name, patch)

@@ -235,3 +235,33 @@ def test_a_ca_configmap_of_someone_else_is_left_alone(kube: KubeCluster, api: Ap
     assert tls.is_operators(configmap["metadata"]["labels"]) and configmap["data"]["ca.crt"].startswith("-----BEGIN")
     rayjobs = kube.request("GET", RAYJOBS.format(ns=ns))["items"]
     assert [r["metadata"]["name"] for r in rayjobs] == ["ca"]
+
+
+def test_a_job_refused_after_it_started_is_stopped_and_one_that_ended_is_left_as_it_was(
+    kube: KubeCluster, api: Api, ns: str, operator: Operator
+):
+    """The allow-list tightened under running jobs (the operator restarted with it, as an upgrade that adds
+    a rule would): the running job's RayJob is deleted, so its Ray cluster, GPUs and quota go, and it fails
+    with the reason; a job that had already succeeded keeps its phase and its RayJob."""
+    for name in ("running", "done"):
+        kube.create(job_manifest(name, ns))
+        wait_until(lambda name=name: api.rayjob(ns, name), timeout=15, what=f"{name}'s RayJob")
+    api.fake_kuberay(ns, "running", {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"})
+    api.fake_kuberay(ns, "done", {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED", "succeeded": 1})
+    wait_until(lambda: api.phase(ns, "done") == "Succeeded", timeout=15, what="done to succeed")
+    wait_until(lambda: api.phase(ns, "running") in ("Initializing", "Running"), timeout=15, what="running to start")
+    operator.stop()
+    operator.extra_env["ROCMTRAIN_ALLOWED_IMAGES"] = "registry.example.com/approved/"
+    try:
+        operator.start()
+        wait_until(lambda: api.phase(ns, "running") == "Failed", timeout=20, what="running refused")
+        failed = api.condition(ns, "running", ConditionType.FAILED)
+        assert failed["reason"] == Reason.NOT_ALLOWED and "is not from an allowed registry" in failed["message"]
+        wait_until(lambda: api.rayjob(ns, "running") is None, timeout=15, what="running's RayJob deleted")
+        assert api.status(ns, "running").get("gpusHeld", 0) == 0
+        time.sleep(2)  # a sync of "done" under the new list has had its chance
+        assert api.phase(ns, "done") == "Succeeded" and api.rayjob(ns, "done") is not None
+    finally:
+        operator.stop()
+        operator.extra_env["ROCMTRAIN_ALLOWED_IMAGES"] = ALLOWED_IMAGES
+        operator.start()

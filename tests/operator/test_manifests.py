@@ -144,6 +144,7 @@ ALLOWED = [
     ("list", "ray.io", "rayjobs", ""),
     ("watch", "ray.io", "rayjobs", ""),
     ("patch", "ray.io", "rayjobs", ""),
+    ("delete", "ray.io", "rayjobs", ""),  # a job refused after it started is stopped
     ("create", "networking.k8s.io", "networkpolicies", ""),
     ("list", "", "nodes", ""),
     ("watch", "", "nodes", ""),
@@ -159,7 +160,6 @@ ALLOWED = [
     ("watch", "kueue.x-k8s.io", "workloads", ""),
 ]
 DENIED = [
-    ("delete", "ray.io", "rayjobs", ""),
     ("update", "ray.io", "rayjobs", ""),
     ("patch", "networking.k8s.io", "networkpolicies", ""),
     ("delete", "networking.k8s.io", "networkpolicies", ""),

@@ -15,6 +15,8 @@ import pytest
 
 from rocmtrain.api.conditions import ConditionType, Reason
 from rocmtrain.api.models import RocmTrainingJobSpec
+from rocmtrain.api.timestamps import rfc3339
+from rocmtrain.status.accounting import Price
 from rocmtrain.status.conditions import Condition, merge_conditions
 from rocmtrain.status.events import transition_events
 from rocmtrain.status.phase import (
@@ -409,6 +411,18 @@ def test_a_job_outside_the_allow_lists_fails_with_every_field():
     assert failed["phase"] == "Failed" and conditions(failed)[ConditionType.FAILED] == ("True", Reason.NOT_ALLOWED)
     ready = next(c for c in failed["conditions"] if c["type"] == ConditionType.READY)
     assert ready["message"] == f"not allowed by the operator's settings: {problem}"
+
+
+def test_a_job_refused_after_it_started_counts_its_gpus_up_to_then_and_holds_none():
+    held = {"phase": "Running", "gpusHeld": 8, "gpuSeconds": 100.0, "accountedUntil": rfc3339(T0)}
+    held["cost"] = {"amount": 0.1, "currency": "USD"}
+    later = T0 + dt.timedelta(seconds=60)
+    failed = invalid_status(held, ["spec.image: x"], generation=1, now=later, why=NOT_ALLOWED, price=Price(3.6, "USD"))
+    assert failed["phase"] == "Failed" and failed["gpusHeld"] == 0 and failed["accountedUntil"] == rfc3339(later)
+    assert failed["gpuSeconds"] == 100.0 + 8 * 60
+    assert failed["cost"] == {"amount": round(0.1 + 480 * 3.6 / 3600, 6), "currency": "USD"}
+    never_started = invalid_status({}, ["spec.image: x"], generation=1, now=later)
+    assert "gpuSeconds" not in never_started and "accountedUntil" not in never_started
 
 
 def running_rayjob(last_write: dt.datetime) -> dict[str, Any]:

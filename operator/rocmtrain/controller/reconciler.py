@@ -226,8 +226,14 @@ class Reconciler:
         async with state.lock:
             current = self._current(state, job)
             if valid is None or refused:
+                if current.get("phase") in phase.TERMINAL_PHASES:
+                    return None  # it ended as it was: a rule added since does not rewrite how
                 problems = [str(e) for e in refused]
-                new = phase.invalid_status(current, problems, generation=meta.get("generation"), now=_now(), why=why)
+                await self._stop(job)
+                price = self._price(valid.spec) if valid is not None else None
+                new = phase.invalid_status(
+                    current, problems, generation=meta.get("generation"), now=_now(), why=why, price=price
+                )
                 await self._write(job, state, current, new)
                 logger.warning("refused %s/%s: %s", meta["namespace"], meta["name"], "; ".join(problems))
                 return None  # nothing to retry: the user changes the spec, or deletes the job
@@ -246,6 +252,17 @@ class Reconciler:
     def _policy(self, valid: RocmTrainingJob, namespace: str) -> list[FieldError]:
         """What the operator's allow-lists and limits refuse in the job."""
         return self._config.policy.check(valid.spec, namespace)
+
+    async def _stop(self, job: Mapping[str, Any]) -> None:
+        """Delete the job's RayJob, if it has one: a job refused after it started (the allow-lists tightened,
+        or an operator upgrade added a rule) gives its Ray cluster, GPUs and Kueue quota back."""
+        meta = job["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        live = await self._read_rayjob(namespace, name)
+        if live is None or controller_ref(live).get("uid") != meta["uid"]:
+            return
+        if await self._kube.delete(RAYJOBS, namespace, name, uid=live["metadata"]["uid"]):
+            logger.warning("deleted RayJob %s/%s: its job is refused", namespace, name)
 
     async def _read_rayjob(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The RayJob as the watch last saw it, else as the API server has it."""
@@ -316,8 +333,8 @@ class Reconciler:
         async with state.lock:
             current = self._current(state, job)
             valid, _ = _validated(job)
-            if valid is None:
-                return  # a spec the job handler refuses; it owns that status
+            if valid is None or self._policy(valid, meta["namespace"]):
+                return  # a spec the job handler refuses; it owns that status (and deletes the RayJob)
             generation = current.get("observedGeneration") or meta.get("generation")
             new = phase.compute_status(self._observe(job, valid, current, generation=generation, rayjob=rayjob))
             await self._write(job, state, current, new)

@@ -524,10 +524,16 @@ def invalid_status(
     generation: int | None,
     now: dt.datetime,
     why: tuple[str, str] = INVALID_SPEC,
+    price: Price | None = None,
 ) -> dict[str, Any]:
-    """The status of a job whose spec the operator refuses (`why`: reason, prefix): Failed with every error."""
+    """The status of a job whose spec the operator refuses (`why`: reason, prefix): Failed with every error.
+
+    A job refused after it started holds no GPU from now on (its RayJob is deleted); the GPUs it held
+    are counted up to now, at `price`.
+    """
     reason, prefix = why
     message = f"{prefix}: " + "; ".join(errors)
+    usage = account(current, 0, now, price) if current.get("accountedUntil") else None
     return RocmTrainingJobStatus(
         phase="Failed",
         conditions=merge_conditions(
@@ -542,8 +548,10 @@ def invalid_status(
         ),
         observed_generation=generation,
         completion_time=current.get("completionTime") or rfc3339(now),
-        gpu_seconds=current.get("gpuSeconds"),
-        cost=current.get("cost"),
+        gpu_seconds=usage.gpu_seconds if usage else current.get("gpuSeconds"),
+        gpus_held=usage.gpus_held if usage else None,
+        accounted_until=usage.accounted_until if usage else None,
+        cost=usage.cost if usage else current.get("cost"),
     ).dump()
 
 
