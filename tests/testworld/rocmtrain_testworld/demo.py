@@ -37,6 +37,7 @@ from kubernetes.client.exceptions import ApiException
 from rocmtrain.api.manifests import load_documents
 from rocmtrain_testworld import kubecluster, rocmtrain_operator
 from rocmtrain_testworld.api import KubeCluster
+from rocmtrain_testworld.jobs import run_folder
 from rocmtrain_testworld.paths import KUBECONFIG_FILE, REPO_ROOT, STATE_DIR, VOLUMES_DIR
 
 QUICKSTART = REPO_ROOT / "examples" / "quickstart.yaml"
@@ -247,7 +248,8 @@ def main() -> int:
     failed = next((c for c in status.get("conditions", []) if c["type"] == "Failed"), None)
     if failed:
         print(f"  why: {failed['message'].splitlines()[0]}")
-    print(f"\nmodel: {folder / 'runs' / name / 'model'}\nthe world stays up: export KUBECONFIG={KUBECONFIG_FILE}")
+    model = run_folder(folder, NAMESPACE, name) / "model"
+    print(f"\nmodel: {model}\nthe world stays up: export KUBECONFIG={KUBECONFIG_FILE}")
     print("stop it with `make cluster-down`")
     return 0 if status["phase"] == "Succeeded" else 1
 

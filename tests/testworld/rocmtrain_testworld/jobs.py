@@ -127,7 +127,7 @@ def events(cluster: KubeCluster, namespace: str, name: str) -> list[dict[str, An
 
 
 def run_folder(folder: Path, namespace: str, name: str) -> Path:
-    """The job's run folder under the storage of `cpu_job` (`<storagePath>/<namespace>/<name>`)."""
+    """The job's run folder under the storage of `cpu_job` and the demo (`<storagePath>/<namespace>/<name>`)."""
     return folder / "runs" / namespace / name
 
 
