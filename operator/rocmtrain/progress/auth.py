@@ -6,8 +6,8 @@ server is asked anything, a token must look like one (`token_claims`: a JWT of
 bounded size whose unverified claims name our audience and have not expired) and
 fit the budget of TokenReviews (`TokenReviewAuthenticator`: a token bucket, and a few
 reviews at once, shared by the tokens of pods that have not reported lately, so that
-forgeries only compete with forgeries). The API server's TokenReview then says whether it is valid
-(signature, expiry, audience, and that the bound pod still exists with the same
+forgeries only compete with forgeries). The API server's TokenReview then says whether
+it is valid (signature, expiry, audience, and that the bound pod still exists with the same
 uid) and names the pod. Answers are cached by a hash of the token, accepted ones
 and refused ones apart (a flood of refused tokens never evicts an accepted one),
 so a driver's reports cost one review per cache period; tokens themselves are
@@ -260,20 +260,24 @@ class TokenReviewAuthenticator:
         if self._known_pods.get(claimed_pod_uid(claims)):
             identity = await self._review(key, token)
         else:
-            if (wait := self._reviews.acquire("")) > 0:
-                raise Busy(wait)
-            try:
-                await asyncio.wait_for(self._at_once.acquire(), REVIEW_QUEUE_SECONDS)
-            except TimeoutError:
-                raise Busy(REVIEW_QUEUE_SECONDS) from None
-            try:
-                identity = await self._review(key, token)
-            finally:
-                self._at_once.release()
+            identity = await self._shared_review(key, token)
         self._known_pods.put(identity.pod_uid, True)
         # Never trust the cache past the token's own expiry.
         self._accepted.put(key, identity, until=self._clock() + claims["exp"] - self._wall_clock())
         return identity
+
+    async def _shared_review(self, key: bytes, token: str) -> Identity:
+        """`_review` within the budget shared by the pods that have not had a token accepted lately."""
+        if (wait := self._reviews.acquire("")) > 0:
+            raise Busy(wait)
+        try:
+            await asyncio.wait_for(self._at_once.acquire(), REVIEW_QUEUE_SECONDS)
+        except TimeoutError:
+            raise Busy(REVIEW_QUEUE_SECONDS) from None
+        try:
+            return await self._review(key, token)
+        finally:
+            self._at_once.release()
 
     async def _review(self, key: bytes, token: str) -> Identity:
         body: Any = {  # the client takes plain dicts as well as its model classes
