@@ -48,7 +48,15 @@ from rocmtrain.status import phase
 from rocmtrain.status.accounting import Price
 from rocmtrain.status.events import transition_events
 from rocmtrain.status.gauges import queue_wait
-from rocmtrain.status.objects import controller_ref, job_document, mutable_patch, owner_reference, queued, rayjob_view
+from rocmtrain.status.objects import (
+    controller_ref,
+    is_jobs_rayjob,
+    job_document,
+    mutable_patch,
+    owner_reference,
+    queued,
+    rayjob_view,
+)
 from rocmtrain.status.phase import Hold, HoldKind
 
 logger = logging.getLogger(__name__)
@@ -259,7 +267,7 @@ class Reconciler:
         meta = job["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         live = await self._read_rayjob(namespace, name)
-        if live is None or controller_ref(live).get("uid") != meta["uid"]:
+        if live is None or not is_jobs_rayjob(job, live):
             return
         if await self._kube.delete(RAYJOBS, namespace, name, uid=live["metadata"]["uid"]):
             logger.warning("deleted RayJob %s/%s: its job is refused", namespace, name)
