@@ -213,6 +213,12 @@ INVALID: list[tuple[str, Edit, str, str]] = [
         "requires lifecycle.shutdownAfterJobFinishes",
     ),
     (
+        "suspend-queued",
+        both(put("spec.suspend", True), put("spec.scheduling.queueName", "q")),
+        "spec.suspend",
+        "Kueue owns its RayJob's suspend",
+    ),
+    (
         "ttl-without-shutdown",
         put("spec.lifecycle.shutdownAfterJobFinishes", False),
         "spec.lifecycle.ttlSecondsAfterFinished",
@@ -631,6 +637,10 @@ CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
     ),
     ("spec", "!self.suspend || self.lifecycle.shutdownAfterJobFinishes"): (
         both(put("spec.suspend", True), put("spec.lifecycle", {"shutdownAfterJobFinishes": False})),
+        "spec.suspend",
+    ),
+    ("spec", "!self.suspend || !has(self.scheduling.queueName)"): (
+        both(put("spec.suspend", True), put("spec.scheduling.queueName", "q")),
         "spec.suspend",
     ),
     ("spec.model", "self.task != 'sequence-classification' || has(self.numLabels)"): (

@@ -108,6 +108,11 @@ REFUSED: list[tuple[str, Edit, str]] = [
         put("spec.scheduling.tolerations", [{"key": f"{'a' * 254}/g", "operator": "Exists"}]),
         "253",
     ),
+    (
+        "suspend-queued",
+        put("spec", {**minimal_job()["spec"], "suspend": True, "scheduling": {"queueName": "team-a"}}),
+        "Kueue owns its RayJob's suspend",
+    ),
     ("queue-over-label", put("spec.scheduling.queueName", "q" * 64), "63"),
     (
         "volume-items",
@@ -237,3 +242,14 @@ def test_only_suspend_and_lifecycle_change_after_creation(kube: KubeCluster, nam
             kube.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
         assert info.value.status == 422
         assert "is immutable" in str(info.value.body)
+
+
+def test_suspend_is_refused_on_a_kueue_job_when_it_changes_too(kube: KubeCluster, namespace: str) -> None:
+    manifest = _in(namespace, minimal_job())
+    manifest["metadata"]["name"] = "queued-suspend"
+    manifest["spec"]["scheduling"] = {"queueName": "team-a"}
+    path = kube.path_for(kube.create(manifest))
+    with pytest.raises(ApiException) as info:
+        kube.request("PATCH", path, body={"spec": {"suspend": True}}, content_type="application/merge-patch+json")
+    assert info.value.status == 422
+    assert "Kueue owns its RayJob's suspend" in str(info.value.body)

@@ -769,6 +769,10 @@ class TuningSpec(ApiModel):
 
 # Fields that may change after creation; every other spec field is immutable.
 MUTABLE_FIELDS = ("suspend", "lifecycle")
+SUSPEND_QUEUED = (
+    "suspend cannot be set on a Kueue job (scheduling.queueName): Kueue owns its RayJob's suspend and "
+    "unsuspends it on admission; delete the job to stop it, and create it again to resume from its checkpoints"
+)
 STORAGE_REQUIRED = (
     "checkpoint.storagePath is required for a cluster job: every worker pod uploads its own checkpoints, "
     "and checkpoints and the trained model must outlive the pods; set an object-store URI "
@@ -798,6 +802,7 @@ class RocmTrainingJobSpec(ApiModel):
                     "suspend requires lifecycle.shutdownAfterJobFinishes (KubeRay suspends by deleting the cluster)",
                     fieldPath=".suspend",
                 ),
+                _cel("!self.suspend || !has(self.scheduling.queueName)", SUSPEND_QUEUED, fieldPath=".suspend"),
                 # Every job the API server holds runs on a cluster; `rocmtrain run` needs no storage path,
                 # so the pydantic side of this rule is `rocmtrain.api.validate`'s, in the cluster context.
                 _cel("has(self.checkpoint.storagePath)", STORAGE_REQUIRED, fieldPath=".checkpoint.storagePath"),
@@ -850,7 +855,11 @@ class RocmTrainingJobSpec(ApiModel):
         ),
     )
     suspend: bool = Field(
-        default=False, description="Suspend the job: the Ray cluster is deleted until it is set back to false."
+        default=False,
+        description=(
+            "Suspend the job: the Ray cluster is deleted until it is set back to false. "
+            "Not on a Kueue job, whose suspend is Kueue's."
+        ),
     )
 
     @model_validator(mode="after")
@@ -870,6 +879,8 @@ class RocmTrainingJobSpec(ApiModel):
             raise ValueError(
                 "suspend requires lifecycle.shutdownAfterJobFinishes (KubeRay suspends by deleting the cluster)"
             )
+        if self.suspend and self.scheduling.queue_name:
+            raise ValueError(SUSPEND_QUEUED)
         return self
 
     @property

@@ -245,8 +245,7 @@ def last_rayjob_change(rayjob: Mapping[str, Any]) -> dt.datetime | None:
 
 
 def _suspended_state(obs: Observation) -> _State:
-    queue = _queue(obs)
-    if queue and not obs.spec.suspend:
+    if queue := _queue(obs):  # Kueue holds it: a Kueue job's spec.suspend is refused at admission
         return _State("Queued", *_waiting(obs, queue))
     return _State("Suspended", Reason.SUSPENDED, "suspended: the Ray cluster is deleted until spec.suspend is false")
 
