@@ -80,7 +80,9 @@ def test_roles_name_every_verb_and_resource(kustomized: list[dict[str, Any]]):
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"], rule
 
 
-def test_network_policy_admits_reports_only_from_the_rendered_ray_pods(kustomized: list[dict[str, Any]]):
+def test_network_policy_admits_reports_from_ray_pods_and_scrapes_from_labelled_namespaces(
+    kustomized: list[dict[str, Any]],
+):
     policy = _one(kustomized, "NetworkPolicy")["spec"]
     deployment = _one(kustomized, "Deployment")["spec"]["template"]
     assert policy["podSelector"]["matchLabels"].items() <= deployment["metadata"]["labels"].items()
@@ -92,6 +94,12 @@ def test_network_policy_admits_reports_only_from_the_rendered_ray_pods(kustomize
     assert peer["namespaceSelector"] == {}, "jobs run in any namespace"
     head = render_rayjob(RocmTrainingJob.model_validate(full_job()))["spec"]["rayClusterSpec"]["headGroupSpec"]
     assert peer["podSelector"]["matchLabels"].items() <= head["template"]["metadata"]["labels"].items()
+    # Metrics name every team's jobs and cost: only namespaces the admin labels (Prometheus') reach them.
+    (metrics,) = [rule for rule in policy["ingress"] if {"port": "metrics"} in rule["ports"]]
+    assert metrics["ports"] == [{"port": "metrics"}]
+    assert metrics["from"] == [{"namespaceSelector": {"matchLabels": {"rocmtrain.dev/scrape-metrics": "true"}}}]
+    (health,) = [rule for rule in policy["ingress"] if {"port": "health"} in rule["ports"]]
+    assert "from" not in health, "the kubelet's probes come from the node"
 
 
 def _cert_manager_overlay(folder: Path, namespace: str | None = None) -> list[dict[str, Any]]:
