@@ -119,3 +119,28 @@ def test_image_pull_crash_loop_and_failed_containers_are_explained_and_cleared(
     # One event per cause: the pull error's two kubelet states (ErrImagePull, then ImagePullBackOff) are one cause.
     causes = ["ImagePullBackOff", "CrashLoopBackOff", "ContainerFailed"]
     assert [reason for reason, _ in warnings(api, ns, "bert")] == causes
+
+
+def test_a_worker_pod_the_api_server_refuses_is_explained_with_its_words(world_api: Api, world_ns: str):
+    """A ResourceQuota lets the head in and refuses the worker: no pod exists to show it, KubeRay's
+    ReplicaFailure condition (in the RayJob's copy of the RayCluster's status) says why."""
+    api, ns = world_api, world_ns
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "one-pod", "namespace": ns},
+        "spec": {"hard": {"pods": "1"}},
+    }
+    api.kube.create(quota)
+    api.create_job(ns, "bert", timeout=WORLD_TIMEOUT, resources=SMALL)
+    refused = wait_condition(api, ns, "bert", "True", Reason.POD_CREATION_FAILED)
+    # "exceeded quota: one-pod", or "status unknown for quota: one-pod" before the controller-manager counted.
+    assert refused["message"].startswith("KubeRay cannot create the worker pod: ")
+    assert " is forbidden: " in refused["message"] and "quota: one-pod" in refused["message"]
+    assert api.phase(ns, "bert") == "Initializing"
+    # One event for the cause, though the message changes with each retry's pod name.
+    ((reason, message),) = warnings(api, ns, "bert")
+    assert reason == Reason.POD_CREATION_FAILED and "quota: one-pod" in message
+    api.kube.delete(quota)
+    api.wait_status(ns, "bert", "the worker ready", lambda s: s.get("workersReady") == 1)
+    wait_condition(api, ns, "bert", "False", Reason.RAY_PODS_AVAILABLE)

@@ -550,6 +550,46 @@ def test_ready_workers_never_exceed_the_desired_count_nor_count_look_alike_pods(
     assert counted["workersReady"] == 1
 
 
+def replica_failure(reason: str, message: str, status: str = "True") -> dict[str, Any]:
+    """KubeRay's RayCluster condition while it cannot reconcile the cluster's pods."""
+    return {"type": "ReplicaFailure", "status": status, "reason": reason, "message": message}
+
+
+QUOTA = 'pods "job-x7k2p-head" is forbidden: exceeded quota: pods, requested: pods=1, used: pods=0, limited: pods=0'
+
+
+def test_a_pod_kubernetes_refuses_to_create_is_explained_with_the_api_servers_words():
+    """No pod exists to show it: KubeRay's ReplicaFailure condition, copied into the RayJob, says why."""
+    head = {**cluster(0), "conditions": [replica_failure("FailedCreateHeadPod", f"FailedCreateHeadPod: {QUOTA}")]}
+    worker = {**cluster(1), "conditions": [replica_failure("FailedCreateWorkerPod", "FailedCreateWorkerPod: x")]}
+    other = {**cluster(1), "conditions": [replica_failure("FailedDeleteWorkerPod", "failed to delete worker pod")]}
+    cleared = {**cluster(2), "conditions": [replica_failure("FailedCreateHeadPod", QUOTA, status="False")]}
+    unschedulable = [ray_pod("w-1", ready=False, scheduled=UNSCHEDULED)]
+    statuses = run(
+        [
+            rayjob("Initializing", **RUN, rayClusterStatus=head),
+            rayjob("Initializing", **RUN, rayClusterStatus=worker),
+            rayjob("Initializing", **RUN, rayClusterStatus=other),
+            rayjob("Running", "RUNNING", **RUN, rayClusterStatus=cleared),
+        ],
+        pods=[[], unschedulable, unschedulable, [ray_pod("w-1"), ray_pod("w-2")]],
+    )
+    found = [next(c for c in s["conditions"] if c["type"] == ConditionType.RAY_PODS_UNAVAILABLE) for s in statuses]
+    assert [(c["status"], c["reason"]) for c in found] == [
+        ("True", Reason.POD_CREATION_FAILED),
+        ("True", Reason.POD_CREATION_FAILED),  # before the pods' own problems: it is why a worker is missing
+        ("True", Reason.UNSCHEDULABLE),  # KubeRay failing to delete a pod is not a pod that cannot run
+        ("False", Reason.RAY_PODS_AVAILABLE),
+    ]
+    assert found[0]["message"] == f"KubeRay cannot create the head pod: FailedCreateHeadPod: {QUOTA}"
+    assert found[1]["message"] == "KubeRay cannot create the worker pod: FailedCreateWorkerPod: x"
+    events = [e for old, new in zip([{}, *statuses], statuses, strict=False) for e in transition_events(old, new)]
+    assert [(e.reason, e.message) for e in events if e.type == "Warning"] == [
+        (Reason.POD_CREATION_FAILED, found[0]["message"]),  # one event per cause, as for the pods' own
+        (Reason.UNSCHEDULABLE, found[2]["message"]),
+    ]
+
+
 def conditions_of(status: dict[str, Any]) -> dict[str, str]:
     return {c["type"]: c["message"] for c in status["conditions"]}
 

@@ -61,6 +61,7 @@ class Reason(StrEnum):
     NETWORK_POLICY_REFUSED = "NetworkPolicyRefused"
     PROGRESS_CA_CONFLICT = "ProgressCAConflict"
     # RayPodsUnavailable: why the Ray pods cannot run.
+    POD_CREATION_FAILED = "PodCreationFailed"
     UNSCHEDULABLE = "Unschedulable"
     IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
     CRASH_LOOP_BACK_OFF = "CrashLoopBackOff"

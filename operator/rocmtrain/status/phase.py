@@ -49,7 +49,7 @@ from rocmtrain.status.accounting import Price, account
 from rocmtrain.status.conditions import Condition, find, merge_conditions
 from rocmtrain.status.kueue import Admission, admission
 from rocmtrain.status.messages import QUOTE_LIMIT, bounded
-from rocmtrain.status.pods import RayPods, assess
+from rocmtrain.status.pods import PodProblem, RayPods, assess, creation_failure
 
 # Status fields the operator writes; the progress endpoint owns the others.
 OWNED_FIELDS = (
@@ -169,6 +169,16 @@ def _ray_pods(obs: Observation) -> RayPods | None:
         return None
     cluster = _rayjob_status(obs.rayjob).get("rayClusterName")
     return assess(obs.pods, cluster) if cluster else None
+
+
+def _pod_problem(obs: Observation) -> PodProblem | None:
+    """Why Ray pods cannot run: one KubeRay cannot create first (there is no pod to show it), then the pods'."""
+    if obs.rayjob is None:
+        return None
+    pods = _ray_pods(obs)
+    return creation_failure(_rayjob_status(obs.rayjob).get("rayClusterStatus") or {}) or (
+        pods.problem if pods is not None else None
+    )
 
 
 def _workers(obs: Observation) -> tuple[int, int]:
@@ -420,8 +430,7 @@ def _desired_conditions(obs: Observation, state: _State) -> list[Condition]:
         return (hold.reason, hold.message) if hold is not None and hold.kind is kind else None
 
     starting = phase in ("Initializing", "Running")
-    pods = _ray_pods(obs) if starting else None
-    problem = pods.problem if pods is not None else None
+    problem = _pod_problem(obs) if starting else None
     candidates = [
         Condition(ConditionType.READY, phase in READY_PHASES, state.reason, state.message),
         _admitted(obs, phase),

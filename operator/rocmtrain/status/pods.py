@@ -1,12 +1,16 @@
 """What the Ray pods of a job say about it (pure): how many workers are ready, and why a pod cannot run.
 
 The operator follows the Ray pods (head and workers) KubeRay makes from the job's
-templates (`pod_view` keeps the little it reads of each). `assess` looks at the pods
-of the job's current Ray cluster and finds the first of four ways a pod can be stuck,
-in the order a pod meets them, with the scheduler's or the kubelet's own words:
+templates (`pod_view` keeps the little it reads of each). A pod that is never made
+leaves nothing to follow: `creation_failure` reads why from KubeRay's `ReplicaFailure`
+condition, which the RayJob's `status.rayClusterStatus` carries with the API server's
+refusal (a ResourceQuota, PodSecurity, a webhook). `assess` looks at the pods of the
+job's current Ray cluster and finds the first of four ways a pod that exists can be
+stuck, in the order a pod meets them, with the scheduler's or the kubelet's own words:
 
 | reason             | the pod                                                  | message                      |
 |--------------------|----------------------------------------------------------|------------------------------|
+| `PodCreationFailed`| KubeRay cannot create it (`creation_failure`)            | KubeRay's, with the API's    |
 | `Unschedulable`    | `PodScheduled=False`                                     | the scheduler's              |
 | `ImagePullBackOff` | a container waits in ErrImagePull, ImagePullBackOff, ... | the kubelet's                |
 | `CrashLoopBackOff` | a container waits in CrashLoopBackOff                    | the kubelet's, last exit code|
@@ -47,6 +51,24 @@ class RayPods:
 
 
 RAYCLUSTER_KIND = "RayCluster"
+# KubeRay's RayCluster condition while a reconcile fails, and its reasons for pods it could not create.
+REPLICA_FAILURE = "ReplicaFailure"
+_CREATE_FAILED = {"FailedCreateHeadPod": "head", "FailedCreateWorkerPod": "worker"}
+
+
+def creation_failure(cluster_status: Mapping[str, Any]) -> PodProblem | None:
+    """Why KubeRay cannot create a Ray pod (a RayCluster status' `ReplicaFailure`), or None.
+
+    KubeRay's message is its reason and the API server's refusal (`FailedCreateWorkerPod: pods
+    "..." is forbidden: exceeded quota: ...`); the pod's name in it changes with each retry.
+    """
+    for condition in cluster_status.get("conditions") or []:
+        role = _CREATE_FAILED.get(condition.get("reason") or "")
+        if condition.get("type") == REPLICA_FAILURE and condition.get("status") == "True" and role:
+            return PodProblem(
+                Reason.POD_CREATION_FAILED, f"KubeRay cannot create the {role} pod: {condition.get('message') or ''}"
+            )
+    return None
 
 
 def _controller(meta: Mapping[str, Any]) -> dict[str, Any]:
