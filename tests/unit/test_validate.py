@@ -13,6 +13,8 @@ import pytest
 import yaml
 
 from rocmtrain.api import crd
+from rocmtrain.api.job_config import JOB_CONFIG_LIMIT, job_config_json, job_config_size
+from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.api.validate import FieldError, check_derived_names, validate_job
 from rocmtrain.render import ENTRYPOINT, render_rayjob, render_rayjob_yaml
 from unit.edits import Edit, both, drop, put
@@ -406,6 +408,23 @@ def test_a_job_too_large_for_its_drivers_variable_is_refused_whole() -> None:
     head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     (config,) = [v["value"] for v in head["env"] if v["name"] == "ROCMTRAIN_JOB"]
     assert 80_000 < len(config.encode()) <= 98_304
+
+
+def test_a_job_is_sized_with_the_uid_the_api_server_will_give_it() -> None:
+    """`rocmtrain validate` and the operator agree at the limit: before creation a job has no uid."""
+    manifest = _with_env(23, 4096)
+    manifest["spec"]["env"].append({"name": "FILL", "value": ""})
+    fill = JOB_CONFIG_LIMIT - job_config_size(RocmTrainingJob.model_validate(manifest))
+    assert 0 < fill <= 4096
+    manifest["spec"]["env"][-1]["value"] = "x" * fill
+    manifest["metadata"]["uid"] = "00000000-0000-0000-0000-000000000000"
+    stored = RocmTrainingJob.model_validate(manifest)
+    assert len(job_config_json(stored).encode()) == job_config_size(stored) == JOB_CONFIG_LIMIT
+    assert validate_job(manifest)[1] == []
+    del manifest["metadata"]["uid"]
+    assert validate_job(manifest)[1] == []  # the same job before it is created
+    manifest["spec"]["env"][-1]["value"] += "x"
+    assert [e.path for e in validate_job(manifest)[1]] == ["spec"]
 
 
 def test_linux_refuses_an_environment_string_over_128_kib() -> None:

@@ -15,6 +15,14 @@ from rocmtrain.api.contract import API_VERSION, KIND
 from rocmtrain.api.models import MUTABLE_FIELDS, RocmTrainingJob
 
 JOB_CONFIG_LIMIT: Final = 96 * 1024  # bytes of UTF-8
+# What the uid the API server assigns adds to the document (`,"uid":"` 36 characters `"`): a job
+# validated before it has one (`rocmtrain validate`) is sized as it will be on the cluster.
+UID_BYTES: Final = len(',"uid":""') + 36
+
+
+def job_config_size(job: RocmTrainingJob) -> int:
+    """Bytes of the job's `job_config_json` once it is stored, whether or not it has its uid yet."""
+    return len(job_config_json(job).encode()) + (0 if job.metadata.uid else UID_BYTES)
 
 
 def job_config_json(job: RocmTrainingJob) -> str:

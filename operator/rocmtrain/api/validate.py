@@ -29,7 +29,7 @@ from rocmtrain.api.contract import (
     RESERVED_VOLUMES,
     is_hub,
 )
-from rocmtrain.api.job_config import JOB_CONFIG_LIMIT, job_config_json
+from rocmtrain.api.job_config import JOB_CONFIG_LIMIT, job_config_size
 from rocmtrain.api.models import STORAGE_REQUIRED, TUNING_METRICS, RocmTrainingJob, TrainingSpec
 from rocmtrain.api.patterns import DNS_1035_LABEL, describe_pattern
 from rocmtrain.api.quantity import parse_quantity
@@ -252,7 +252,7 @@ def _check_env(job: RocmTrainingJob) -> Iterator[FieldError]:
 
 
 def _check_size(job: RocmTrainingJob) -> Iterator[FieldError]:
-    size = len(job_config_json(job).encode())
+    size = job_config_size(job)
     if size > JOB_CONFIG_LIMIT:
         yield FieldError(
             "spec",
