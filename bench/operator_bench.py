@@ -13,6 +13,11 @@
 3. Memory: the operator's RSS (a subprocess, `python -m rocmtrain.controller`) with
    M jobs (default 1,000, the N of each throughput run and more), all Running. Target: < 200 MiB.
 
+4. `--load N`: the operator's RSS and the status latency of other jobs with N jobs of the
+   largest size validation accepts (`largest_body`: every env value as long as the 96 KiB
+   `ROCMTRAIN_JOB` limit lets it be), side by side with the same latency measured before
+   they came ("idle"). Targets: RSS under the Deployment's 384 Mi limit, p95 within 2x of idle.
+
 There is no KubeRay controller there: RayJob status is written by this script.
 
 `--world` runs in the test world instead (rocmtrain_testworld/world.py: kube-scheduler, kwok
@@ -28,6 +33,7 @@ operator runs, and each is timed, side by side, through
     python bench/operator_bench.py                       # starts a local control plane
     python bench/operator_bench.py --kubeconfig PATH     # or uses an existing cluster
     python bench/operator_bench.py --world --jobs 500    # the test world, with the real KubeRay
+    python bench/operator_bench.py --load 40             # 40 largest jobs beside small ones
 """
 
 from __future__ import annotations
@@ -49,7 +55,9 @@ from typing import Any
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from rocmtrain.api.job_config import JOB_CONFIG_LIMIT, job_config_size
 from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.api.validate import validate_job
 from rocmtrain.kube import JOBS, RAYJOBS, Kube, Ref
 from rocmtrain.render import render_rayjob
 from rocmtrain_testworld import nodes, runtime, world
@@ -71,6 +79,30 @@ def job_body(name: str, namespace: str, resources: dict[str, Any] | None = None)
             "checkpoint": {"storagePath": f"s3://checkpoints/{namespace}/{name}"},
         },
     }
+
+
+ENV_VALUE_LIMIT = 4096  # the models' bound on one env value
+ENV_COUNT_LIMIT = 64  # and on the number of env entries
+
+
+def largest_body(name: str, namespace: str) -> dict[str, Any]:
+    """`job_body` with as much env as validation accepts: the largest job a tenant can make."""
+    body = job_body(name, namespace)
+    env: list[dict[str, str]] = body["spec"].setdefault("env", [])
+
+    def size() -> int:
+        return job_config_size(RocmTrainingJob.model_validate(body))
+
+    while len(env) < ENV_COUNT_LIMIT:
+        env.append({"name": f"BENCH_{len(env):02d}", "value": ""})
+        room = JOB_CONFIG_LIMIT - size()
+        env[-1]["value"] = "x" * max(min(ENV_VALUE_LIMIT, room), 0)
+        if room <= ENV_VALUE_LIMIT:
+            break
+    job, errors = validate_job(body)
+    if job is None:
+        raise RuntimeError(f"the largest job is refused: {errors}")
+    return body
 
 
 async def bounded(calls: list[Callable[[], Any]], limit: int = IN_FLIGHT) -> None:
@@ -461,6 +493,46 @@ async def world_bench(cluster: KubeCluster, metrics_url: str, args: argparse.Nam
     }
 
 
+async def load_bench(cluster: KubeCluster, args: argparse.Namespace, log: Path) -> dict[str, Any]:
+    """The latency of small jobs before and after `args.load` largest jobs came, and the operator's RSS."""
+    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+    kube = await Kube.connect(pool_size=IN_FLIGHT)
+    samples = [f"job-{i:04d}" for i in range(args.latency_samples)]
+    big = [f"big-{i:03d}" for i in range(args.load)]
+    big_body = largest_body("big", "ns")
+    rendered = render_rayjob(RocmTrainingJob.model_validate(big_body))
+    try:
+        idle_ns, load_ns, big_ns = (cluster.new_namespace(what) for what in ("idle", "load", "big"))
+        with operator_process(cluster.kubeconfig, log) as (proc, _metrics_port):
+            await throughput(kube, idle_ns, len(samples))
+            idle = await latency(kube, idle_ns, samples)
+            rss_idle, _ = rss_mib(proc.pid)
+            async with reconciled(kube, big_ns, big) as done:
+                start = time.monotonic()
+                await bounded([lambda n=n: kube.create(JOBS, largest_body(n, big_ns)) for n in big])
+                big_seconds = await done() - start
+            await run_running(kube, big_ns, big)
+            await throughput(kube, load_ns, len(samples))
+            loaded = await latency(kube, load_ns, samples)
+            await asyncio.sleep(args.settle)
+            rss, peak = rss_mib(proc.pid)
+    finally:
+        await kube.close()
+    return {
+        "largest_jobs": args.load,
+        "largest_job_config_bytes": job_config_size(RocmTrainingJob.model_validate(big_body)),
+        "largest_rayjob_bytes": len(json.dumps(rendered).encode()),
+        "largest_jobs_reconciled_seconds": round(big_seconds, 3),
+        "latency_samples": len(samples),
+        "idle_latency_p95_seconds": round(percentile(idle, 95), 4),
+        "loaded_latency_p95_seconds": round(percentile(loaded, 95), 4),
+        "latency_p95_ratio": round(percentile(loaded, 95) / percentile(idle, 95), 3),
+        "rss_idle_mib": round(rss_idle, 1),
+        "rss_mib": round(rss, 1),
+        "rss_peak_mib": round(peak, 1),
+    }
+
+
 def world_main(args: argparse.Namespace, log: Path) -> dict[str, Any]:
     """Start the world with the bench's nodes, run `world_bench`, stop the world."""
     started = world.start()
@@ -484,10 +556,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="also write the figures as JSON here")
     parser.add_argument("--world", action="store_true", help="in the test world, beside the real KubeRay")
     parser.add_argument("--world-timeout", type=float, default=1800, help="seconds for every job of --world")
+    parser.add_argument("--load", type=int, default=0, help="largest jobs beside small ones: RSS and latency")
     args = parser.parse_args()
     log = Path(os.environ.get("TMPDIR", "/tmp")) / "rocmtrain-operator-bench.log"  # noqa: S108
     if args.world:
         figures = world_main(args, log)
+    elif args.load:
+        with running_cluster() as cluster:
+            figures = asyncio.run(load_bench(cluster, args, log))
     else:
         if args.rss_jobs < 2 * args.jobs or args.latency_samples > args.jobs:
             parser.error("need --latency-samples <= --jobs and 2 * --jobs <= --rss-jobs")
