@@ -16,9 +16,11 @@ import pytest
 from rocmtrain.api.conditions import ConditionType, Reason
 from rocmtrain.api.models import RocmTrainingJobSpec
 from rocmtrain.api.timestamps import rfc3339
+from rocmtrain.api.validate import validate_job
 from rocmtrain.status.accounting import Price
 from rocmtrain.status.conditions import Condition, merge_conditions
 from rocmtrain.status.events import transition_events
+from rocmtrain.status.messages import CONDITION_MESSAGE_LIMIT
 from rocmtrain.status.phase import (
     KUBERAY_NOT_INSTALLED,
     NOT_ALLOWED,
@@ -32,6 +34,7 @@ from rocmtrain.status.phase import (
     refused_create,
     status_patch,
 )
+from unit.samples import minimal_job
 
 T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 
@@ -455,6 +458,18 @@ def test_invalid_spec_lists_every_field_path():
     assert ready["status"] == "False" and ready["reason"] == Reason.INVALID_SPEC
     assert "spec.model.source" in ready["message"] and "spec.resources.workers" in ready["message"]
     assert conditions(status)[ConditionType.STALLED] == ("True", Reason.INVALID_SPEC)  # kstatus: Failed
+
+
+def test_a_refusal_of_any_size_leaves_the_status_writable():
+    """The issue's case: a 40,000-character nodeSelector key made a refusal `invalid_status` could not hold."""
+    manifest = minimal_job()
+    manifest["spec"]["scheduling"] = {"nodeSelector": {"k" * 40_000: "v"}}
+    job, errors = validate_job(manifest)
+    assert job is None
+    for problems in ([str(e) for e in errors], ["x" * 40_000] * 5):  # what validation says, and any text
+        status = invalid_status({}, problems, generation=1, now=T0)
+        assert status["phase"] == "Failed"
+        assert all(len(c["message"]) <= CONDITION_MESSAGE_LIMIT for c in status["conditions"])
 
 
 def test_merge_conditions_keeps_foreign_conditions_and_transition_times():
