@@ -175,10 +175,10 @@ def _pod_problem(obs: Observation) -> PodProblem | None:
     """Why Ray pods cannot run: one KubeRay cannot create first (there is no pod to show it), then the pods'."""
     if obs.rayjob is None:
         return None
+    if failed := creation_failure(_rayjob_status(obs.rayjob).get("rayClusterStatus") or {}):
+        return failed
     pods = _ray_pods(obs)
-    return creation_failure(_rayjob_status(obs.rayjob).get("rayClusterStatus") or {}) or (
-        pods.problem if pods is not None else None
-    )
+    return pods.problem if pods is not None else None
 
 
 def _workers(obs: Observation) -> tuple[int, int]:

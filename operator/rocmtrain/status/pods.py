@@ -28,6 +28,7 @@ from typing import Any
 
 from rocmtrain.api.conditions import Reason
 from rocmtrain.api.contract import JOB_NAME_LABEL, RAY_CLUSTER_LABEL, RAY_NODE_TYPE_LABEL
+from rocmtrain.status.conditions import find
 
 # The kubelet's waiting reasons of an image that cannot be pulled.
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
@@ -62,13 +63,13 @@ def creation_failure(cluster_status: Mapping[str, Any]) -> PodProblem | None:
     KubeRay's message is its reason and the API server's refusal (`FailedCreateWorkerPod: pods
     "..." is forbidden: exceeded quota: ...`); the pod's name in it changes with each retry.
     """
-    for condition in cluster_status.get("conditions") or []:
-        role = _CREATE_FAILED.get(condition.get("reason") or "")
-        if condition.get("type") == REPLICA_FAILURE and condition.get("status") == "True" and role:
-            return PodProblem(
-                Reason.POD_CREATION_FAILED, f"KubeRay cannot create the {role} pod: {condition.get('message') or ''}"
-            )
-    return None
+    condition = find(cluster_status.get("conditions") or [], REPLICA_FAILURE) or {}
+    role = _CREATE_FAILED.get(condition.get("reason") or "")
+    if condition.get("status") != "True" or role is None:
+        return None
+    return PodProblem(
+        Reason.POD_CREATION_FAILED, f"KubeRay cannot create the {role} pod: {condition.get('message') or ''}"
+    )
 
 
 def _controller(meta: Mapping[str, Any]) -> dict[str, Any]:
