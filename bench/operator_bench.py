@@ -499,17 +499,17 @@ async def load_bench(cluster: KubeCluster, args: argparse.Namespace, log: Path) 
     kube = await Kube.connect(pool_size=IN_FLIGHT)
     samples = [f"job-{i:04d}" for i in range(args.latency_samples)]
     big = [f"big-{i:03d}" for i in range(args.load)]
-    big_body = largest_body("big", "ns")
-    rendered = render_rayjob(RocmTrainingJob.model_validate(big_body))
     try:
         idle_ns, load_ns, big_ns = (cluster.new_namespace(what) for what in ("idle", "load", "big"))
+        bodies = [largest_body(name, big_ns) for name in big]  # made before any clock starts
+        largest = RocmTrainingJob.model_validate(bodies[0])
         with operator_process(cluster.kubeconfig, log) as (proc, _metrics_port):
             await throughput(kube, idle_ns, len(samples))
             idle = await latency(kube, idle_ns, samples)
             rss_idle, _ = rss_mib(proc.pid)
             async with reconciled(kube, big_ns, big) as done:
                 start = time.monotonic()
-                await bounded([lambda n=n: kube.create(JOBS, largest_body(n, big_ns)) for n in big])
+                await bounded([lambda b=b: kube.create(JOBS, b) for b in bodies])
                 big_seconds = await done() - start
             await run_running(kube, big_ns, big)
             await throughput(kube, load_ns, len(samples))
@@ -520,8 +520,8 @@ async def load_bench(cluster: KubeCluster, args: argparse.Namespace, log: Path) 
         await kube.close()
     return {
         "largest_jobs": args.load,
-        "largest_job_config_bytes": job_config_size(RocmTrainingJob.model_validate(big_body)),
-        "largest_rayjob_bytes": len(json.dumps(rendered).encode()),
+        "largest_job_config_bytes": job_config_size(largest),
+        "largest_rayjob_bytes": len(json.dumps(render_rayjob(largest)).encode()),
         "largest_jobs_reconciled_seconds": round(big_seconds, 3),
         "latency_samples": len(samples),
         "idle_latency_p95_seconds": round(percentile(idle, 95), 4),
