@@ -20,7 +20,7 @@ from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.api.validate import validate_job
 from rocmtrain.render import render_rayjob
 from rocmtrain_testworld.kubecluster import KubeCluster
-from unit.edits import drop, put
+from unit.edits import both, drop, put
 from unit.samples import example, full_job, minimal_job
 
 pytestmark = pytest.mark.cluster
@@ -110,7 +110,7 @@ REFUSED: list[tuple[str, Edit, str]] = [
     ),
     (
         "suspend-queued",
-        put("spec", {**minimal_job()["spec"], "suspend": True, "scheduling": {"queueName": "team-a"}}),
+        both(put("spec.suspend", True), put("spec.scheduling.queueName", "team-a")),
         "Kueue owns its RayJob's suspend",
     ),
     ("queue-over-label", put("spec.scheduling.queueName", "q" * 64), "63"),
