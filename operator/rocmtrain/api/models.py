@@ -769,6 +769,10 @@ class TuningSpec(ApiModel):
 
 # Fields that may change after creation; every other spec field is immutable.
 MUTABLE_FIELDS = ("suspend", "lifecycle")
+QUEUE_NEEDS_SHUTDOWN = "Kueue (scheduling.queueName) requires lifecycle.shutdownAfterJobFinishes"
+SUSPEND_NEEDS_SHUTDOWN = (
+    "suspend requires lifecycle.shutdownAfterJobFinishes (KubeRay suspends by deleting the cluster)"
+)
 SUSPEND_QUEUED = (
     "suspend cannot be set on a Kueue job (scheduling.queueName): Kueue owns its RayJob's suspend and "
     "unsuspends it on admission; delete the job to stop it, and create it again to resume from its checkpoints"
@@ -794,12 +798,12 @@ class RocmTrainingJobSpec(ApiModel):
                 ),
                 _cel(
                     "!has(self.scheduling.queueName) || self.lifecycle.shutdownAfterJobFinishes",
-                    "Kueue (scheduling.queueName) requires lifecycle.shutdownAfterJobFinishes",
+                    QUEUE_NEEDS_SHUTDOWN,
                     fieldPath=".lifecycle.shutdownAfterJobFinishes",
                 ),
                 _cel(
                     "!self.suspend || self.lifecycle.shutdownAfterJobFinishes",
-                    "suspend requires lifecycle.shutdownAfterJobFinishes (KubeRay suspends by deleting the cluster)",
+                    SUSPEND_NEEDS_SHUTDOWN,
                     fieldPath=".suspend",
                 ),
                 _cel("!self.suspend || !has(self.scheduling.queueName)", SUSPEND_QUEUED, fieldPath=".suspend"),
@@ -874,11 +878,9 @@ class RocmTrainingJobSpec(ApiModel):
         if len({e.name for e in self.env}) != len(self.env):
             raise ValueError("env names must be unique")
         if self.scheduling.queue_name and not self.lifecycle.shutdown_after_job_finishes:
-            raise ValueError("Kueue (scheduling.queueName) requires lifecycle.shutdownAfterJobFinishes")
+            raise ValueError(QUEUE_NEEDS_SHUTDOWN)
         if self.suspend and not self.lifecycle.shutdown_after_job_finishes:
-            raise ValueError(
-                "suspend requires lifecycle.shutdownAfterJobFinishes (KubeRay suspends by deleting the cluster)"
-            )
+            raise ValueError(SUSPEND_NEEDS_SHUTDOWN)
         if self.suspend and self.scheduling.queue_name:
             raise ValueError(SUSPEND_QUEUED)
         return self
