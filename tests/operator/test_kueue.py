@@ -28,6 +28,7 @@ from operator_testkit import (
 )
 
 from rocmtrain.api.conditions import ConditionType, Reason
+from rocmtrain.api.models import DEFAULT_IMAGE
 from rocmtrain.api.quantity import parse_quantity
 from rocmtrain_testworld import kuberay, kueue, kwok
 from rocmtrain_testworld.nodes import MI250_LABELS, PRODUCT_LABEL
@@ -38,6 +39,7 @@ pytestmark = pytest.mark.cluster
 GPU = "amd.com/gpu"
 MI250 = MI250_LABELS[PRODUCT_LABEL]
 ONE_NODE = {"workers": 1, "gpusPerWorker": 8}  # one MI300X node's GPUs
+OTHER_IMAGE = "registry.example.com/team-a/train:1.0"  # allowed until the allow-list tightens
 WORKLOADS = "/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads"
 
 
@@ -250,6 +252,40 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_later(
     env = {e["name"]: e.get("value") for e in head["spec"]["containers"][0]["env"]}
     # The driver of the new Ray cluster reads the same checkpoint settings: it resumes from storagePath.
     assert json.loads(env["ROCMTRAIN_JOB"])["spec"]["checkpoint"].items() >= checkpoint.items()
+
+
+# ---- refused after admission -------------------------------------------------------------------------------
+
+
+def test_a_job_refused_after_admission_gives_its_quota_back_to_the_next_in_the_queue(
+    world: World, scope: Scope, world_api: Api, world_operator: Operator, gpu_pool: dict[str, dict[str, Any]]
+):
+    """The allow-list tightened under an admitted job (the operator restarted with it): the job's RayJob is
+    deleted, and with it Kueue's Workload, so Kueue admits the job waiting behind it (issue 20, finding 4)."""
+    api = world_api
+    ns = team_namespace(scope, "team-a")
+    all_of_team_a = {"workers": 2, "gpusPerWorker": 8}  # 8 of its own + 8 borrowed: nothing left beside it
+    queue, limit = {"queueName": "team-a"}, gpu_limit(gpu_pool["team-a"], "mi300x")
+    api.kube.create(job_manifest("first", ns, resources=all_of_team_a, scheduling=queue, image=OTHER_IMAGE))
+    api.wait_status(ns, "first", "admitted and started", submitting)
+    api.kube.create(job_manifest("second", ns, resources=all_of_team_a, scheduling=queue))
+    api.wait_status(ns, "second", "Queued behind first", queued)
+    assert admitted_gpus(api, ns) == {"mi300x": limit}
+    world_operator.stop()
+    world_operator.extra_env["ROCMTRAIN_ALLOWED_IMAGES"] = DEFAULT_IMAGE.rsplit("/", 1)[0] + "/"
+    try:
+        world_operator.start()
+        failed = api.wait_status(ns, "first", "refused", lambda s: s.get("phase") == "Failed")
+        refusal = api.condition(ns, "first", ConditionType.FAILED)
+        assert refusal["reason"] == Reason.NOT_ALLOWED and OTHER_IMAGE in refusal["message"], refusal
+        assert failed.get("gpusHeld", 0) == 0
+        api.wait_status(ns, "second", "admitted and started in the quota first gave back", submitting)
+        assert api.rayjob(ns, "first") is None
+        assert admitted_gpus(api, ns) == {"mi300x": limit}, "second's GPUs only: first's Workload went"
+    finally:
+        world_operator.stop()
+        del world_operator.extra_env["ROCMTRAIN_ALLOWED_IMAGES"]
+        world_operator.start()
 
 
 # ---- a namespace's default queue -------------------------------------------------------------------------
