@@ -101,6 +101,20 @@ def test_token_of_the_jobs_head_pod_updates_its_status(kube: KubeCluster, client
     assert (printed["Progress"], printed["Loss"], printed["ETA"]) == (25, 0.61, 60), "kubectl get shows them"
 
 
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_an_ended_job_takes_no_report_even_from_its_own_head(
+    kube: KubeCluster, client: Client, head: RayHead, phase: str
+):
+    """A head pod's valid token, after the job ended: its final metrics stay as they ended (issue 20, finding 8)."""
+    ended = {"phase": phase, "metrics": {"evalAccuracy": 0.61}}
+    kube.request(
+        "PATCH", f"{head.job_path}/status", body={"status": ended}, content_type="application/merge-patch+json"
+    )
+    forged = {**REPORT, "metrics": {"evalAccuracy": 1.0}}
+    assert_refused(kube, head, client, forged, bound_token(kube, head), 409)
+    assert head.job_object(kube)["status"]["metrics"] == {"evalAccuracy": 0.61}
+
+
 def test_before_the_cluster_is_recorded_the_owner_chain_decides(kube: KubeCluster, client: Client, namespace: str):
     head = new_head(kube, namespace, record_cluster=False)
     resp = client.post(head.namespace, head.job, REPORT, bound_token(kube, head))
