@@ -15,6 +15,8 @@ import json
 import math
 import os
 import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -200,12 +202,26 @@ def test_operator_restarted_mid_run_then_job_deleted(
 
 def _dashboard_takes_only_the_clusters_token(world: World, ns: str, name: str) -> None:
     """Ray's job API on the running head, asked from outside the job (this machine reaches every pod):
-    refused without KubeRay's token for the cluster (401) or with another (403), served with it."""
+    `ray job submit` without KubeRay's token for the cluster is refused and runs nothing; HTTP without the
+    token is refused (401), with another too (403), and served with it."""
     (head,) = world.cluster.request("GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=ray.io/node-type=head")["items"]
     cluster = head["metadata"]["labels"]["ray.io/cluster"]
     secret = world.cluster.request("GET", f"/api/v1/namespaces/{ns}/secrets/{cluster}")
     token = base64.b64decode(secret["data"]["auth_token"]).decode()
-    url = f"http://{head['status']['podIP']}:8265/api/jobs/"
+    ip = head["status"]["podIP"]
+    dashboard, url = f"http://{ip}:8265", f"http://{ip}:8265/api/jobs/"
+
+    ray_cli = [sys.executable, "-m", "ray.scripts.scripts", "job", "submit", "--address", dashboard, "--no-wait"]
+    no_token = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    intruder = subprocess.run(
+        [*ray_cli, "--", "python", "-c", "print('not yours')"],
+        env=no_token,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert intruder.returncode != 0, intruder.stdout
+    assert "Authentication required: Unauthorized: Missing authentication token" in intruder.stderr, intruder.stderr
 
     def status_of(headers: dict[str, str]) -> tuple[int, bytes]:
         try:
