@@ -10,11 +10,15 @@ run), and the operator's copy of `status.rayClusterName` is a status patch made 
 from __future__ import annotations
 
 import base64
+import collections
 import datetime as dt
+import itertools
 import json
 import ssl
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -156,13 +160,21 @@ def _b64url(data: bytes) -> bytes:
     return base64.urlsafe_b64encode(data).rstrip(b"=")
 
 
-def _resign(token: str, key_file: Path, **claims: int) -> str:
-    """The token with some claims changed, signed (ES256) with the API server's service-account key."""
-    header, payload, _ = token.encode().split(b".")
-    body = json.loads(base64.urlsafe_b64decode(payload + b"=" * (-len(payload) % 4)))
-    signing_input = header + b"." + _b64url(json.dumps({**body, **claims}).encode())
+def _claims(token: str) -> dict[str, Any]:
+    payload = token.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+
+def _signing_key(key_file: Path) -> ec.EllipticCurvePrivateKey:
     key = serialization.load_pem_private_key(key_file.read_bytes(), password=None)
     assert isinstance(key, ec.EllipticCurvePrivateKey)
+    return key
+
+
+def _resign(token: str, key: ec.EllipticCurvePrivateKey, **claims: Any) -> str:
+    """The token with some claims changed, signed (ES256) with `key`."""
+    header = token.split(".")[0].encode()
+    signing_input = header + b"." + _b64url(json.dumps({**_claims(token), **claims}).encode())
     r, s = decode_dss_signature(key.sign(signing_input, ec.ECDSA(hashes.SHA256())))
     return (signing_input + b"." + _b64url(r.to_bytes(32, "big") + s.to_bytes(32, "big"))).decode()
 
@@ -179,15 +191,57 @@ def test_expired_token_is_unauthenticated(kube: KubeCluster, client: Client, nam
     if apiserver is None:
         pytest.skip("needs the local control plane's signing key")
     flag = "--service-account-signing-key-file="
-    key_file = Path(next(a for a in apiserver.args if str(a).startswith(flag))[len(flag) :])
+    key = _signing_key(Path(next(a for a in apiserver.args if str(a).startswith(flag))[len(flag) :]))
     head = new_head(kube, namespace)
     token = bound_token(kube, head)
     now = int(time.time())
-    assert_refused(
-        kube, head, client, REPORT, _resign(token, key_file, iat=now - 7200, nbf=now - 7200, exp=now - 3600), 401
-    )
-    fresh = _resign(token, key_file, iat=now - 60, nbf=now - 60, exp=now + 600)
+    assert_refused(kube, head, client, REPORT, _resign(token, key, iat=now - 7200, nbf=now - 7200, exp=now - 3600), 401)
+    fresh = _resign(token, key, iat=now - 60, nbf=now - 60, exp=now + 600)
     assert client.post(head.namespace, head.job, REPORT, fresh).status == 204
+
+
+def test_forgeries_spend_the_shared_review_budget_never_that_of_a_pod_that_reported(
+    kube: KubeCluster, progress_server: ServerThread, client: Client, namespace: str
+):
+    """Well-formed tokens with our audience and an unexpired `exp`, each naming a pod that never reported,
+    signed with a key that is not the API server's, from four clients at once: each costs a TokenReview until
+    the shared budget is spent (429). A head pod that has reported has each new token reviewed meanwhile
+    (issue 20, finding 7)."""
+    reporter, target = new_head(kube, namespace), new_head(kube, namespace)
+    assert client.post(reporter.namespace, reporter.job, REPORT, bound_token(kube, reporter)).status == 204
+    rotated = [bound_token(kube, reporter) for _ in range(3)]  # new tokens of the same pod, as the kubelet's
+    template, wrong_key = bound_token(kube, target), ec.generate_private_key(ec.SECP256R1())
+    identity = _claims(template)["kubernetes.io"]
+    codes: list[int] = []
+    stop = threading.Event()
+
+    def forge(worker: int) -> None:
+        forger = Client(progress_server.config.port, progress_server.server.ca_crt)
+        try:
+            for i in itertools.count():
+                if stop.is_set():
+                    return
+                pod = {"name": f"forged-{worker}-{i}", "uid": str(uuid.uuid4())}
+                forged = _resign(template, wrong_key, **{"kubernetes.io": {**identity, "pod": pod}})
+                codes.append(forger.post(target.namespace, target.job, REPORT, forged).status)
+        finally:
+            forger.close()
+
+    with ThreadPoolExecutor(4) as pool:
+        forgers = [pool.submit(forge, worker) for worker in range(4)]
+        deadline = time.monotonic() + 60
+        while codes.count(429) < 20 and time.monotonic() < deadline and not any(f.done() for f in forgers):
+            time.sleep(0.05)
+        spent = codes.count(429) >= 20
+        answers = [client.post(reporter.namespace, reporter.job, REPORT, token).status for token in rotated]
+        busy_then = codes.count(429)
+        stop.set()
+        for f in forgers:
+            f.result()
+    assert spent, f"the shared budget is spent: {collections.Counter(codes)}"
+    assert answers == [204] * 3, "the reporting pod's new tokens are reviewed through the flood"
+    assert codes.count(429) > busy_then, "the flood was still refused for budget after them"
+    assert set(codes) <= {401, 429}, "no forgery gets further than authentication"
 
 
 def test_unknown_job_is_not_found(kube: KubeCluster, client: Client, head: RayHead):
