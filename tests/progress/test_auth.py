@@ -327,3 +327,44 @@ async def test_forgeries_never_take_the_reviews_of_a_pod_that_reported():
         assert outcomes == ["Unauthenticated"] * 2 + ["Busy"] * 18, "the shared budget is spent"
         assert await authenticate(rotated), "the driver's next token is still reviewed"
         assert len(reviewed) == 4
+
+
+async def test_forgeries_claiming_a_reporting_pod_spend_its_few_own_reviews_then_the_shared_budget():
+    """Whoever knows a reporting pod's uid gets no more reviews than `KNOWN_POD_REVIEW_BURST` out of the
+    shared budget by claiming it; then the claims share the budget, and refill at the pod's own rate."""
+    from rocmtrain.progress.auth import (
+        KNOWN_POD_REVIEW_BURST,
+        KNOWN_POD_REVIEW_RATE_PER_SECOND,
+        TokenReviewAuthenticator,
+    )
+    from rocmtrain.progress.errors import Busy
+    from rocmtrain.progress.limits import RateLimiter
+
+    reviewed: list[str] = []
+    clock = [0.0]
+
+    def claiming_the_driver(sub: str) -> str:
+        pod = {"name": "p", "uid": "0f1e"}
+        return _jwt({**CLAIMS, "sub": sub, "kubernetes.io": {"namespace": "team-a", "pod": pod}})
+
+    driver = claiming_the_driver("driver-1")
+    async with _token_reviews(lambda token: token == driver, reviewed) as api:
+        authenticate = TokenReviewAuthenticator(
+            api, clock=lambda: clock[0], wall_clock=lambda: NOW, reviews=RateLimiter(1.0, 3, clock=lambda: clock[0])
+        )
+        assert await authenticate(driver)  # one of the shared 3
+
+        async def outcomes(count: int, start: int) -> list[str]:
+            seen = []
+            for i in range(start, start + count):
+                try:
+                    await authenticate(claiming_the_driver(f"forged-{i}"))
+                except (Busy, Unauthenticated) as exc:
+                    seen.append(type(exc).__name__)
+            return seen
+
+        own, shared = KNOWN_POD_REVIEW_BURST, 2
+        assert await outcomes(own + shared + 3, 0) == ["Unauthenticated"] * (own + shared) + ["Busy"] * 3
+        assert len(reviewed) == 1 + own + shared
+        clock[0] += 1 / KNOWN_POD_REVIEW_RATE_PER_SECOND  # one of the pod's own again (and 3 of the shared, refilled)
+        assert await outcomes(5, 100) == ["Unauthenticated"] * 4 + ["Busy"]

@@ -72,8 +72,11 @@ REVIEW_RATE_PER_SECOND = 20.0
 REVIEW_BURST = 40
 REVIEWS_AT_ONCE = 8
 REVIEW_QUEUE_SECONDS = 1.0
-# How long a pod whose token was accepted keeps out of that shared budget (tokens refresh hourly).
+# How long a pod whose token was accepted keeps out of that shared budget (tokens refresh hourly), and
+# the reviews of its own it may spend there: beyond them, tokens claiming it share the budget again.
 KNOWN_POD_SECONDS = 2 * 3600.0
+KNOWN_POD_REVIEW_RATE_PER_SECOND = 0.1
+KNOWN_POD_REVIEW_BURST = 5
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -218,11 +221,11 @@ class TokenReviewAuthenticator:
 
     The tokens of pods that have not had one accepted within `KNOWN_POD_SECONDS` share one budget
     (`reviews`, at most `reviews_at_once` at once). A token whose unverified claims name a pod (by
-    uid) that has is reviewed outside it: forged tokens are never accepted, so however many a tenant
-    sends from however many pods they spend only that shared budget, and the drivers that have
-    reported keep their reviews. (Pod uids are random and readable only where the pods may be
-    listed; a token claiming a known uid is still reviewed, and every source keeps to the
-    endpoint's rate per address.)
+    uid) that has is reviewed outside it, within a small budget of that pod's own: forged tokens are
+    never accepted, so however many a tenant sends from however many pods they spend only the shared
+    budget, and the drivers that have reported keep their reviews. (Pod uids are random and readable
+    only where the pods may be listed; tokens claiming a known uid beyond its own budget are reviewed
+    within the shared one, and every source keeps to the endpoint's rate per address.)
     """
 
     def __init__(
@@ -243,6 +246,7 @@ class TokenReviewAuthenticator:
         self._refused: TtlCache[bytes, Unauthenticated] = TtlCache(REFUSED_TTL_SECONDS, REFUSED_CACHE_ENTRIES, clock)
         self._known_pods: TtlCache[str, bool] = TtlCache(KNOWN_POD_SECONDS, CACHE_ENTRIES, clock)
         self._reviews = reviews or RateLimiter(REVIEW_RATE_PER_SECOND, REVIEW_BURST, clock=clock)
+        self._pod_reviews = RateLimiter(KNOWN_POD_REVIEW_RATE_PER_SECOND, KNOWN_POD_REVIEW_BURST, clock=clock)
         self._at_once = asyncio.Semaphore(reviews_at_once)
 
     async def __call__(self, token: str) -> Identity:
@@ -257,7 +261,8 @@ class TokenReviewAuthenticator:
         except Unauthenticated as exc:
             self._refused.put(key, exc)
             raise
-        if self._known_pods.get(claimed_pod_uid(claims)):
+        uid = claimed_pod_uid(claims)
+        if self._known_pods.get(uid) and not self._pod_reviews.acquire(uid):
             identity = await self._review(key, token)
         else:
             identity = await self._shared_review(key, token)
