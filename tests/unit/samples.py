@@ -67,6 +67,36 @@ _MINIMAL: dict[str, Any] = {
 }
 
 
+_LANGUAGE_MODEL: dict[str, Any] = {
+    "apiVersion": "rocmtrain.dev/v1alpha1",
+    "kind": "RocmTrainingJob",
+    "metadata": {"name": "chat-lora", "namespace": "ml"},
+    "spec": {
+        "model": {
+            "source": "/models/llama-3.1-8b",
+            "task": "causal-lm",
+            "maxSeqLength": 2048,
+            "chatTemplate": "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}",
+        },
+        "data": {
+            "train": {"uri": "s3://bucket/chats/train.jsonl"},
+            "eval": {"uri": "s3://bucket/chats/eval.jsonl", "maxSamples": 256},
+            "messagesField": "messages",
+        },
+        "training": {"lossOn": "response", "packing": True, "learningRate": 2.0e-4, "precision": "bf16"},
+        "adapter": {"rank": 16, "alpha": 32, "dropout": 0.05, "targetModules": ["q_proj", "v_proj"], "merge": True},
+        "evaluation": {"generate": {"maxNewTokens": 128, "records": 64}},
+        "resources": {"workers": 1, "gpusPerWorker": 8},
+        "checkpoint": {"storagePath": "s3://checkpoints/chat-lora"},
+    },
+}
+
+
+def language_model_job() -> dict[str, Any]:
+    """A causal-lm job: LoRA on chat records, with packing and generation."""
+    return copy.deepcopy(_LANGUAGE_MODEL)
+
+
 def full_job() -> dict[str, Any]:
     """A job that sets nearly every field."""
     return copy.deepcopy(_FULL)

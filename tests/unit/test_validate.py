@@ -48,6 +48,17 @@ def tuning(*edits: Edit) -> Edit:
 
 TS = "spec.tuning.searchSpace"
 
+
+def lm(*edits: Edit) -> Edit:
+    """Make the job a causal-lm job on instruction pairs, then apply `edits` to it."""
+    return both(
+        put("spec.model", {"source": "/models/llama", "task": "causal-lm"}),
+        put("spec.data.promptField", "prompt"),
+        put("spec.data.responseField", "response"),
+        *edits,
+    )
+
+
 # (id, edit of full_job(), path of the error, words of its message)
 # A label key whose prefix is one character over the 253 Kubernetes allows.
 LONG_PREFIX_KEY = f"{'a' * 254}/zone"
@@ -291,6 +302,91 @@ INVALID: list[tuple[str, Edit, str, str]] = [
         "prefix is at most 253",
     ),
     ("gpu-product-shell", put("spec.resources.gpu.productName", "$(x)"), "spec.resources.gpu.productName", "label"),
+    ("lm-task-unknown", put("spec.model.task", "seq2seq"), "spec.model.task", "causal-lm"),
+    ("lm-labels", lm(put("spec.model.numLabels", 2)), "spec.model.numLabels", "predicts tokens"),
+    (
+        "lm-template-on-classifier",
+        put("spec.model.chatTemplate", "{{ messages }}"),
+        "spec.model.chatTemplate",
+        "for task causal-lm",
+    ),
+    ("lm-template-too-long", lm(put("spec.model.chatTemplate", "x" * 16_385)), "spec.model.chatTemplate", "16384"),
+    ("lm-prompt-alone", lm(drop("spec.data.responseField")), "spec.data.promptField", "go together"),
+    ("lm-two-shapes", lm(put("spec.data.messagesField", "messages")), "spec.data.messagesField", "not both"),
+    ("lm-fields-on-classifier", put("spec.data.messagesField", "m"), "spec.data", "for task causal-lm"),
+    ("lm-packing-on-classifier", put("spec.training.packing", True), "spec.training", "for task causal-lm"),
+    ("lm-adapter-on-classifier", put("spec.adapter", {"rank": 8}), "spec.adapter", "for task causal-lm"),
+    ("lm-text-pairs", lm(put("spec.data.textPairField", "b")), "spec.data.textPairField", "classification"),
+    (
+        "lm-response-loss-on-text",
+        lm(drop("spec.data.promptField"), drop("spec.data.responseField"), put("spec.training.lossOn", "response")),
+        "spec.training.lossOn",
+        "plain-text records have none",
+    ),
+    ("lm-loss-on-unknown", lm(put("spec.training.lossOn", "prompt")), "spec.training.lossOn", "'response' or 'all'"),
+    ("lm-rank-zero", lm(put("spec.adapter", {"rank": 0})), "spec.adapter.rank", "greater than or equal to 1"),
+    ("lm-rank-huge", lm(put("spec.adapter", {"rank": 4096})), "spec.adapter.rank", "less than or equal to 1024"),
+    ("lm-dropout-one", lm(put("spec.adapter", {"dropout": 1.0})), "spec.adapter.dropout", "less than 1"),
+    (
+        "lm-module-shell",
+        lm(put("spec.adapter", {"targetModules": ["q_proj; rm -rf /"]})),
+        "spec.adapter.targetModules[0]",
+        "module name",
+    ),
+    (
+        "lm-all-linear-and-names",
+        lm(put("spec.adapter", {"targetModules": ["all-linear", "q_proj"]})),
+        "spec.adapter.targetModules",
+        "stands alone",
+    ),
+    (
+        "lm-too-many-modules",
+        lm(put("spec.adapter", {"targetModules": [f"m{i}" for i in range(65)]})),
+        "spec.adapter.targetModules",
+        "at most 64",
+    ),
+    (
+        "lm-generate-without-eval",
+        lm(drop("spec.data.eval"), put("spec.evaluation.generate", {})),
+        "spec.evaluation.generate",
+        "held-out prompts",
+    ),
+    (
+        "lm-generate-on-text",
+        lm(drop("spec.data.promptField"), drop("spec.data.responseField"), put("spec.evaluation.generate", {})),
+        "spec.evaluation.generate",
+        "held-out prompts",
+    ),
+    (
+        "lm-generate-tokens",
+        lm(put("spec.evaluation.generate", {"maxNewTokens": 0})),
+        "spec.evaluation.generate.maxNewTokens",
+        "greater than or equal to 1",
+    ),
+    (
+        "lm-rank-search-without-adapter",
+        both(lm(), tuning(put(f"{TS}.adapterRank", [4, 8]))),
+        f"{TS}.adapterRank",
+        "needs spec.adapter",
+    ),
+    (
+        "lm-rank-search-repeats",
+        both(lm(put("spec.adapter", {})), tuning(put(f"{TS}.adapterRank", [4, 4]))),
+        f"{TS}.adapterRank",
+        "must not repeat",
+    ),
+    (
+        "lm-accuracy-metric",
+        both(lm(), tuning(put("spec.tuning.metric", "evalAccuracy"))),
+        "spec.tuning.metric",
+        "does not produce evalAccuracy",
+    ),
+    (
+        "lm-exact-match-without-generate",
+        both(lm(), tuning(put("spec.tuning.metric", "evalExactMatch"))),
+        "spec.tuning.metric",
+        "set spec.evaluation.generate",
+    ),
 ]
 
 
@@ -737,6 +833,68 @@ CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
         put("spec.lifecycle.shutdownAfterJobFinishes", False),
         "spec.lifecycle.ttlSecondsAfterFinished",
     ),
+    ("spec.model", "self.task != 'causal-lm' || !has(self.numLabels)"): (
+        lm(put("spec.model.numLabels", 2)),
+        "spec.model.numLabels",
+    ),
+    ("spec.model", "self.task == 'causal-lm' || !has(self.chatTemplate)"): (
+        put("spec.model.chatTemplate", "{{ x }}"),
+        "spec.model.chatTemplate",
+    ),
+    ("spec.data", "has(self.promptField) == has(self.responseField)"): (
+        lm(drop("spec.data.promptField")),
+        "spec.data.promptField",
+    ),
+    ("spec.data", "!has(self.messagesField) || !has(self.promptField)"): (
+        lm(put("spec.data.messagesField", "messages")),
+        "spec.data.messagesField",
+    ),
+    ("spec.adapter.targetModules", "!self.exists(m, m == 'all-linear') || self.size() == 1"): (
+        lm(put("spec.adapter", {"targetModules": ["all-linear", "q_proj"]})),
+        "spec.adapter.targetModules",
+    ),
+    **{
+        ("spec", rule): (edit, path)
+        for rule, edit, path in (
+            (
+                "self.model.task == 'causal-lm' || !(has(self.data.promptField) || has(self.data.messagesField))",
+                put("spec.data.messagesField", "m"),
+                "spec.data",
+            ),
+            (
+                "self.model.task == 'causal-lm' || (!has(self.training.lossOn) && !self.training.packing)",
+                put("spec.training.lossOn", "all"),
+                "spec.training",
+            ),
+            ("self.model.task == 'causal-lm' || !has(self.adapter)", put("spec.adapter", {}), "spec.adapter"),
+            (
+                "self.model.task != 'causal-lm' || !has(self.data.textPairField)",
+                lm(put("spec.data.textPairField", "b")),
+                "spec.data.textPairField",
+            ),
+            (
+                "!has(self.training.lossOn) || self.training.lossOn == 'all' || has(self.data.promptField) "
+                "|| has(self.data.messagesField)",
+                lm(
+                    drop("spec.data.promptField"),
+                    drop("spec.data.responseField"),
+                    put("spec.training.lossOn", "response"),
+                ),
+                "spec.training.lossOn",
+            ),
+            (
+                "!has(self.evaluation.generate) || (self.model.task == 'causal-lm' && has(self.data.eval) "
+                "&& (has(self.data.promptField) || has(self.data.messagesField)))",
+                put("spec.evaluation.generate", {}),
+                "spec.evaluation.generate",
+            ),
+            (
+                "!has(self.tuning) || !has(self.tuning.searchSpace.adapterRank) || has(self.adapter)",
+                both(lm(), tuning(put(f"{TS}.adapterRank", [4]))),
+                f"{TS}.adapterRank",
+            ),
+        )
+    },
 }
 
 

@@ -21,7 +21,7 @@ from rocmtrain.api.validate import validate_job
 from rocmtrain.render import render_rayjob
 from rocmtrain_testworld.kubecluster import KubeCluster
 from unit.edits import both, drop, put
-from unit.samples import example, full_job, minimal_job
+from unit.samples import example, full_job, language_model_job, minimal_job
 
 pytestmark = pytest.mark.cluster
 
@@ -52,10 +52,18 @@ def test_rendered_full_job_passes_kuberay_dry_run(kube: KubeCluster, namespace: 
     kube.create(render_rayjob(job), dry_run=True)
 
 
-def test_server_defaults_equal_model_defaults(kube: KubeCluster, namespace: str) -> None:
-    manifest = _in(namespace, minimal_job())
+@pytest.mark.parametrize("sample", [minimal_job, language_model_job])
+def test_server_defaults_equal_model_defaults(kube: KubeCluster, namespace: str, sample: Callable) -> None:
+    manifest = _in(namespace, sample())
     stored = kube.create(manifest, dry_run=True)
     assert stored["spec"] == RocmTrainingJob.model_validate(manifest).spec.dump()
+
+
+def test_a_language_model_job_is_accepted_by_both_and_renders(kube: KubeCluster, namespace: str) -> None:
+    job, errors = validate_job(_in(namespace, language_model_job()))
+    assert job is not None, errors
+    kube.create(job.model_dump(by_alias=True, exclude_none=True, mode="json"), dry_run=True)
+    kube.create(render_rayjob(job), dry_run=True)
 
 
 def test_full_job_is_accepted_by_both(kube: KubeCluster, namespace: str) -> None:
@@ -133,6 +141,34 @@ REFUSED: list[tuple[str, Edit, str]] = [
     ),
     ("tuning-space-empty", put("spec.tuning", {"searchSpace": {}}), "at least one hyper-parameter"),
     ("tuning-metric", put("spec.tuning", {"searchSpace": {"epochs": [1]}, "metric": "bleu"}), "metric"),
+    (
+        "lm-fields-on-classifier",
+        both(put("spec.data.promptField", "p"), put("spec.data.responseField", "r")),
+        "for task causal-lm",
+    ),
+    ("lm-adapter-on-classifier", put("spec.adapter", {}), "adapter (LoRA) is for task causal-lm"),
+    ("lm-packing-on-classifier", put("spec.training.packing", True), "lossOn and packing are for task causal-lm"),
+]
+# The same for a causal-lm job (language_model_job()).
+REFUSED_LANGUAGE_MODEL: list[tuple[str, Edit, str]] = [
+    ("lm-labels", put("spec.model.numLabels", 2), "a causal-lm job predicts tokens"),
+    ("lm-two-shapes", both(put("spec.data.promptField", "p"), put("spec.data.responseField", "r")), "not both"),
+    ("lm-prompt-alone", both(drop("spec.data.messagesField"), put("spec.data.promptField", "p")), "go together"),
+    (
+        "lm-response-loss-on-text",
+        both(drop("spec.data.messagesField"), drop("spec.evaluation")),
+        "plain-text records have none",
+    ),
+    ("lm-generate-without-eval", drop("spec.data.eval"), "needs held-out prompts"),
+    ("lm-all-linear-and-names", put("spec.adapter.targetModules", ["all-linear", "q_proj"]), "stands alone"),
+    ("lm-module-name", put("spec.adapter.targetModules", ["q_proj;x"]), "targetModules"),
+    ("lm-template-size", put("spec.model.chatTemplate", "x" * 16_385), "chatTemplate"),
+    ("lm-rank", put("spec.adapter.rank", 0), "rank"),
+    (
+        "lm-rank-search",
+        both(drop("spec.adapter"), put("spec.tuning", {"searchSpace": {"adapterRank": [4]}})),
+        "needs spec.adapter",
+    ),
 ]
 
 
@@ -203,9 +239,12 @@ def test_server_defaults_of_a_search_equal_model_defaults(kube: KubeCluster, nam
     assert stored["spec"]["tuning"] == RocmTrainingJob.model_validate(manifest).spec.tuning.dump()
 
 
-@pytest.mark.parametrize(("case", "edit", "words"), REFUSED, ids=[c[0] for c in REFUSED])
-def test_both_refuse(kube: KubeCluster, namespace: str, case: str, edit: Edit, words: str) -> None:
-    manifest = minimal_job()
+CASES = [(minimal_job, *case) for case in REFUSED] + [(language_model_job, *case) for case in REFUSED_LANGUAGE_MODEL]
+
+
+@pytest.mark.parametrize(("sample", "case", "edit", "words"), CASES, ids=[c[1] for c in CASES])
+def test_both_refuse(kube: KubeCluster, namespace: str, sample: Callable, case: str, edit: Edit, words: str) -> None:
+    manifest = sample()
     edit(manifest)
     manifest["metadata"]["namespace"] = namespace
 

@@ -45,7 +45,13 @@ PRINTER_COLUMNS = [
         "name": "Accuracy",
         "type": "number",
         "jsonPath": ".status.metrics.evalAccuracy",
-        "description": "Latest evaluation accuracy.",
+        "description": "Latest evaluation accuracy (classification).",
+    },
+    {
+        "name": "Perplexity",
+        "type": "number",
+        "jsonPath": ".status.metrics.evalPerplexity",
+        "description": "Latest evaluation perplexity (causal-lm).",
     },
     {
         "name": "Eval-Loss",

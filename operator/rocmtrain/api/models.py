@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel, to_snake
 
 from rocmtrain.api.contract import GPU_NODE_LABELS, GPU_RESOURCE
@@ -30,6 +30,7 @@ from rocmtrain.api.types import (
     LabelledName,
     LabelValue,
     Location,
+    ModuleName,
     Quantity,
     RelPath,
     Text,
@@ -65,6 +66,11 @@ class ApiModel(BaseModel):
 
 # --- model ----------------------------------------------------------------------
 
+Task = Literal["sequence-classification", "regression", "causal-lm"]
+LM_NO_LABELS = "numLabels is for classification; a causal-lm job predicts tokens"
+CHAT_TEMPLATE_LM = "chatTemplate is for task causal-lm"
+CHAT_TEMPLATE_LENGTH = 16_384
+
 
 class ModelSpec(ApiModel):
     """The pretrained Transformer to fine-tune."""
@@ -82,6 +88,10 @@ class ModelSpec(ApiModel):
                     "numLabels must be 1 or unset when task is regression",
                     fieldPath=".numLabels",
                 ),
+                _cel("self.task != 'causal-lm' || !has(self.numLabels)", LM_NO_LABELS, fieldPath=".numLabels"),
+                _cel(
+                    "self.task == 'causal-lm' || !has(self.chatTemplate)", CHAT_TEMPLATE_LM, fieldPath=".chatTemplate"
+                ),
             ]
         }
     )
@@ -94,9 +104,12 @@ class ModelSpec(ApiModel):
             "also accepts a `./` path relative to the job file."
         )
     )
-    task: Literal["sequence-classification", "regression"] = Field(
+    task: Task = Field(
         default="sequence-classification",
-        description="Head to train: sequence-classification with numLabels classes, or regression (one output).",
+        description=(
+            "What to train: sequence-classification with numLabels classes, regression (one output), or "
+            "causal-lm (a language model: instruction pairs, chats or plain text, see spec.data)."
+        ),
     )
     num_labels: int | None = Field(
         default=None,
@@ -105,7 +118,18 @@ class ModelSpec(ApiModel):
         description="Number of classes; required for sequence-classification (at least 2).",
     )
     max_seq_length: int = Field(
-        default=256, ge=8, le=8192, description="Longest tokenised input; longer texts are truncated."
+        default=256,
+        ge=8,
+        le=131_072,
+        description="Longest tokenised input (causal-lm: the whole record, prompt and response); longer ones are "
+        "truncated at the end.",
+    )
+    chat_template: Annotated[str, StringConstraints(pattern=TEXT, max_length=CHAT_TEMPLATE_LENGTH)] | None = Field(
+        default=None,
+        description=(
+            "causal-lm with chat records (data.messagesField): the Jinja chat template that renders them, where the "
+            "model's tokenizer has none (it replaces the tokenizer's own where set)."
+        ),
     )
 
     @model_validator(mode="after")
@@ -115,8 +139,12 @@ class ModelSpec(ApiModel):
                 raise ValueError("numLabels is required when task is sequence-classification")
             if self.num_labels < 2:
                 raise ValueError("numLabels must be at least 2 for sequence-classification")
-        elif self.num_labels not in (None, 1):
+        elif self.task == "regression" and self.num_labels not in (None, 1):
             raise ValueError("numLabels must be 1 or unset when task is regression")
+        elif self.task == "causal-lm" and self.num_labels is not None:
+            raise ValueError(LM_NO_LABELS)
+        if self.task != "causal-lm" and self.chat_template is not None:
+            raise ValueError(CHAT_TEMPLATE_LM)
         return self
 
 
@@ -145,19 +173,75 @@ class DataSource(ApiModel):
     )
 
 
+RecordShape = Literal["pairs", "chat", "text"]
+PAIR_FIELDS_TOGETHER = "promptField and responseField go together"
+ONE_RECORD_SHAPE = "set either messagesField or promptField and responseField, not both"
+
+
 class DataSpec(ApiModel):
     """Training and evaluation data."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "has(self.promptField) == has(self.responseField)", PAIR_FIELDS_TOGETHER, fieldPath=".promptField"
+                ),
+                _cel(
+                    "!has(self.messagesField) || !has(self.promptField)", ONE_RECORD_SHAPE, fieldPath=".messagesField"
+                ),
+            ]
+        }
+    )
+
     train: DataSource = Field(description="Training records.")
     eval: DataSource | None = Field(default=None, description="Evaluation records; without it, evaluation is skipped.")
-    text_field: FieldName = Field(default="text", description="Record field holding the input text.")
+    text_field: FieldName = Field(
+        default="text",
+        description="Record field holding the input text (causal-lm: the plain text, where neither promptField nor "
+        "messagesField is set).",
+    )
     text_pair_field: FieldName | None = Field(
         default=None, description="Optional second text field, for sentence-pair tasks."
     )
     label_field: FieldName = Field(
         default="label", description="Record field holding the label (class index or number)."
     )
+    prompt_field: FieldName | None = Field(
+        default=None, description="causal-lm instruction pairs: the record field holding the prompt."
+    )
+    response_field: FieldName | None = Field(
+        default=None, description="causal-lm instruction pairs: the record field holding the response to learn."
+    )
+    messages_field: FieldName | None = Field(
+        default=None,
+        description=(
+            "causal-lm chats: the record field holding a list of {role, content} messages (roles system, user, "
+            "assistant, tool), rendered by the tokenizer's chat template or model.chatTemplate."
+        ),
+    )
     shuffle_seed: int = Field(default=42, ge=0, le=2**31 - 1, description="Seed for shuffling records before sharding.")
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> DataSpec:
+        if (self.prompt_field is None) != (self.response_field is None):
+            raise ValueError(PAIR_FIELDS_TOGETHER)
+        if self.messages_field is not None and self.prompt_field is not None:
+            raise ValueError(ONE_RECORD_SHAPE)
+        return self
+
+    @property
+    def record_shape(self) -> RecordShape:
+        """What a causal-lm record is: an instruction pair, a chat, or plain text."""
+        if self.messages_field is not None:
+            return "chat"
+        return "pairs" if self.prompt_field is not None else "text"
+
+    @property
+    def lm_fields(self) -> tuple[str, ...]:
+        """The fields that name causal-lm records (those set)."""
+        fields = (self.prompt_field, self.response_field, self.messages_field)
+        return tuple(f for f in fields if f is not None)
 
 
 # --- hyper-parameters -------------------------------------------------------------
@@ -217,6 +301,101 @@ class TrainingSpec(ApiModel):
         description=(
             "Recompute activations during the backward pass instead of keeping them: much less GPU memory "
             "for large models or long sequences, for about a third more compute."
+        ),
+    )
+    loss_on: Literal["response", "all"] | None = Field(
+        default=None,
+        description=(
+            "causal-lm: the tokens that carry loss: response (the responses, or the assistant's messages) or all "
+            "(prompts too). response where records have prompts or chats, all for plain text, when unset. The loss "
+            "is the mean over those tokens of the whole global batch."
+        ),
+    )
+    packing: bool = Field(
+        default=False,
+        description=(
+            "causal-lm: pack several records into rows of maxSeqLength tokens, with no attention across records "
+            "(positions restart per record), instead of padding each record; batchSizePerWorker then counts rows."
+        ),
+    )
+
+
+# --- language models: adapters and generation -----------------------------------------
+
+ALL_LINEAR = "all-linear"
+ALL_LINEAR_ALONE = "all-linear stands alone in targetModules"
+ADAPTER_RANKS = Annotated[int, Field(ge=1, le=1024)]
+
+
+def _all_linear_alone(modules: list[str]) -> list[str]:
+    if ALL_LINEAR in modules and len(modules) > 1:
+        raise ValueError(ALL_LINEAR_ALONE)
+    return modules
+
+
+TargetModules = Annotated[
+    list[ModuleName],
+    AfterValidator(_all_linear_alone),
+    Field(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(f"!self.exists(m, m == '{ALL_LINEAR}') || self.size() == 1", ALL_LINEAR_ALONE)
+            ]
+        }
+    ),
+]
+
+
+class AdapterSpec(ApiModel):
+    """A LoRA adapter (peft): only its low-rank matrices train, the base model stays frozen."""
+
+    type: Literal["lora"] = Field(default="lora", description="Adapter kind: lora.")
+    rank: ADAPTER_RANKS = Field(default=16, description="Rank r of the low-rank update matrices.")
+    alpha: float | None = Field(
+        default=None,
+        gt=0,
+        le=16_384,
+        description="Scale numerator: updates are scaled by alpha / rank; 2 x rank when unset.",
+    )
+    dropout: float = Field(default=0.05, ge=0, lt=1, description="Dropout on the adapter's input.")
+    target_modules: TargetModules | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description=(
+            "Modules to adapt: names (q_proj, v_proj, ...) matched against the ends of the model's module paths, "
+            "or [all-linear] for every linear layer but the output head; peft's default for the model family "
+            "(Llama, Qwen, Mistral: q_proj and v_proj) when unset. Names that match no module are refused "
+            "before training, with the model's linear module names listed."
+        ),
+    )
+    merge: bool = Field(
+        default=False,
+        description="Also export the base model with the adapter merged in, loadable without peft.",
+    )
+
+    def scale_numerator(self, rank: int | None = None) -> float:
+        """LoRA's alpha for `rank` (the job's rank unless a search varies it)."""
+        return self.alpha if self.alpha is not None else 2.0 * (rank or self.rank)
+
+
+class GenerateSpec(ApiModel):
+    """Greedy generation on held-out prompts, scored by exact match against their responses."""
+
+    max_new_tokens: int = Field(default=64, ge=1, le=4096, description="Most tokens generated per prompt.")
+    records: int = Field(
+        default=32, ge=1, le=10_000, description="Evaluation records (the first, after shuffling) to generate for."
+    )
+
+
+class EvaluationSpec(ApiModel):
+    """What evaluation measures beyond the loss."""
+
+    generate: GenerateSpec | None = Field(
+        default=None,
+        description=(
+            "causal-lm: generate responses to the evaluation prompts and report evalExactMatch; a few samples go "
+            "to the run's log and summary, never to the status."
         ),
     )
 
@@ -632,10 +811,18 @@ class LifecycleSpec(ApiModel):
 TUNING_METRICS: dict[str, tuple[Literal["max", "min"], tuple[str, ...]]] = {
     "evalAccuracy": ("max", ("sequence-classification",)),
     "evalF1": ("max", ("sequence-classification",)),
-    "evalLoss": ("min", ("sequence-classification", "regression")),
+    "evalLoss": ("min", ("sequence-classification", "regression", "causal-lm")),
     "evalMse": ("min", ("regression",)),
+    "evalPerplexity": ("min", ("causal-lm",)),
+    "evalExactMatch": ("max", ("causal-lm",)),
 }
-TuningMetric = Literal["evalAccuracy", "evalF1", "evalLoss", "evalMse"]
+TuningMetric = Literal["evalAccuracy", "evalF1", "evalLoss", "evalMse", "evalPerplexity", "evalExactMatch"]
+# The metric that ranks a search's trials when spec.tuning.metric is unset.
+DEFAULT_TUNING_METRIC: dict[str, TuningMetric] = {
+    "sequence-classification": "evalAccuracy",
+    "regression": "evalMse",
+    "causal-lm": "evalPerplexity",
+}
 # Rows of `status.tuning.trials` (the progress channel carries at most 16 KiB).
 TRIAL_TABLE_LENGTH = 20
 MIN_BELOW_MAX = "min must be less than max"
@@ -666,7 +853,7 @@ class SearchSpace(ApiModel):
             "x-kubernetes-validations": [
                 _cel(
                     "has(self.learningRate) || has(self.batchSizePerWorker) || has(self.warmupRatio) "
-                    "|| has(self.weightDecay) || has(self.epochs)",
+                    "|| has(self.weightDecay) || has(self.epochs) || has(self.adapterRank)",
                     "the search space must vary at least one hyper-parameter",
                 )
             ]
@@ -685,6 +872,13 @@ class SearchSpace(ApiModel):
     weight_decay: Range | None = Field(default=None, description="AdamW weight decay, sampled uniformly.")
     epochs: list[Annotated[int, Field(ge=1, le=1000)]] | None = Field(
         default=None, min_length=1, max_length=16, description="Numbers of epochs to choose from."
+    )
+    adapter_rank: list[ADAPTER_RANKS] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=16,
+        description="LoRA ranks to choose from (needs spec.adapter; alpha follows the rank where adapter.alpha is "
+        "unset).",
     )
 
     @model_validator(mode="after")
@@ -738,8 +932,8 @@ class TuningSpec(ApiModel):
     metric: TuningMetric | None = Field(
         default=None,
         description=(
-            "Evaluation metric that ranks the trials; evalAccuracy for sequence-classification and "
-            "evalMse for regression when unset. Needs spec.data.eval."
+            "Evaluation metric that ranks the trials; evalAccuracy for sequence-classification, evalMse for "
+            "regression and evalPerplexity for causal-lm when unset. Needs spec.data.eval."
         ),
     )
     mode: Literal["max", "min"] | None = Field(
@@ -758,7 +952,7 @@ class TuningSpec(ApiModel):
 
     def metric_for(self, task: str) -> str:
         """The metric (wire name) that ranks the trials of a job of `task`."""
-        return self.metric or ("evalAccuracy" if task == "sequence-classification" else "evalMse")
+        return self.metric or DEFAULT_TUNING_METRIC[task]
 
     def mode_for(self, task: str) -> Literal["max", "min"]:
         """Whether the metric is best high or low."""
@@ -777,6 +971,19 @@ SUSPEND_QUEUED = (
     "suspend cannot be set on a Kueue job (scheduling.queueName): Kueue owns its RayJob's suspend and "
     "unsuspends it on admission; delete the job to stop it, and create it again to resume from its checkpoints"
 )
+LM_FIELDS = "promptField, responseField and messagesField are for task causal-lm"
+LM_TRAINING = "lossOn and packing are for task causal-lm"
+ADAPTER_LM = "adapter (LoRA) is for task causal-lm"
+TEXT_PAIRS_NOT_LM = "textPairField is for sequence-classification and regression"
+RESPONSE_LOSS_NEEDS_RESPONSES = (
+    "lossOn: response needs responses: data.promptField and data.responseField, or data.messagesField "
+    "(plain-text records have none; use all)"
+)
+GENERATE_NEEDS_PROMPTS = (
+    "evaluation.generate needs held-out prompts: task causal-lm with data.eval and data.promptField/responseField "
+    "or data.messagesField"
+)
+RANK_SEARCH_NEEDS_ADAPTER = "searchSpace.adapterRank needs spec.adapter"
 STORAGE_REQUIRED = (
     "checkpoint.storagePath is required for a cluster job: every worker pod uploads its own checkpoints, "
     "and checkpoints and the trained model must outlive the pods; set an object-store URI "
@@ -807,6 +1014,39 @@ class RocmTrainingJobSpec(ApiModel):
                     fieldPath=".suspend",
                 ),
                 _cel("!self.suspend || !has(self.scheduling.queueName)", SUSPEND_QUEUED, fieldPath=".suspend"),
+                _cel(
+                    "self.model.task == 'causal-lm' || !(has(self.data.promptField) || has(self.data.messagesField))",
+                    LM_FIELDS,
+                    fieldPath=".data",
+                ),
+                _cel(
+                    "self.model.task == 'causal-lm' || (!has(self.training.lossOn) && !self.training.packing)",
+                    LM_TRAINING,
+                    fieldPath=".training",
+                ),
+                _cel("self.model.task == 'causal-lm' || !has(self.adapter)", ADAPTER_LM, fieldPath=".adapter"),
+                _cel(
+                    "self.model.task != 'causal-lm' || !has(self.data.textPairField)",
+                    TEXT_PAIRS_NOT_LM,
+                    fieldPath=".data.textPairField",
+                ),
+                _cel(
+                    "!has(self.training.lossOn) || self.training.lossOn == 'all' || has(self.data.promptField) "
+                    "|| has(self.data.messagesField)",
+                    RESPONSE_LOSS_NEEDS_RESPONSES,
+                    fieldPath=".training.lossOn",
+                ),
+                _cel(
+                    "!has(self.evaluation.generate) || (self.model.task == 'causal-lm' && has(self.data.eval) "
+                    "&& (has(self.data.promptField) || has(self.data.messagesField)))",
+                    GENERATE_NEEDS_PROMPTS,
+                    fieldPath=".evaluation.generate",
+                ),
+                _cel(
+                    "!has(self.tuning) || !has(self.tuning.searchSpace.adapterRank) || has(self.adapter)",
+                    RANK_SEARCH_NEEDS_ADAPTER,
+                    fieldPath=".tuning.searchSpace.adapterRank",
+                ),
                 # Every job the API server holds runs on a cluster; `rocmtrain run` needs no storage path,
                 # so the pydantic side of this rule is `rocmtrain.api.validate`'s, in the cluster context.
                 _cel("has(self.checkpoint.storagePath)", STORAGE_REQUIRED, fieldPath=".checkpoint.storagePath"),
@@ -817,6 +1057,13 @@ class RocmTrainingJobSpec(ApiModel):
     model: ModelSpec = Field(description="Pretrained model and task.")
     data: DataSpec = Field(description="Training and evaluation data.")
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="Hyper-parameters.")
+    adapter: AdapterSpec | None = Field(
+        default=None,
+        description="causal-lm: train a LoRA adapter instead of every weight (full fine-tuning when unset).",
+    )
+    evaluation: EvaluationSpec = Field(
+        default_factory=EvaluationSpec, description="What evaluation measures beyond the loss."
+    )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Workers, GPUs and pod resources.")
     scheduling: SchedulingSpec = Field(
         default_factory=SchedulingSpec, description="Kueue queue, priorities and node placement."
@@ -883,7 +1130,35 @@ class RocmTrainingJobSpec(ApiModel):
             raise ValueError(SUSPEND_NEEDS_SHUTDOWN)
         if self.suspend and self.scheduling.queue_name:
             raise ValueError(SUSPEND_QUEUED)
+        self._check_language_model()
         return self
+
+    def _check_language_model(self) -> None:
+        """The causal-lm fields appear only on causal-lm jobs, and fit their records."""
+        data, training = self.data, self.training
+        language_model = self.model.task == "causal-lm"
+        if not language_model and (data.prompt_field or data.messages_field):
+            raise ValueError(LM_FIELDS)
+        if not language_model and (training.loss_on is not None or training.packing):
+            raise ValueError(LM_TRAINING)
+        if not language_model and self.adapter is not None:
+            raise ValueError(ADAPTER_LM)
+        if language_model and data.text_pair_field is not None:
+            raise ValueError(TEXT_PAIRS_NOT_LM)
+        if training.loss_on == "response" and data.record_shape == "text":
+            raise ValueError(RESPONSE_LOSS_NEEDS_RESPONSES)
+        has_prompts = language_model and data.eval is not None and data.record_shape != "text"
+        if self.evaluation.generate is not None and not has_prompts:
+            raise ValueError(GENERATE_NEEDS_PROMPTS)
+        if self.tuning is not None and self.tuning.search_space.adapter_rank and self.adapter is None:
+            raise ValueError(RANK_SEARCH_NEEDS_ADAPTER)
+
+    @property
+    def loss_on(self) -> Literal["response", "all"]:
+        """The tokens of a causal-lm record that carry loss (`training.lossOn` or its default)."""
+        if self.training.loss_on is not None:
+            return self.training.loss_on
+        return "all" if self.data.record_shape == "text" else "response"
 
     @property
     def concurrent_runs(self) -> int:
@@ -974,6 +1249,19 @@ class Metrics(ApiModel):
     eval_mae: Annotated[EvalMetric, Shown("eval MAE", ".4f")] = Field(
         default=None, ge=0, le=1e12, description="Mean absolute error (regression)."
     )
+    eval_perplexity: Annotated[EvalMetric, Shown("eval perplexity", ".4g")] = Field(
+        default=None,
+        ge=1,
+        le=1e300,
+        description="causal-lm: perplexity on the evaluation set, exp(evalLoss) (the mean over the tokens that carry "
+        "loss).",
+    )
+    eval_exact_match: Annotated[EvalMetric, Shown("eval exact match", ".4f")] = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="causal-lm with evaluation.generate: share of generated responses equal to the reference.",
+    )
     train_seconds: Annotated[float | None, Shown("train time", ".1f", "s")] = Field(
         default=None, ge=0, le=1e9, description="Seconds spent training so far."
     )
@@ -988,6 +1276,12 @@ class Metrics(ApiModel):
     )
     data_wait_fraction: Annotated[float | None, Shown("data wait", ".1%")] = Field(
         default=None, ge=0, le=1, description="Share of training time spent waiting for data."
+    )
+    trainable_parameters: Annotated[int | None, Shown("trainable parameters", ",")] = Field(
+        default=None, ge=0, le=10**15, description="Parameters that train (an adapter's only, with spec.adapter)."
+    )
+    total_parameters: Annotated[int | None, Shown("parameters", ",")] = Field(
+        default=None, ge=0, le=10**15, description="Parameters of the model, adapter included."
     )
     cpu_utilization_percent: Annotated[float | None, Shown("CPU use", ".0f", "% of a core")] = Field(
         default=None, ge=0, le=100_000, description="CPU use of the training processes, in percent of one core."
@@ -1085,6 +1379,7 @@ class TrialConfig(ApiModel):
     warmup_ratio: float | None = Field(default=None, ge=0, le=0.5, description="Warmup share of the steps.")
     weight_decay: float | None = Field(default=None, ge=0, le=1, description="AdamW weight decay.")
     epochs: int | None = Field(default=None, ge=1, le=1000, description="Epochs.")
+    adapter_rank: int | None = Field(default=None, ge=1, le=1024, description="LoRA rank.")
 
 
 TrialState = Literal["Pending", "Running", "Succeeded", "Stopped", "Failed"]

@@ -47,6 +47,8 @@ ABS_PATH = r"^/[A-Za-z0-9._~%+=,@/-]*$"
 CURRENCY = r"^[A-Z]{3}$"
 # A field name in a data record.
 FIELD_NAME = r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
+# A module of a model that a LoRA adapter targets (a name or dotted path), or `all-linear`.
+MODULE_NAME = r"^([A-Za-z_][A-Za-z0-9_.]{0,127}|all-linear)$"
 # A key inside a Secret or ConfigMap.
 CONFIG_KEY = r"^[-._A-Za-z0-9]+$"
 # A relative path below a volume root.
@@ -75,6 +77,7 @@ PATTERN_DESCRIPTIONS = {
     ),
     ABS_PATH: "an absolute path of letters, digits and ._~%+=,@/- only",
     FIELD_NAME: "a record field name: letters, digits, '_', '.' or '-', starting with a letter or '_'",
+    MODULE_NAME: "a module name such as q_proj or model.layers.0.mlp (letters, digits, '_' and '.'), or all-linear",
     CONFIG_KEY: "a Secret or ConfigMap key: letters, digits, '-', '_' or '.'",
     REL_PATH: "a relative path of letters, digits, '.', '_' and '-' segments",
     FS_TYPE: "a filesystem type of lowercase letters and digits, such as ext4 or xfs",

@@ -19,6 +19,7 @@ from rocmtrain.api.patterns import (
     LABEL_KEY_PREFIX_BOUND,
     LABEL_VALUE,
     LOCATION,
+    MODULE_NAME,
     QUANTITY,
     REL_PATH,
     TEXT,
@@ -75,6 +76,7 @@ Image = Annotated[str, StringConstraints(pattern=IMAGE, max_length=512)]
 Location = Annotated[str, StringConstraints(pattern=LOCATION, max_length=1024), *_NO_TRAVERSAL]
 AbsPath = Annotated[str, StringConstraints(pattern=ABS_PATH, max_length=1024), *_NO_TRAVERSAL]
 FieldName = Annotated[str, StringConstraints(pattern=FIELD_NAME, max_length=128)]
+ModuleName = Annotated[str, StringConstraints(pattern=MODULE_NAME, max_length=128)]
 # Free text that is only ever data (an env value): bounded, no NUL.
 Text = Annotated[str, Field(max_length=4096, pattern=TEXT)]
 # A key inside a Secret or ConfigMap, and a relative path below a volume root.

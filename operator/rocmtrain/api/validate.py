@@ -316,7 +316,14 @@ def _check_tuning(job: RocmTrainingJob) -> Iterator[FieldError]:
         yield FieldError(
             "spec.tuning.searchSpace.warmupRatio.max", f"must be at most {_upper_bound(warmup_limit)}, as warmupRatio"
         )
-    for name, choices in (("batchSizePerWorker", space.batch_size_per_worker), ("epochs", space.epochs)):
+    if metric == "evalExactMatch" and spec.evaluation.generate is None:
+        yield FieldError("spec.tuning.metric", "evalExactMatch comes from generation: set spec.evaluation.generate")
+    choices_of = {
+        "batchSizePerWorker": space.batch_size_per_worker,
+        "epochs": space.epochs,
+        "adapterRank": space.adapter_rank,
+    }
+    for name, choices in choices_of.items():
         if choices is not None and len(set(choices)) != len(choices):
             yield FieldError(f"spec.tuning.searchSpace.{name}", "must not repeat a value")
 
