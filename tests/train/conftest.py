@@ -101,3 +101,23 @@ def tiny_llama(tmp_path_factory) -> Path:
     )
     LlamaModel(config).save_pretrained(path)
     return path
+
+
+def load_example_script(name: str):
+    """A script of examples/sft (the language-model example's data generator or model maker), as a module."""
+    import importlib.util
+
+    path = HERE.parents[1] / "examples" / "sft" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"sft_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tmp_path_factory) -> Path:
+    """The language-model example's model (a Llama from a config, its word-level tokenizer and chat template),
+    smaller still, with no dropout: the example's own maker (examples/sft/make_model.py)."""
+    maker = load_example_script("make_model")
+    return maker.build(tmp_path_factory.mktemp("tiny-lm"), hidden_size=32, intermediate_size=64)

@@ -82,3 +82,16 @@ def test_ci_gets_plain_lines_even_on_a_terminal(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("CI", "true")
     screen = on_a_terminal()
     assert "step 1/4 epoch 0.25" in screen and "%|" not in screen
+
+
+def test_a_language_model_shows_perplexity_and_exact_match_in_place_of_accuracy():
+    stream = io.StringIO()
+    sink = ConsoleSink(stream, language_model=True)
+    sink.emit(
+        ProgressReport(
+            progress=Progress(step=1, total_steps=TOTAL, epoch=0.25, eta_seconds=30.0),
+            metrics=Metrics(train_loss=2.0, eval_perplexity=7.389, eval_exact_match=0.25, samples_per_second=10.0),
+        )
+    )
+    line = stream.getvalue().splitlines()[0]
+    assert line == "step 1/4 epoch 0.25 loss=2.0000 lr=- ppl=7.39 em=0.250 samples/s=10.0 eta=00:30"

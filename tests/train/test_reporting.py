@@ -33,6 +33,7 @@ def rank(r: int, evaluation: dict | None = None, **extra) -> RankReport:
         "data_wait_seconds": 0.5,
         "train_loss": 0.5 + r,
         "interval_samples": 32,
+        "interval_loss_items": 32,
         "samples_per_second": 16.0,
         "tokens_per_second": 640.0,
         "data_wait_fraction": 0.1 * (r + 1),
@@ -66,6 +67,22 @@ def test_ranks_are_combined():
     assert (p.step, p.total_steps, p.percent) == (10, 40, 25.0)
     assert p.eta_seconds == pytest.approx(30 * 50 / 5)  # 5 steps took 50 s, 30 to go
     assert not report.final
+
+
+def test_the_train_loss_is_the_mean_over_what_each_rank_averaged_over():
+    """A language model's ranks average over their tokens that carry loss, which differ from rank to rank: the
+    job's loss is the mean over all those tokens, not the mean of the ranks' means."""
+    report = Aggregator(Clock(100.0)).add(
+        [rank(0, train_loss=1.0, interval_loss_items=10), rank(1, train_loss=2.0, interval_loss_items=30)]
+    )
+    assert report.metrics.train_loss == pytest.approx((1.0 * 10 + 2.0 * 30) / 40)
+
+
+def test_parameter_counts_reach_the_status_metrics():
+    report = Aggregator(Clock(100.0)).add(
+        [rank(r, trainable_parameters=1_000, total_parameters=50_000) for r in (0, 1)]
+    )
+    assert (report.metrics.trainable_parameters, report.metrics.total_parameters) == (1_000, 50_000)
 
 
 def test_metrics_keep_their_latest_value_and_the_final_report_has_whole_run_throughput():

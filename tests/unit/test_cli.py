@@ -19,8 +19,8 @@ from rocmtrain_testworld import rayjob_schema
 from unit.edits import Edit, both, drop, put
 from unit.samples import EXAMPLES, example, full_job, minimal_job
 
-CLUSTER_EXAMPLES = ["cluster-mi300x.yaml", "kueue.yaml"]
-LOCAL_EXAMPLES = ["quickstart.yaml", "tune.yaml"]
+CLUSTER_EXAMPLES = ["cluster-mi300x.yaml", "cluster-llama-lora-mi300x.yaml", "kueue.yaml"]
+LOCAL_EXAMPLES = ["quickstart.yaml", "sft-local.yaml", "tune.yaml"]
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -62,11 +62,23 @@ def test_local_examples_are_local_jobs(capsys: pytest.CaptureFixture[str], name:
     assert run(capsys, "validate", "--context", "local", path)[0] == 0
     code, out, err = run(capsys, "render", path)
     assert (code, out) == (1, "")
+    spec = example(name)["spec"]
+    relative = [
+        field
+        for field, value in (
+            ("spec.model.source", spec["model"]["source"]),
+            ("spec.data.train.uri", spec["data"]["train"]["uri"]),
+            ("spec.data.eval.uri", spec["data"]["eval"]["uri"]),
+        )
+        if value.startswith("./")
+    ]
+    assert "spec.data.train.uri" in relative
     assert err.splitlines() == [
-        f"{path}: spec.data.train.uri: a ./relative path is only for `rocmtrain run`; a cluster job needs an "
-        "absolute path on a mounted volume, an object-store URI or a hub id",
-        f"{path}: spec.data.eval.uri: a ./relative path is only for `rocmtrain run`; a cluster job needs an "
-        "absolute path on a mounted volume, an object-store URI or a hub id",
+        *(
+            f"{path}: {field}: a ./relative path is only for `rocmtrain run`; a cluster job needs an "
+            "absolute path on a mounted volume, an object-store URI or a hub id"
+            for field in relative
+        ),
         f"{path}: spec.checkpoint.storagePath: {STORAGE_REQUIRED}",
     ]
 

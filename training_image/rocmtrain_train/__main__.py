@@ -39,7 +39,7 @@ def main() -> int:
         return 2
     ray.init()
     sinks: list[Sink] = [
-        ConsoleSink(sys.stdout, progress_bar=False),
+        ConsoleSink(sys.stdout, progress_bar=False, language_model=settings.job.spec.model.task == "causal-lm"),
         JsonlSink(Path(settings.log_dir) / "metrics.jsonl"),
     ]
     if (progress := operator_sink.from_env()) is not None:  # the operator's progress endpoint

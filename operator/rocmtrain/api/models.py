@@ -351,9 +351,9 @@ class AdapterSpec(ApiModel):
 
     type: Literal["lora"] = Field(default="lora", description="Adapter kind: lora.")
     rank: ADAPTER_RANKS = Field(default=16, description="Rank r of the low-rank update matrices.")
-    alpha: float | None = Field(
+    alpha: int | None = Field(
         default=None,
-        gt=0,
+        ge=1,
         le=16_384,
         description="Scale numerator: updates are scaled by alpha / rank; 2 x rank when unset.",
     )
@@ -374,9 +374,10 @@ class AdapterSpec(ApiModel):
         description="Also export the base model with the adapter merged in, loadable without peft.",
     )
 
-    def scale_numerator(self, rank: int | None = None) -> float:
-        """LoRA's alpha for `rank` (the job's rank unless a search varies it)."""
-        return self.alpha if self.alpha is not None else 2.0 * (rank or self.rank)
+    @property
+    def scale_numerator(self) -> int:
+        """LoRA's alpha: `alpha`, or 2 x rank."""
+        return self.alpha if self.alpha is not None else 2 * self.rank
 
 
 class GenerateSpec(ApiModel):

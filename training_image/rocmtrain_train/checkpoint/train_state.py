@@ -1,8 +1,9 @@
 """Checkpoints: everything needed to continue a run where it stopped.
 
-Rank 0 writes the model, optimiser, gradient scaler and the position (`TrainState`, with the run's
-totals over all ranks); every rank writes its own random-number state (dropout), into the same
-directory (Ray Train merges the ranks' files into one checkpoint). A checkpoint of the same batch
+Rank 0 writes the model (an adapter's weights only, where the base is frozen), optimiser, gradient
+scaler and the position (`TrainState`, with the run's totals over all ranks); every rank writes its
+own random-number state (dropout), into the same directory (Ray Train merges the ranks' files into
+one checkpoint). A checkpoint of the same batch
 plan resumes exactly at its step; one written at another world size resumes by samples seen (see
 `data.batch_plan`), with each rank's random numbers seeded from the seed, its rank and the step.
 """
@@ -70,6 +71,28 @@ def rng_seed(seed: int, rank: int, step: int) -> int:
     return (seed * 1_000_003 + rank * 7919 + step) % 2**63
 
 
+def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights a checkpoint holds: every one, or only those that train where the rest is frozen (an adapter)."""
+    params = dict(model.named_parameters())
+    if all(p.requires_grad for p in params.values()):
+        return model.state_dict()
+    return {name: p.detach() for name, p in params.items() if p.requires_grad}
+
+
+def load_model_state(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:
+    """Load what `model_state` saved; every weight that trains must be in it."""
+    if set(saved) == set(model.state_dict()):
+        model.load_state_dict(saved)
+        return
+    result = model.load_state_dict(saved, strict=False)
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    if result.unexpected_keys or trainable - set(saved):
+        raise ValueError(
+            "the checkpoint does not hold this model's trainable weights (another model or adapter?): "
+            f"missing {sorted(trainable - set(saved))[:5]}, unexpected {sorted(result.unexpected_keys)[:5]}"
+        )
+
+
 def save(
     directory: Path,
     *,
@@ -93,7 +116,7 @@ def save(
     torch.save(
         {
             "state": dataclasses.asdict(totals),
-            "model": model.state_dict(),
+            "model": model_state(model),
             "optimizer": optimizer.state_dict(),
             "scaler": scaler.state_dict(),
             "run_id": run_id,
@@ -126,7 +149,7 @@ def restore(
     scaler: torch.amp.GradScaler,
 ) -> TrainState:
     """Load a checkpoint's tensors into the live objects and return its state (totals over all ranks)."""
-    model.load_state_dict(saved["model"])
+    load_model_state(model, saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
     scaler.load_state_dict(saved["scaler"])
     return TrainState(**saved["state"])

@@ -13,23 +13,28 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import torch
 
 from rocmtrain.api.models import DataSource
 from rocmtrain_train.config import RunSettings
 from rocmtrain_train.data.batch_plan import BatchPlan, batch_plan
-from rocmtrain_train.data.records import fingerprint, read_table, records, sample_order, text_lengths
-from rocmtrain_train.data.tokens import Encoded, cache_key, encode, load_cached, save_cached
+from rocmtrain_train.data.records import fingerprint, read_table, sample_order, text_lengths
+from rocmtrain_train.data.tokens import Encoded, cache_key, load_cached, save_cached
 from rocmtrain_train.model.pretrained import cache_dir
+
+if TYPE_CHECKING:
+    from rocmtrain_train.tasks import Task
 
 
 @dataclass(frozen=True)
 class Tokenizing:
-    """How this rank tokenises: the model's tokenizer, and whether the model takes token types."""
+    """How this rank tokenises: the task, the model's tokenizer, and whether the model takes token types."""
 
+    task: Task
     tokenizer: Any
     model_dir: Path
     token_types: bool
@@ -46,22 +51,23 @@ def encode_rows(
 ) -> Encoded:
     """The given records of a source, tokenised; from the cache when this rank tokenised them before."""
     spec = settings.job.spec
-    origin = fingerprint(source, spec.data, settings.base_dir)
+    origin = {**fingerprint(source, spec.data, settings.base_dir), "task": _task_key(settings)}
     path = cache_dir() / "tokens" / f"{cache_key(how.model_dir, spec.model.max_seq_length, origin, rows)}.npz"
     cached = load_cached(path)
     if cached is not None:
         how.log.info("%d tokenised records of %s from the cache %s", len(cached), source.uri, path)
         return cached
-    found = records(table, rows, spec.model, source.uri)
-    encoded = encode(
-        how.tokenizer,
-        found,
-        spec.model.max_seq_length,
-        regression=spec.model.task == "regression",
-        token_types=how.token_types,
-    )
+    encoded = how.task.encode(how.tokenizer, table, rows, source.uri, how.token_types)
     save_cached(path, encoded)
     return encoded
+
+
+def _task_key(settings: RunSettings) -> dict[str, Any]:
+    """What tokenised records depend on besides the data and the tokenizer: the task and how it makes sequences."""
+    spec = settings.job.spec
+    if spec.model.task != "causal-lm":
+        return {"task": spec.model.task}
+    return {"task": spec.model.task, "lossOn": spec.loss_on, "chatTemplate": spec.model.chat_template}
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,7 @@ class TrainData:
     plan: BatchPlan
     encoded: Encoded
     position: dict[int, int]  # record id -> index in `encoded`
+    items: np.ndarray  # per encoded record, its weight in the loss (`Task.loss_items`)
 
 
 def load_train_data(settings: RunSettings, rank: int, world_size: int, how: Tokenizing) -> TrainData:
@@ -82,7 +89,7 @@ def load_train_data(settings: RunSettings, rank: int, world_size: int, how: Toke
     plan = batch_plan(order, text_lengths(table), world_size=world_size, step_size=step_size)
     rows = plan.rows(rank)
     encoded = encode_rows(settings, source, table, rows, how)
-    return TrainData(plan, encoded, {record: i for i, record in enumerate(rows)})
+    return TrainData(plan, encoded, {record: i for i, record in enumerate(rows)}, how.task.loss_items(encoded))
 
 
 def load_eval_data(settings: RunSettings, rank: int, world_size: int, how: Tokenizing) -> Encoded | None:

@@ -1,8 +1,8 @@
 """Records: reading JSONL, CSV or Parquet from a path, an object store or the hub.
 
 A data source is read into an Arrow table of just the fields the job names (`text`, `pair`,
-`label`), columnar and compact; only the rows a rank trains on become Python strings
-(`records`). The records are shuffled once with `data.shuffleSeed` and cut to `maxSamples`
+`label`; a causal-lm job's are `lm_records`'), columnar and compact; only the rows a rank trains
+on become Python strings (`records`). The records are shuffled once with `data.shuffleSeed` and cut to `maxSamples`
 (`sample_order`); which rank trains on which of them is `batch_plan`'s business.
 """
 
@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from rocmtrain.api.contract import HUB_SCHEME
 from rocmtrain.api.models import DataSource, DataSpec, ModelSpec
 from rocmtrain_train.config import ConfigError
+from rocmtrain_train.data.lm_records import check_columns, lm_fields, lm_lengths
 from rocmtrain_train.storage import (
     HubFactory,
     ObjectStoreFactory,
@@ -166,6 +167,27 @@ def check_labels(labels: list, model: ModelSpec, where: str) -> None:
             raise ConfigError(f"{where}: record {i}: label {label} out of range 0..{last}")
 
 
+def record_fields(data: DataSpec, model: ModelSpec) -> dict[str, str]:
+    """Column of a read table -> the record field it holds, for the job's task."""
+    if model.task == "causal-lm":
+        return lm_fields(data)
+    fields = {TEXT: data.text_field, LABEL: data.label_field}
+    if data.text_pair_field:
+        fields[PAIR] = data.text_pair_field
+    return fields
+
+
+def _checked(
+    columns: dict[str, pa.ChunkedArray], data: DataSpec, model: ModelSpec, where: str, *, check: bool
+) -> dict[str, pa.ChunkedArray]:
+    """The columns of one file, checked for the task (labels only with `check`: workers check their own rows)."""
+    if model.task == "causal-lm":
+        return check_columns(columns, data, where)
+    if check:
+        check_labels(columns[LABEL].to_pylist(), model, where)
+    return {name: _as_text(values) if name in (TEXT, PAIR) else values for name, values in columns.items()}
+
+
 def read_table(
     source: DataSource,
     data: DataSpec,
@@ -176,12 +198,11 @@ def read_table(
     hub: HubFactory = hub_filesystem,
     check: bool = True,
 ) -> pa.Table:
-    """The records of a source as a table of `text`, (`pair`,) `label`: the fields exist and have values;
-    with `check`, every label fits the task too (the driver's pre-flight; workers check their own rows)."""
+    """The records of a source as a table of `text`, (`pair`,) `label` (causal-lm: see `lm_records`): the
+    fields exist and have values; with `check`, every label fits the task too (the driver's pre-flight;
+    workers check their own rows)."""
     fs, files, fmt = source_files(source, base_dir, object_store=object_store, hub=hub)
-    fields = {TEXT: data.text_field, LABEL: data.label_field}
-    if data.text_pair_field:
-        fields[PAIR] = data.text_pair_field
+    fields = record_fields(data, model)
     tables = []
     for path in files:
         if describe(fs, path).size == 0:
@@ -189,12 +210,7 @@ def read_table(
         table = _read_file(fs, path, fmt, list(fields.values()))
         where = f"{source.uri} ({PurePosixPath(path).name})" if len(files) > 1 else source.uri
         columns = {name: _column(table, field, where) for name, field in fields.items()}
-        if check:
-            check_labels(columns[LABEL].to_pylist(), model, where)
-        for name in (TEXT, PAIR):
-            if name in columns:
-                columns[name] = _as_text(columns[name])
-        tables.append(pa.table(columns))
+        tables.append(pa.table(_checked(columns, data, model, where, check=check)))
     if not tables or not sum(t.num_rows for t in tables):
         raise ConfigError(f"{source.uri}: no records")
     return pa.concat_tables(tables)
@@ -214,12 +230,14 @@ def fingerprint(
     for path in files:
         info = describe(fs, path)
         described.append([path, info.size, info.mtime_ns])
-    fields = [data.text_field, data.text_pair_field, data.label_field]
+    fields = [data.text_field, data.text_pair_field, data.label_field, *data.lm_fields]
     return {"uri": source.uri, "format": fmt, "files": described, "fields": fields}
 
 
 def text_lengths(table: pa.Table) -> np.ndarray:
     """Characters per record (text and pair): a cheap stand-in for token counts when grouping by length."""
+    if LABEL not in table.column_names:
+        return lm_lengths(table)
     lengths = pc.utf8_length(table.column(TEXT)).to_numpy()
     if PAIR in table.column_names:
         lengths = lengths + pc.utf8_length(table.column(PAIR)).to_numpy()

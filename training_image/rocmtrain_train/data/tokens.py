@@ -38,10 +38,12 @@ class Encoded:
     ids: np.ndarray  # int32
     offsets: np.ndarray  # int64, one more than there are records
     type_ids: np.ndarray | None  # int8, aligned with ids, where the tokenizer makes token types
-    labels: np.ndarray  # int64, or float32 for regression
+    labels: np.ndarray  # int64, or float32 for regression; empty for a language model (its labels are its ids)
+    loss_mask: np.ndarray | None = None  # int8, aligned with ids: the tokens that carry loss (language models)
+    response_starts: np.ndarray | None = None  # int64 per record: where its last response begins (language models)
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return len(self.offsets) - 1
 
     @property
     def lengths(self) -> np.ndarray:
@@ -55,14 +57,23 @@ class Encoded:
         labels: Sequence[float],
         *,
         regression: bool = False,
+        masks: Sequence[Sequence[int] | np.ndarray] | None = None,
+        response_starts: Sequence[int] | None = None,
     ) -> Encoded:
         offsets = np.zeros(len(ids) + 1, dtype=np.int64)
         np.cumsum([len(row) for row in ids], out=offsets[1:])
-        flat = np.fromiter((t for row in ids for t in row), dtype=np.int32, count=int(offsets[-1]))
-        types = None
-        if type_ids is not None:
-            types = np.fromiter((t for row in type_ids for t in row), dtype=np.int8, count=int(offsets[-1]))
-        return cls(flat, offsets, types, np.asarray(labels, dtype=np.float32 if regression else np.int64))
+
+        def flat(rows: Sequence[Sequence[int] | np.ndarray], dtype: type) -> np.ndarray:
+            return np.fromiter((t for row in rows for t in row), dtype=dtype, count=int(offsets[-1]))
+
+        return cls(
+            flat(ids, np.int32),
+            offsets,
+            None if type_ids is None else flat(type_ids, np.int8),
+            np.asarray(labels, dtype=np.float32 if regression else np.int64),
+            None if masks is None else flat(masks, np.int8),
+            None if response_starts is None else np.asarray(response_starts, dtype=np.int64),
+        )
 
 
 def encode(tokenizer: Any, records: Records, max_length: int, *, regression: bool, token_types: bool = True) -> Encoded:
@@ -103,16 +114,27 @@ def load_cached(path: Path) -> Encoded | None:
     """The encoded records cached at `path`, or None where there are none (or they cannot be read)."""
     try:
         with np.load(path) as saved:
-            return Encoded(saved["ids"], saved["offsets"], saved.get("type_ids"), saved["labels"])
+            return Encoded(
+                saved["ids"],
+                saved["offsets"],
+                saved.get("type_ids"),
+                saved["labels"],
+                saved.get("loss_mask"),
+                saved.get("response_starts"),
+            )
     except (OSError, ValueError, KeyError):
         return None
 
 
 def save_cached(path: Path, encoded: Encoded) -> None:
     """Write the cache file atomically; a cache that cannot be written is skipped (it only saves time)."""
+    optional = {
+        "type_ids": encoded.type_ids,
+        "loss_mask": encoded.loss_mask,
+        "response_starts": encoded.response_starts,
+    }
     arrays: dict[str, Any] = {"ids": encoded.ids, "offsets": encoded.offsets, "labels": encoded.labels}
-    if encoded.type_ids is not None:
-        arrays["type_ids"] = encoded.type_ids
+    arrays.update({name: value for name, value in optional.items() if value is not None})
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as f:

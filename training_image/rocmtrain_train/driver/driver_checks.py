@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from rocmtrain.api.contract import is_local
 from rocmtrain_train.config import ConfigError, RunSettings
-from rocmtrain_train.data.records import read_table
-from rocmtrain_train.model.pretrained import check_model_files, resolve_model
+from rocmtrain_train.data.records import read_table, sample_order
+from rocmtrain_train.model.pretrained import resolve_model
+from rocmtrain_train.tasks import task_for
+
+# Training records the pre-flight tokenises to check that they fit the job (a language model's responses
+# within maxSeqLength).
+SAMPLE_RECORDS = 256
 
 
 def check_gpus(settings: RunSettings, available: int) -> None:
@@ -20,23 +26,27 @@ def check_gpus(settings: RunSettings, available: int) -> None:
         )
 
 
-def check_model(settings: RunSettings) -> None:
-    """The model exists; where it is already local, its config and tokenizer load and fit the job
-    (a model type with a classification head, the attention kernels, maxSeqLength within its positions)."""
+def check_model(settings: RunSettings) -> Any:
+    """The model exists; where it is already local, its config and tokenizer load and fit the job (a model
+    type with the task's head, the attention kernels, maxSeqLength within its positions, an adapter's target
+    modules). Returns the tokenizer where the model is local, else None."""
     spec = settings.job.spec
     path = resolve_model(spec.model.source, settings.base_dir, download=False)
-    if path is not None:
-        check_model_files(path, spec.model, spec.training)
+    return None if path is None else task_for(spec).check_model(path)
 
 
-def check_data(settings: RunSettings) -> None:
-    """The data sources are readable, have the fields, valid labels, and a record for every rank."""
+def check_data(settings: RunSettings, tokenizer: Any = None) -> None:
+    """The data sources are readable, have the fields, valid labels or records, and a record for every rank;
+    with the tokenizer, a sample of the training records tokenises into sequences that fit the job."""
     spec = settings.job.spec
     train = spec.data.train
-    records = read_table(train, spec.data, spec.model, settings.base_dir).num_rows
-    usable = min(records, train.max_samples or records)
+    table = read_table(train, spec.data, spec.model, settings.base_dir)
+    usable = min(table.num_rows, train.max_samples or table.num_rows)
     if usable < settings.world_size:
         raise ConfigError(f"{train.uri}: {usable} training records for {settings.world_size} ranks")
+    if tokenizer is not None:
+        sample = sample_order(table.num_rows, spec.data.shuffle_seed, train.max_samples)[:SAMPLE_RECORDS]
+        task_for(spec).encode(tokenizer, table, sample, train.uri, False)
     if spec.data.eval is not None:
         read_table(spec.data.eval, spec.data, spec.model, settings.base_dir)
 
@@ -59,5 +69,4 @@ def preflight(settings: RunSettings, *, available_gpus: int | None = None) -> No
     if available_gpus is not None:
         check_gpus(settings, available_gpus)
     check_storage(settings)
-    check_model(settings)
-    check_data(settings)
+    check_data(settings, check_model(settings))

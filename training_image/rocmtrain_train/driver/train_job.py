@@ -63,7 +63,7 @@ def run_local(settings: RunSettings, *, console: bool = True) -> RunOutcome | Se
         ray.init(**embedded_ray_options(settings))
     sinks: list[Sink] = [JsonlSink(Path(settings.log_dir) / "metrics.jsonl")]
     if console:
-        sinks.append(ConsoleSink())
+        sinks.append(ConsoleSink(language_model=settings.job.spec.model.task == "causal-lm"))
     if (progress := operator_sink.from_env()) is not None:  # report into a cluster job's status, if asked to
         sinks.append(progress)
     try:

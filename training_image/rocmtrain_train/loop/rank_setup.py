@@ -1,10 +1,12 @@
 """Building one training rank: everything `step_loop` needs, set up once when Ray Train starts the worker.
 
-`build_worker` loads the model (attention kernels, gradient checkpointing, torch.compile as the
-job says), plans the batches and tokenises this rank's records (`batch_plan`, `tokens`), sets up
-AdamW, the linear warmup schedule, autocast and (with more than one rank) DDP, and restores the
-latest checkpoint if there is one. The result, a `Worker`, holds no behaviour beyond that: the
-step loop (`loop.TrainLoop`) runs it. Each rank has one GPU (`ray.train.torch.get_device`).
+`build_worker` loads the job's task and its model (attention kernels, gradient checkpointing, an
+adapter, torch.compile as the job says), plans the batches and tokenises this rank's records
+(`batch_plan`, the task's encoding), counts what each step's loss is averaged over on all ranks
+together, sets up AdamW, the linear warmup schedule, autocast and (with more than one rank) DDP,
+and restores the latest checkpoint if there is one. The result, a `Worker`, holds no behaviour
+beyond that: the step loop (`loop.TrainLoop`) runs it. Each rank has one GPU
+(`ray.train.torch.get_device`).
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import ray.train
 import ray.train.torch
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedModel, get_linear_schedule_with_warmup
 
@@ -32,8 +36,9 @@ from rocmtrain_train.config import ConfigError, RunSettings
 from rocmtrain_train.data.batch_plan import BatchPlan
 from rocmtrain_train.data.rank_shard import Tokenizing, TrainData, load_eval_data, load_train_data, takes_token_types
 from rocmtrain_train.data.tokens import Encoded
-from rocmtrain_train.model.pretrained import compile_model, load_model, resolve_model
+from rocmtrain_train.model.pretrained import compile_model, parameter_counts, resolve_model
 from rocmtrain_train.reporting.log_files import rank_logger
+from rocmtrain_train.tasks import Task, task_for
 
 LR_SCALING: dict[str, Callable[[int], float]] = {"none": lambda w: 1.0, "linear": float, "sqrt": math.sqrt}
 FUSED_ADAMW_DEVICES = ("cuda", "cpu")
@@ -89,6 +94,7 @@ class Worker:
     """One rank's parts: model, data, optimiser, schedule, and where training stands."""
 
     settings: RunSettings
+    task: Task
     rank: int
     world_size: int
     log: logging.Logger
@@ -104,8 +110,10 @@ class Worker:
     autocast: Autocast
     pad_multiple: int  # batches are padded to a multiple of this
     total_steps: int
+    step_items: np.ndarray  # per step of the plan, what its loss is averaged over, on all ranks together
     state: TrainState
     resumed_from: int | None  # the checkpoint step this attempt started from
+    parameters: tuple[int, int]  # (trainable, total)
 
     @property
     def pin_memory(self) -> bool:
@@ -182,6 +190,19 @@ def _restore(
     return state.share(rank, world_size), resumed_from
 
 
+def step_items(train: TrainData, rank: int, device: torch.device) -> np.ndarray:
+    """Per step of the plan, the records (classifiers) or tokens that carry loss (language models) of every rank
+    together: one all-reduce for the whole run, none per step."""
+    plan = train.plan
+    local = [
+        int(train.items[[train.position[r] for r in plan.portion(step, rank)]].sum()) for step in range(len(plan.steps))
+    ]
+    counts = torch.tensor(local, dtype=torch.int64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+    return counts.cpu().numpy()
+
+
 def build_worker(settings: RunSettings) -> Worker:
     """Set up this rank's worker (inside Ray Train's `train_loop_per_worker`)."""
     ctx = ray.train.get_context()
@@ -204,9 +225,10 @@ def build_worker(settings: RunSettings) -> Worker:
     model_dir = resolve_model(spec.model.source, settings.base_dir)
     if model_dir is None:
         raise ConfigError(f"model {spec.model.source}: not available on rank {rank}")
-    model, tokenizer = load_model(model_dir, spec.model, training)
-    model.to(device)  # type: ignore[arg-type]  # transformers wraps `to` in a way mypy reads as unbound
-    how = Tokenizing(tokenizer, model_dir, takes_token_types(model), log)
+    task = task_for(spec)
+    model, tokenizer = task.load(model_dir)
+    model.to(device)
+    how = Tokenizing(task, tokenizer, model_dir, takes_token_types(model), log)
     train = load_train_data(settings, rank, world_size, how)
     eval_data = load_eval_data(settings, rank, world_size, how)
 
@@ -220,6 +242,7 @@ def build_worker(settings: RunSettings) -> Worker:
         compile_model(model, spec.model.max_seq_length, COMPILE_BUCKET)
     worker = Worker(
         settings=settings,
+        task=task,
         rank=rank,
         world_size=world_size,
         log=log,
@@ -235,18 +258,22 @@ def build_worker(settings: RunSettings) -> Worker:
         autocast=autocast_for(training, device),
         pad_multiple=pad_multiple(training, device),
         total_steps=total_steps,
+        step_items=step_items(train, rank, device),
         state=state,
         resumed_from=resumed_from,
+        parameters=parameter_counts(model),
     )
     if world_size > 1:
         worker.ddp = DistributedDataParallel(
             model, device_ids=[device.index] if on_gpu else None, gradient_as_bucket_view=True
         )
     log.info(
-        "%d training records on this rank, %d optimiser steps per epoch of %d records, %d steps in all",
+        "%d training records on this rank, %d optimiser steps per epoch of %d records, %d steps in all; "
+        "%d of %d parameters train",
         len(train.encoded),
         len(train.plan.steps),
         train.plan.step_size,
         total_steps,
+        *worker.parameters,
     )
     return worker

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -28,14 +28,12 @@ import torch.distributed as dist
 from ray.train import CheckpointUploadMode
 
 from rocmtrain_train.checkpoint import train_state
-from rocmtrain_train.checkpoint.model_export import export_model
-from rocmtrain_train.data.batch_plan import micro_batches, sorted_batches
+from rocmtrain_train.checkpoint.model_export import export_model, merged_location
 from rocmtrain_train.data.prefetch import Prefetcher
-from rocmtrain_train.data.tokens import collate
-from rocmtrain_train.loop.evaluate import evaluate
 from rocmtrain_train.loop.rank_setup import Worker, build_worker
 from rocmtrain_train.loop.resource_sampling import ResourceSampler, utilization_sampler
 from rocmtrain_train.reporting.rank_report import Evaluation, RankReport
+from rocmtrain_train.tasks import MicroBatch
 
 
 def synchronize(device: torch.device) -> None:
@@ -75,6 +73,7 @@ class Interval:
 
     def reset(self) -> None:
         self.loss_sum = torch.zeros((), device=self._device)
+        self.loss_items = 0  # what the loss is averaged over: records, or tokens that carry loss
         self.steps = 0
         self.samples = 0
         self.tokens = 0
@@ -88,7 +87,7 @@ class Interval:
         return self.train_seconds
 
     def mean_loss(self) -> float | None:
-        return float(self.loss_sum.item()) / self.samples if self.samples else None
+        return float(self.loss_sum.item()) / self.loss_items if self.loss_items else None
 
 
 class TrainLoop:
@@ -100,6 +99,7 @@ class TrainLoop:
         self.sampler = ResourceSampler(worker.device, utilization_sampler(worker.device))
         self.interval = Interval(worker.device)
         self.next_report = worker.state.step + 1  # the first report comes after one step
+        self.samples: list[dict[str, str]] = []  # the last evaluation's generated samples (language models)
 
     def run(self) -> None:
         """Train every remaining epoch from where the worker's state stands, then finish."""
@@ -109,14 +109,14 @@ class TrainLoop:
         finally:
             self.sampler.close()
 
-    def _micro_batches(self, epoch: int) -> list[tuple[int, list[list[int]]]]:
-        """The rest of an epoch: each step's index and this rank's micro-batches (rows of its records)."""
+    def _micro_batches(self, epoch: int) -> list[tuple[int, list[MicroBatch]]]:
+        """The rest of an epoch: each step's index and this rank's micro-batches (of rows of its records)."""
         w, training = self.w, self.spec.training
-        plan, position, lengths = w.train.plan, w.train.position, w.train.encoded.lengths
+        plan, position = w.train.plan, w.train.position
         out = []
         for step in plan.epoch_order(training.seed, epoch)[w.state.epoch_step :]:
             rows = [position[record] for record in plan.portion(step, w.rank)]
-            out.append((step, micro_batches(rows, lengths, training.batch_size_per_worker)))
+            out.append((step, w.task.micro_batches(rows, w.train.encoded, training.batch_size_per_worker)))
         return out
 
     def _train(self) -> None:
@@ -128,7 +128,7 @@ class TrainLoop:
             try:
                 feed = iter(batches)
                 for step, group in steps:
-                    self._step(group, feed)
+                    self._step(group, feed, int(w.step_items[step]))
                     state.step += 1
                     state.epoch_step += 1
                     state.epoch_samples += len(plan.steps[step])
@@ -150,31 +150,36 @@ class TrainLoop:
             return False
         return bool(every and self.w.state.step % every == 0) if every else epoch_end
 
-    def _collate(self, rows: list[int]) -> dict[str, torch.Tensor]:
+    def _collate(self, micro: MicroBatch) -> dict[str, torch.Tensor]:
         w = self.w
-        return collate(w.train.encoded, rows, w.tokenizer.pad_token_id, multiple_of=w.pad_multiple, pin=w.pin_memory)
+        pad = w.tokenizer.pad_token_id
+        return w.task.collate(w.train.encoded, micro, pad, multiple_of=w.pad_multiple, pin=w.pin_memory)
 
-    def _step(self, group: list[list[int]], feed: Iterator[dict[str, torch.Tensor]]) -> None:
+    def _step(self, group: list[MicroBatch], feed: Iterator[dict[str, torch.Tensor]], step_items: int) -> None:
         """One optimiser step over this rank's micro-batches; gradients sync on the last one only.
 
-        Each micro-batch's mean loss is weighted by its share of the step's records, so the gradient
-        is that of the mean over the whole step, however the records are split.
+        Each micro-batch's mean loss is weighted by its share of what the whole step's loss is averaged
+        over (`step_items`: the records, or the tokens that carry loss, of every rank), times the world
+        size that DDP's gradient average divides by: the gradient is that of the mean over the whole
+        global batch, however the records are split among ranks and micro-batches.
         """
         w, state, interval = self.w, self.w.state, self.interval
-        lengths = w.train.encoded.lengths
-        records = sum(len(rows) for rows in group)
-        for i, rows in enumerate(group):
+        lengths, weights = w.train.encoded.lengths, w.train.items
+        for i, micro in enumerate(group):
+            rows = _records(micro)
             waited = time.perf_counter()
             batch = {k: v.to(w.device, non_blocking=True) for k, v in next(feed).items()}
             waited = time.perf_counter() - waited
             interval.data_wait += waited
             state.data_wait_seconds += waited
             last = i == len(group) - 1
+            items = int(weights[rows].sum())
             with nullcontext() if last or w.ddp is None else w.ddp.no_sync():
                 with w.autocast():
                     loss = (w.ddp or w.model)(**batch).loss
-                w.scaler.scale(loss * (len(rows) / records)).backward()
-            interval.loss_sum += loss.detach().float() * len(rows)
+                w.scaler.scale(loss * loss_weight(items, step_items, w.world_size)).backward()
+            interval.loss_sum += loss.detach().float() * items
+            interval.loss_items += items
             tokens = int(lengths[rows].sum())
             interval.samples += len(rows)
             interval.tokens += tokens
@@ -192,22 +197,25 @@ class TrainLoop:
         interval.steps += 1
 
     def _evaluate(self) -> Evaluation:
-        """Evaluate on the eval shards (all ranks together); record the result in the state."""
-        w, data = self.w, self.w.eval_data
+        """Evaluate on the eval shards (all ranks together); record the result (and samples) in the state."""
+        w = self.w
         started = time.perf_counter()
-        batch_size = 2 * self.spec.training.batch_size_per_worker
-        batches = (
-            []
-            if data is None
-            else (
-                collate(data, rows, w.tokenizer.pad_token_id, multiple_of=w.pad_multiple)
-                for rows in sorted_batches(data.lengths, batch_size)
-            )
+        result, samples = w.task.evaluate(
+            w.model,
+            w.tokenizer,
+            w.eval_data,
+            batch_size=2 * self.spec.training.batch_size_per_worker,
+            multiple_of=w.pad_multiple,
+            device=w.device,
+            autocast=w.autocast,
         )
-        result = evaluate(w.model, batches, self.spec.model, w.device, w.autocast)
         w.state.eval_seconds += time.perf_counter() - started
         w.state.last_eval, w.state.last_eval_step = result, w.state.step
+        if samples:
+            self.samples = samples
         w.log.info("evaluation at step %d: %s", w.state.step, _format(result))
+        for sample in samples:
+            w.log.info("generated for %r: %r (reference %r)", sample["prompt"], sample["output"], sample["reference"])
         return result
 
     def _rank_report(self, evaluated: Evaluation, **flags: Any) -> RankReport:
@@ -227,12 +235,16 @@ class TrainLoop:
             eval_seconds=state.eval_seconds,
             data_wait_seconds=state.data_wait_seconds,
             interval_samples=interval.samples,
+            interval_loss_items=interval.loss_items,
             train_loss=interval.mean_loss(),
             samples_per_second=interval.samples / seconds,
             tokens_per_second=interval.tokens / seconds,
             data_wait_fraction=min(1.0, interval.data_wait / seconds),
             **dataclasses.asdict(self.sampler.sample()),
             evaluation=evaluated,
+            generation_samples=self.samples if evaluated else [],
+            trainable_parameters=w.parameters[0],
+            total_parameters=w.parameters[1],
             resumed_from_step=w.resumed_from,
             **flags,
         )
@@ -259,39 +271,65 @@ class TrainLoop:
         return ray.train.Checkpoint.from_directory(directory)
 
     def _report(
-        self, *, evaluate: bool = False, save: bool = False, carried: Evaluation | None = None, **flags: Any
+        self,
+        *,
+        evaluate: bool = False,
+        save: bool = False,
+        carried: Evaluation | None = None,
+        final: bool = False,
+        **flags: Any,
     ) -> None:
         """End the interval, evaluate if due, agree on the next report, and report (all ranks together).
 
-        Without a new evaluation the report carries `carried` (the final report: the last evaluation).
+        Without a new evaluation the report carries `carried` (the final report: the last evaluation). The
+        final report comes once the model is exported.
         """
         w, state, interval = self.w, self.w.state, self.interval
         synchronize(w.device)
         state.train_seconds += interval.close()
         evaluated = self._evaluate() if evaluate else {}
+        if final:
+            flags.update(self._export())
         proposal = steps_until_report(interval.steps, interval.train_seconds, w.settings.report_interval_s)
         self.next_report = agree(state.step + proposal, w.device)
-        report = self._rank_report(evaluated or carried or {}, **flags)
+        report = self._rank_report(evaluated or carried or {}, final=final, **flags)
         w.log.info("step %d/%d epoch %.2f: %s", report.step, w.total_steps, report.epoch, _format(report.to_metrics()))
         found = self._checkpoint() if save else None
         ray.train.report(report.to_metrics(), checkpoint=found, checkpoint_upload_mode=CheckpointUploadMode.ASYNC)
         interval.reset()
 
+    def _export(self) -> dict[str, Any]:
+        """Rank 0 exports the trained model (every rank tells where it went, and its weights' checksum, taken
+        before an adapter is merged into them)."""
+        w = self.w
+        output = w.settings.model_output
+        checksum = weights_checksum(w.model)
+        merge = bool(self.spec.adapter and self.spec.adapter.merge)
+        merged = merged_location(output) if merge else None
+        if w.rank == 0:
+            export_model(w.model, w.tokenizer, output, merge=merge)
+            w.log.info("model saved to %s%s", output, f" (merged: {merged})" if merged else "")
+        return {"model_path": output, "merged_model_path": merged, "weights_checksum": checksum}
+
     def _finish(self) -> None:
         """Evaluate the final model if that has not happened yet, export it, and send the final report."""
         w = self.w
         evaluate = self.spec.data.eval is not None and w.state.last_eval_step != w.state.step
-        output = w.settings.model_output
-        if w.rank == 0:
-            export_model(w.model, w.tokenizer, output)
-            w.log.info("model saved to %s", output)
-        self._report(
-            evaluate=evaluate,
-            carried=w.state.last_eval,
-            final=True,
-            model_path=output,
-            weights_checksum=weights_checksum(w.model),
-        )
+        self._report(evaluate=evaluate, carried=w.state.last_eval, final=True)
+
+
+def loss_weight(items: int, step_items: int, world_size: int) -> float:
+    """The weight of a micro-batch's mean loss (over its `items`) in the step's gradient: its share of the
+    `step_items` of every rank, times the world size that DDP's gradient average divides by."""
+    return items * world_size / max(step_items, 1)
+
+
+def _records(micro: MicroBatch) -> list[int]:
+    """The records of a micro-batch (of its packed rows, one after the other)."""
+    found: list[int] = []
+    for item in micro:
+        found.extend(item if isinstance(item, Sequence) else [item])
+    return found
 
 
 def weights_checksum(model: torch.nn.Module) -> float:

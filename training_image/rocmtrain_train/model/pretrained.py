@@ -139,16 +139,21 @@ def position_limit(config: Any) -> int | None:
     return limit
 
 
-def classifier_class(config: Any, name: str) -> Any:
-    """The sequence-classification model class transformers has for this config."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING
+def model_class(config: Any, name: str, task: str) -> Any:
+    """The model class transformers has for this config and task (a sequence-classification head, or a causal
+    language model)."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING,
+        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING,
+    )
 
+    language_model = task == "causal-lm"
+    mapping = MODEL_FOR_CAUSAL_LM_MAPPING if language_model else MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING
     try:
-        return MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING[type(config)]
+        return mapping[type(config)]
     except KeyError:
-        raise ConfigError(
-            f"model {name}: transformers has no sequence-classification head for model type {config.model_type!r}"
-        ) from None
+        what = "causal language model" if language_model else "sequence-classification head"
+        raise ConfigError(f"model {name}: transformers has no {what} for model type {config.model_type!r}") from None
 
 
 def set_pad_token(tokenizer: Any, name: str) -> None:
@@ -160,33 +165,40 @@ def set_pad_token(tokenizer: Any, name: str) -> None:
     tokenizer.pad_token = tokenizer.eos_token
 
 
-def check_model_files(path: Path, spec: ModelSpec, training: TrainingSpec) -> None:
-    """The model's config and tokenizer load and fit the job (before any worker loads the weights)."""
-    from transformers import AutoConfig, AutoTokenizer
+def check_model_config(path: Path, spec: ModelSpec, training: TrainingSpec) -> Any:
+    """The model's config loads, transformers has a model of the job's task for it, and that model fits the job's
+    options (attention kernels, gradient checkpointing, maxSeqLength within its positions); returns the config."""
+    from transformers import AutoConfig
 
     name = spec.source
     try:
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"model {name}: cannot load its config: {exc}") from exc
-    model_class = classifier_class(config, name)
-    if training.attention_implementation == "sdpa" and not model_class._supports_sdpa:
-        raise ConfigError(
-            f"spec.training.attentionImplementation: {model_class.__name__} has no SDPA attention; set eager"
-        )
-    if training.gradient_checkpointing and not model_class.supports_gradient_checkpointing:
-        raise ConfigError(f"spec.training.gradientCheckpointing: {model_class.__name__} does not support it")
+    found = model_class(config, name, spec.task)
+    if training.attention_implementation == "sdpa" and not found._supports_sdpa:
+        raise ConfigError(f"spec.training.attentionImplementation: {found.__name__} has no SDPA attention; set eager")
+    if training.gradient_checkpointing and not found.supports_gradient_checkpointing:
+        raise ConfigError(f"spec.training.gradientCheckpointing: {found.__name__} does not support it")
     limit = position_limit(config)
     if limit is not None and spec.max_seq_length > limit:
         raise ConfigError(
             f"spec.model.maxSeqLength: {spec.max_seq_length} tokens do not fit the {limit} positions of "
             f"model {name} (max_position_embeddings); set maxSeqLength to at most {limit}"
         )
+    return config
+
+
+def check_model_files(path: Path, spec: ModelSpec, training: TrainingSpec) -> None:
+    """The model's config and tokenizer load and fit the job (before any worker loads the weights)."""
+    from transformers import AutoTokenizer
+
+    check_model_config(path, spec, training)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError) as exc:
-        raise ConfigError(f"model {name}: cannot load its tokenizer: {exc}") from exc
-    set_pad_token(tokenizer, name)
+        raise ConfigError(f"model {spec.source}: cannot load its tokenizer: {exc}") from exc
+    set_pad_token(tokenizer, spec.source)
 
 
 def compile_model(model: torch.nn.Module, max_length: int, bucket: int, backend: str | Callable = "inductor") -> None:
@@ -224,3 +236,9 @@ def load_model(path: Path, spec: ModelSpec, training: TrainingSpec) -> tuple[Pre
     if training.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model, tokenizer
+
+
+def parameter_counts(model: torch.nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameters of a model."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)

@@ -37,10 +37,16 @@ def wants_progress_bar(stream: TextIO, environ: Mapping[str, str] = os.environ) 
 
 
 class ConsoleSink:
-    """A live progress bar on a terminal (one line per report elsewhere) and a summary table at the end."""
+    """A live progress bar on a terminal (one line per report elsewhere) and a summary table at the end.
 
-    def __init__(self, stream: TextIO | None = None, *, progress_bar: bool | None = None) -> None:
+    The bar shows the loss, the learning rate, the latest accuracy (a language model's: perplexity and exact
+    match), throughput and the ETA."""
+
+    def __init__(
+        self, stream: TextIO | None = None, *, progress_bar: bool | None = None, language_model: bool = False
+    ) -> None:
         self._stream = stream or sys.stderr
+        self._language_model = language_model  # perplexity and exact match in place of accuracy
         self._bar_wanted = wants_progress_bar(self._stream) if progress_bar is None else progress_bar
         self._bar: tqdm | None = None
         self._last_line = ""
@@ -50,10 +56,15 @@ class ConsoleSink:
             self._search_line(report)
             return
         p, m = report.progress, report.metrics
+        quality = (
+            {"ppl": _fmt(m.eval_perplexity, ".3g"), "em": _fmt(m.eval_exact_match, ".3f")}
+            if self._language_model
+            else {"acc": _fmt(m.eval_accuracy, ".3f")}
+        )
         status = {
             "loss": _fmt(m.train_loss, ".4f"),
             "lr": _fmt(m.learning_rate, ".2e"),
-            "acc": _fmt(m.eval_accuracy, ".3f"),
+            **quality,
             "samples/s": _fmt(m.samples_per_second, ".1f"),
             "eta": "-" if p.eta_seconds is None else tqdm.format_interval(p.eta_seconds),
         }

@@ -92,7 +92,7 @@ class Aggregator:
     def _interval(ranks: list[RankReport]) -> dict[str, Any]:
         """The job's metrics from the ranks' last interval, keyed by `Metrics` field (None: not known)."""
         samples = sum(r.interval_samples for r in ranks)
-        losses = [(loss, r.interval_samples) for r in ranks if (loss := _finite(r.train_loss)) is not None]
+        losses = [(loss, r.interval_loss_items) for r in ranks if (loss := _finite(r.train_loss)) is not None]
         weight = sum(n for _, n in losses)
         memory = _values(r.gpu_memory_peak_bytes for r in ranks)
         reserved = _values(r.gpu_memory_reserved_bytes for r in ranks)
@@ -108,6 +108,8 @@ class Aggregator:
         return {
             **(trained if samples else {}),
             "learning_rate": _finite(ranks[0].learning_rate),
+            "trainable_parameters": ranks[0].trainable_parameters,
+            "total_parameters": ranks[0].total_parameters,
             "train_seconds": max(_values(r.train_seconds for r in ranks), default=None),
             "eval_seconds": max(_values(r.eval_seconds for r in ranks), default=None),
             "cpu_utilization_percent": sum(cpu) if cpu else None,
@@ -158,6 +160,10 @@ def summary(ranks: list[RankReport], wall_seconds: float) -> dict[str, Any]:
         "resumed_from_step": first.resumed_from_step,
         "wall_seconds": wall_seconds,
         "model_path": first.model_path,
+        "trainable_parameters": first.trainable_parameters,
+        "total_parameters": first.total_parameters,
+        **({"merged_model_path": first.merged_model_path} if first.merged_model_path else {}),
+        **({"generation_samples": first.generation_samples} if first.generation_samples else {}),
     }
 
 

@@ -38,20 +38,26 @@ class RankReport:
     data_wait_seconds: float
     # Since the previous report.
     interval_samples: int
-    train_loss: float | None  # mean loss over the interval's samples; None without any
+    train_loss: float | None  # mean loss over the interval's loss items; None without any
     samples_per_second: float
     tokens_per_second: float
     data_wait_fraction: float
     cpu_utilization_percent: float  # of one core
     padded_tokens: int = 0  # running total of tokens including padding (what the model computed on)
+    # What the interval's loss is averaged over: its samples (classifiers), or its tokens that carry loss.
+    interval_loss_items: int = 0
     gpu_memory_peak_bytes: int | None = None  # measured on GPUs only
     gpu_memory_reserved_bytes: int | None = None  # the allocator's peak reservation, GPUs only
     gpu_utilization_percent: float | None = None  # interval mean, where amdsmi or rocm-smi can tell
     evaluation: Evaluation = field(default_factory=dict)  # new results, or (final report) the last ones
+    generation_samples: list[dict[str, str]] = field(default_factory=list)  # of the evaluation (language models)
+    trainable_parameters: int | None = None
+    total_parameters: int | None = None
     resumed_from_step: int | None = None  # the checkpoint step this attempt started from
     epoch_end: bool = False
     final: bool = False
     model_path: str | None = None  # where the final model went (final report)
+    merged_model_path: str | None = None  # where an adapter's merged model went (final report, adapter.merge)
     weights_checksum: float | None = None  # sum of all weights (final report): equal on every rank
 
     def __post_init__(self) -> None:

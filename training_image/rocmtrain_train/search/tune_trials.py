@@ -67,7 +67,7 @@ class SearchOutcome:
 
 
 def param_space(tuning: TuningSpec) -> dict[str, Any]:
-    """Tune's search space, keyed by `TrainingSpec` field name."""
+    """Tune's search space, keyed by `TrialConfig` field name (`TrainingSpec`'s, and the adapter's rank)."""
     space = tuning.search_space
     found: dict[str, Any] = {}
     if space.learning_rate is not None:
@@ -80,7 +80,13 @@ def param_space(tuning: TuningSpec) -> dict[str, Any]:
         found["weight_decay"] = tune.uniform(space.weight_decay.min, space.weight_decay.max)
     if space.epochs is not None:
         found["epochs"] = tune.choice(space.epochs)
+    if space.adapter_rank is not None:
+        found[ADAPTER_RANK] = tune.choice(space.adapter_rank)
     return found
+
+
+# The search-space key of the adapter's rank (the others are `TrainingSpec` fields).
+ADAPTER_RANK = "adapter_rank"
 
 
 def scheduler(tuning: TuningSpec) -> TrialScheduler:
@@ -97,8 +103,12 @@ def scheduler(tuning: TuningSpec) -> TrialScheduler:
 def trial_settings(settings: RunSettings, config: Mapping[str, Any], trial_id: str) -> RunSettings:
     """The run of one trial: the job with the trial's hyper-parameters, in its own folder under the run."""
     job = settings.job
-    training = job.spec.training.model_copy(update=dict(config))
-    trial_job = job.model_copy(update={"spec": job.spec.model_copy(update={"training": training})})
+    config = dict(config)
+    update: dict[str, Any] = {}
+    if (rank := config.pop(ADAPTER_RANK, None)) is not None and job.spec.adapter is not None:
+        update["adapter"] = job.spec.adapter.model_copy(update={"rank": rank})
+    update["training"] = job.spec.training.model_copy(update=config)
+    trial_job = job.model_copy(update={"spec": job.spec.model_copy(update=update)})
     return dataclasses.replace(
         settings,
         job=trial_job,

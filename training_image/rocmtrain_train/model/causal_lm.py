@@ -1,0 +1,133 @@
+"""Causal language models: loading one for training (optionally with a LoRA adapter) and checking it fits the job.
+
+Any architecture transformers loads with `AutoModelForCausalLM` trains (Llama, Qwen2/3, Mistral,
+GPT-NeoX, GPT-2, ...), with the attention kernels `training.attentionImplementation` names, and
+gradient checkpointing on request. The KV cache is off during training: it is of no use there, and
+packed rows need it off (transformers reads their record boundaries only without one).
+
+With `spec.adapter`, peft wraps the model in a LoRA adapter: only the adapter's matrices train.
+Target modules are the job's names (matched against the ends of module paths, as peft matches
+them), `all-linear`, or peft's default for the model family; names that match no linear module
+are refused before any weight loads, with the model's linear module names listed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rocmtrain.api.models import ALL_LINEAR, AdapterSpec, RocmTrainingJobSpec
+from rocmtrain_train.config import ConfigError
+from rocmtrain_train.model.pretrained import check_model_config, set_pad_token
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+# Modules peft can put a LoRA adapter on that count as linear layers (GPT-2's projections are Conv1D).
+LINEAR_KINDS = ("Linear", "Conv1D")
+
+
+def linear_modules(model: torch.nn.Module) -> list[str]:
+    """Paths of the model's linear layers, the output head left out (what LoRA can adapt)."""
+    heads: Any = getattr(model, "get_output_embeddings", None)
+    output = heads() if heads is not None else None
+    return [
+        name
+        for name, module in model.named_modules()
+        if type(module).__name__ in LINEAR_KINDS and module is not output and name
+    ]
+
+
+def _matches(path: str, name: str) -> bool:
+    return path == name or path.endswith("." + name)
+
+
+def target_modules(adapter: AdapterSpec, model_type: str, linear: list[str]) -> list[str] | str:
+    """The modules the adapter targets, as peft takes them; unknown names raise ConfigError with the choices."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+
+    names = adapter.target_modules or DEFAULTS.get(model_type) or [ALL_LINEAR]
+    if names == [ALL_LINEAR]:
+        return ALL_LINEAR
+    if missing := [n for n in names if not any(_matches(path, n) for path in linear)]:
+        short = sorted({path.rsplit(".", 1)[-1] for path in linear})
+        raise ConfigError(
+            f"spec.adapter.targetModules: {', '.join(missing)} match no linear module of the model; its linear "
+            f"modules are {', '.join(short)} (or use all-linear)"
+        )
+    return list(names)
+
+
+def _skeleton(config: Any) -> torch.nn.Module:
+    """The model without weights (on the meta device): its modules, in no memory."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def load_tokenizer(path: Path, spec: RocmTrainingJobSpec) -> Any:
+    """The model's tokenizer, with padding, an end-of-sequence token, and the job's chat template if it gives one."""
+    from transformers import AutoTokenizer
+
+    name = spec.model.source
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.eos_token_id is None:
+        raise ConfigError(
+            f"model {name}: the tokenizer has no end-of-sequence token, which every training sequence ends with "
+            "(set eos_token in its tokenizer_config.json)"
+        )
+    set_pad_token(tokenizer, name)
+    if spec.model.chat_template is not None:
+        tokenizer.chat_template = spec.model.chat_template
+    if spec.data.record_shape == "chat" and not tokenizer.chat_template:
+        raise ConfigError(
+            f"model {name}: the tokenizer has no chat template to render the chats of data.messagesField; "
+            "set spec.model.chatTemplate"
+        )
+    return tokenizer
+
+
+def check_causal_lm_files(path: Path, spec: RocmTrainingJobSpec) -> Any:
+    """The model's config and tokenizer load and fit the job (before any worker loads the weights), an adapter's
+    target modules too; returns the tokenizer."""
+    config = check_model_config(path, spec.model, spec.training)
+    if spec.adapter is not None:
+        target_modules(spec.adapter, config.model_type, linear_modules(_skeleton(config)))
+    try:
+        return load_tokenizer(path, spec)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ConfigError(f"model {spec.model.source}: cannot load its tokenizer: {exc}") from exc
+
+
+def with_adapter(model: PreTrainedModel, adapter: AdapterSpec) -> PreTrainedModel:
+    """The model wrapped in a LoRA adapter (peft); the base weights freeze."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        task_type="CAUSAL_LM",
+        r=adapter.rank,
+        lora_alpha=adapter.scale_numerator,
+        lora_dropout=adapter.dropout,
+        target_modules=target_modules(adapter, model.config.model_type, linear_modules(model)),
+    )
+    return get_peft_model(model, config)  # type: ignore[return-value]  # a PeftModel forwards like the model
+
+
+def load_causal_lm(path: Path, spec: RocmTrainingJobSpec) -> tuple[Any, Any]:
+    """The tokenizer and the model to train: the pretrained causal LM, with the job's adapter if it has one."""
+    from transformers import AutoModelForCausalLM
+
+    training = spec.training
+    tokenizer = load_tokenizer(path, spec)
+    model: Any = AutoModelForCausalLM.from_pretrained(path, attn_implementation=training.attention_implementation)
+    model.config.use_cache = False
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    if training.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if spec.adapter is not None:
+        model = with_adapter(model, spec.adapter)
+    return model, tokenizer
