@@ -14,6 +14,7 @@ import base64
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,6 +45,7 @@ from rocmtrain_testworld.jobs import (
 from rocmtrain_testworld.processes import Process
 from rocmtrain_testworld.runtime.container import processes_in
 from rocmtrain_testworld.world import Scope, World
+from train.jobs import EXAMPLES, example_script
 
 pytestmark = [pytest.mark.cluster, pytest.mark.ray]
 
@@ -57,8 +59,10 @@ def _finished(state: dict) -> bool:
     return state.get("phase") in ("Succeeded", "Failed")
 
 
-def _assert_trained(world: World, ns: str, name: str, folder: Path, watch: Watch) -> dict:
-    """The checks every successful job passes; its final status."""
+def _assert_trained(
+    world: World, ns: str, name: str, folder: Path, watch: Watch, quality: tuple[str, ...] = ("evalAccuracy",)
+) -> dict:
+    """The checks every successful job passes (`quality`: the evaluation metrics of its task); its final status."""
     final = watch.until(_finished, "the job to end")
     assert final["phase"] == "Succeeded", final
     RocmTrainingJobStatus.model_validate(final)
@@ -68,9 +72,9 @@ def _assert_trained(world: World, ns: str, name: str, folder: Path, watch: Watch
     assert last["final"] and final["progress"] == last["progress"] and final["metrics"] == last["metrics"]
     assert final["progress"]["percent"] == 100 and final["progress"]["step"] == final["progress"]["totalSteps"]
     metrics = final["metrics"]
-    for key in ("evalAccuracy", "evalLoss", "trainLoss", "trainSeconds", "samplesPerSecond", "tokensPerSecond"):
+    for key in (*quality, "evalLoss", "trainLoss", "trainSeconds", "samplesPerSecond", "tokensPerSecond"):
         assert math.isfinite(metrics[key]), key
-    assert 0 <= metrics["evalAccuracy"] <= 1 and metrics["samplesPerSecond"] > 0
+    assert all(0 <= metrics[key] <= 1 for key in quality if key != "evalPerplexity") and metrics["samplesPerSecond"] > 0
     assert final["history"] and final["history"][-1]["step"] == final["progress"]["step"]
     # Both workers ready while it trained. (At the end KubeRay tears the cluster down, and the status
     # counts only pods not being deleted: the first Succeeded status may already count fewer.)
@@ -234,6 +238,44 @@ def _dashboard_takes_only_the_clusters_token(world: World, ns: str, name: str) -
     assert status_of({"Authorization": "Bearer not-the-token"})[0] == 403
     served, body = status_of({"Authorization": f"Bearer {token}"})
     assert served == 200 and [j["entrypoint"] for j in json.loads(body)] == ["python -m rocmtrain_train"]
+
+
+def test_a_lora_adapter_of_a_language_model_trains_with_its_loss_and_perplexity_in_the_status(
+    world: World, scope: Scope, operator: Process, shared_dir: Path
+) -> None:
+    """A causal-lm job with a LoRA adapter (the language-model example's tiny Llama, made from a config, on a
+    volume): it succeeds with its pushed loss, perplexity, exact match and parameter counts in the status, the
+    Loss and Perplexity columns of `kubectl get` show them, and the adapter lands in the run folder."""
+    ns = scope.namespace("lora", processes=True)
+    folder = volume(scope, ns, shared_dir / "volume")
+    example_script("make_model").build(folder / "model", hidden_size=32, intermediate_size=64)
+    shutil.copytree(EXAMPLES / "sft" / "data", folder / "sft")
+    spec = {
+        "model": {"source": str(folder / "model"), "task": "causal-lm", "maxSeqLength": 48},
+        "data": {
+            "train": {"uri": str(folder / "sft" / "train.jsonl"), "maxSamples": 64},
+            "eval": {"uri": str(folder / "sft" / "eval.jsonl"), "maxSamples": 16},
+            "promptField": "prompt",
+            "responseField": "response",
+        },
+        "training": {"learningRate": 1e-2},
+        "adapter": {"rank": 4, "targetModules": ["q_proj", "v_proj"]},
+        "evaluation": {"generate": {"maxNewTokens": 3, "records": 8}},
+    }
+    manifest = cpu_job("llama", ns, folder, **spec)
+    del manifest["spec"]["model"]["numLabels"]
+    world.cluster.create(manifest)
+    quality = ("evalPerplexity", "evalExactMatch")
+    final = _assert_trained(world, ns, "llama", folder, Watch(world.cluster, ns, "llama"), quality)
+    metrics = final["metrics"]
+    assert metrics["evalPerplexity"] == pytest.approx(math.exp(metrics["evalLoss"]))
+    assert 0 < metrics["trainableParameters"] < metrics["totalParameters"] and "evalAccuracy" not in metrics
+    printed = world.cluster.printed(JOBS.format(ns=ns) + "/llama")
+    assert printed["Perplexity"] == metrics["evalPerplexity"] and printed["Loss"] == metrics["trainLoss"]
+    assert printed["Accuracy"] is None
+    model = run_folder(folder, ns, "llama") / "model"
+    assert json.loads((model / "adapter_config.json").read_text())["r"] == 4
+    assert (model / "adapter_model.safetensors").is_file() and not (model / "model.safetensors").exists()
 
 
 def test_a_job_whose_data_does_not_parse_fails_with_the_drivers_error(

@@ -17,7 +17,7 @@ from transformers import AutoTokenizer, BertConfig, BertModel, LlamaConfig, Llam
 
 from rocmtrain_train.driver.train_job import embedded_ray_options
 from rocmtrain_train.model.pretrained import packaged_model
-from train.jobs import job, settings
+from train.jobs import example_script, job, settings
 
 HERE = Path(__file__).parent
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
@@ -103,21 +103,9 @@ def tiny_llama(tmp_path_factory) -> Path:
     return path
 
 
-def load_example_script(name: str):
-    """A script of examples/sft (the language-model example's data generator or model maker), as a module."""
-    import importlib.util
-
-    path = HERE.parents[1] / "examples" / "sft" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"sft_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def tiny_lm(tmp_path_factory) -> Path:
     """The language-model example's model (a Llama from a config, its word-level tokenizer and chat template),
     smaller still, with no dropout: the example's own maker (examples/sft/make_model.py)."""
-    maker = load_example_script("make_model")
+    maker = example_script("make_model")
     return maker.build(tmp_path_factory.mktemp("tiny-lm"), hidden_size=32, intermediate_size=64)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import uuid
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import yaml
@@ -21,6 +23,16 @@ FAST: dict[str, Any] = {
     "data": {"train": {"maxSamples": 960}, "eval": {"maxSamples": 200}},
     "training": {"epochs": 1, "batchSizePerWorker": 16, "learningRate": 2.0e-4},
 }
+
+
+def example_script(name: str) -> ModuleType:
+    """A script of examples/sft (the language-model example's data generator or model maker), as a module."""
+    path = EXAMPLES / "sft" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"sft_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -176,3 +176,29 @@ def test_a_resumed_adapter_run_continues_its_loss_curve_with_packing(two_ranks, 
     # ten times its steps' spread. The resumed run goes on near where the first stopped, not where it started.
     assert after[0] < before[0] - 0.15
     assert abs(after[0] - before[-1]) < 0.1
+
+
+def test_a_search_over_learning_rate_and_rank_picks_the_trial_of_lowest_perplexity(ray_local, tiny_lm, tmp_path):
+    search = {
+        "resources": {"workers": 1},
+        "training": {"batchSizePerWorker": GLOBAL_BATCH, "epochs": 1},
+        "evaluation": {"generate": None},
+        "adapter": {"merge": False},
+        "tuning": {
+            "searchSpace": {"learningRate": {"min": 1e-3, "max": 3e-2}, "adapterRank": [2, 8]},
+            "numTrials": 2,
+            "seed": 5,
+            "scheduler": {"type": "None"},
+        },
+    }
+    run = settings(lora_job("lora-search", tiny_lm, search), tmp_path)
+    summary = run_local(run, console=False).summary
+    assert (summary["metric"], summary["mode"]) == ("evalPerplexity", "min")
+    trials = summary["trials"]
+    assert len(trials) == 2 and {t["state"] for t in trials} == {"Succeeded"}
+    best = min(trials, key=lambda t: t["metric"])
+    assert summary["best_trial"] == best["id"] and summary["eval_perplexity"] == best["metric"]
+    for trial in trials:  # each trial trained an adapter of the rank it drew
+        config = json.loads(Path(trial["model_path"], "adapter_config.json").read_text())
+        assert config["r"] == trial["config"]["adapter_rank"] and config["lora_alpha"] == 8  # adapter.alpha stays
+    assert json.loads(Path(run.model_output, "adapter_config.json").read_text())["r"] == best["config"]["adapter_rank"]

@@ -150,3 +150,106 @@ def test_a_model_type_without_a_classification_head_is_refused(tmp_path):
 def test_position_limits(model_type, positions, pad, limit):
     config = AutoConfig.for_model(model_type, max_position_embeddings=positions, pad_token_id=pad)
     assert position_limit(config) == limit
+
+
+# --- language models: every bad input refused before training, with no traceback ----------------------
+
+SFT = EXAMPLES / "sft" / "data"
+
+
+def lm_job(name: str, model, *specs: dict):
+    base = {
+        "model": {"source": str(model), "task": "causal-lm", "numLabels": None, "maxSeqLength": 48},
+        "data": {
+            "train": {"uri": str(SFT / "train.jsonl")},
+            "eval": {"uri": str(SFT / "eval.jsonl")},
+            "promptField": "prompt",
+            "responseField": "response",
+        },
+    }
+    return job(name, base, *specs)
+
+
+def chats(path, count: int = 8) -> str:
+    import json
+
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"what colour is the zorb {i} ?"},
+                {"role": "assistant", "content": "red"},
+            ]
+        }
+        for i in range(count)
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def test_a_language_model_job_passes_the_preflight(tiny_lm, tmp_path):
+    preflight(settings(lm_job("fine", tiny_lm, {"adapter": {"targetModules": ["q_proj", "o_proj"]}}), tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"data": {"promptField": "question"}}, r"train.jsonl: no field 'question' \(fields: prompt, response\)"),
+        (
+            {"model": {"maxSeqLength": 8}},
+            r"no record keeps a token to learn within spec.model.maxSeqLength \(8 tokens\)",
+        ),
+        (
+            {"adapter": {"targetModules": ["q_proj", "query_key_value"]}},
+            r"targetModules: query_key_value match no linear module of the model; its linear modules are "
+            r"down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj",
+        ),
+        ({"model": {"maxSeqLength": 512}}, "512 tokens do not fit the 256 positions"),
+    ],
+)
+def test_bad_language_model_jobs_are_named(tiny_lm, tmp_path, spec, message):
+    with pytest.raises(ConfigError, match=message):
+        preflight(settings(lm_job("bad", tiny_lm, spec), tmp_path))
+
+
+def test_an_empty_language_model_data_set_is_refused(tiny_lm, tmp_path):
+    (tmp_path / "train.jsonl").write_text("")
+    bad = lm_job("empty", tiny_lm, {"data": {"train": {"uri": str(tmp_path / "train.jsonl")}}})
+    with pytest.raises(ConfigError, match=r"train\.jsonl: no records"):
+        preflight(settings(bad, tmp_path / "runs"))
+
+
+def test_chats_need_a_chat_template_which_the_job_may_give(tiny_lm, tmp_path):
+    model = tmp_path / "no-template"
+    shutil.copytree(tiny_lm, model)
+    (model / "chat_template.jinja").unlink()
+    data = {
+        "data": {
+            "train": {"uri": chats(tmp_path / "chats.jsonl")},
+            "eval": None,
+            "promptField": None,
+            "responseField": None,
+            "messagesField": "messages",
+        }
+    }
+    with pytest.raises(ConfigError, match=r"the tokenizer has no chat template .* set spec\.model\.chatTemplate"):
+        preflight(settings(lm_job("chat", model, data), tmp_path / "runs"))
+    template = "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+    preflight(settings(lm_job("chat", model, data, {"model": {"chatTemplate": template}}), tmp_path / "runs"))
+
+
+def test_a_language_model_without_an_end_of_sequence_token_is_refused(tiny_lm, tmp_path):
+    model = tmp_path / "no-eos"
+    shutil.copytree(tiny_lm, model)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.eos_token = None
+    tokenizer.save_pretrained(model)
+    with pytest.raises(ConfigError, match="the tokenizer has no end-of-sequence token, which every training sequence"):
+        preflight(settings(lm_job("no-eos", model), tmp_path / "runs"))
+
+
+def test_a_bad_language_model_job_fails_the_cli_with_exit_code_2_and_no_traceback(tiny_lm, tmp_path, capsys):
+    raw = lm_job("bad-cli", tiny_lm, {"adapter": {"targetModules": ["c_attn"]}}).dump()
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(raw))
+    assert cli.main([str(tmp_path / "job.yaml"), "--storage", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "c_attn match no linear module of the model" in err and "Traceback" not in err
