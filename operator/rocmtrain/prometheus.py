@@ -1,4 +1,4 @@
-"""Prometheus metrics of the operator, served over HTTP from its event loop.
+"""Prometheus metrics of the operator (`rocmtrain.metrics_server` serves them).
 
 - `rocmtrain_jobs{phase}`: jobs by phase (every phase listed, zeros included);
 - `rocmtrain_gpus_requested{phase}`: AMD GPUs asked for by jobs that have not ended;
@@ -29,8 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import get_args
 
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -162,17 +161,3 @@ def observe(handler: str, expected: tuple[type[Exception], ...] = ()) -> Iterato
         raise
     finally:
         RECONCILE_SECONDS.labels(handler).observe(time.perf_counter() - start)
-
-
-async def _scrape(_request: web.Request) -> web.Response:
-    return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-async def serve(port: int, host: str) -> web.AppRunner:
-    """Serve `/metrics` on `host`:`port` (plain HTTP); clean up with `await runner.cleanup()`."""
-    app = web.Application()
-    app.router.add_get("/metrics", _scrape)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    return runner

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import aiohttp
 import pytest
@@ -37,6 +38,7 @@ def test_config_defaults_and_overrides():
     assert default.stall_seconds == 900 and default.stall_check_seconds == 60
     # Plain HTTP without authentication: loopback only, unless the Deployment says otherwise.
     assert default.liveness_endpoint == "http://127.0.0.1:8081/healthz" and default.metrics_host == "127.0.0.1"
+    assert not default.metrics_secure, "no progress endpoint, no certificate: plain HTTP on loopback"
     assert default.policy == Policy() and default.api_timeout_seconds == 15
     custom = OperatorConfig.from_env(
         {"ROCMTRAIN_NAMESPACES": "team-a, team-b", "ROCMTRAIN_STALL_SECONDS": "8", "ROCMTRAIN_HEALTH_PORT": "0"}
@@ -48,6 +50,7 @@ def test_config_defaults_and_overrides():
     assert priced.pricing is not None and (priced.pricing.default, priced.pricing.currency) == (2.5, "EUR")
     pod = OperatorConfig.from_env(
         {
+            "ROCMTRAIN_OPERATOR_NAMESPACE": "rocm-train-system",
             "ROCMTRAIN_METRICS_HOST": "0.0.0.0",  # noqa: S104 - what a Deployment sets
             "ROCMTRAIN_HEALTH_HOST": "::",
             "ROCMTRAIN_API_TIMEOUT_SECONDS": "5",
@@ -56,10 +59,11 @@ def test_config_defaults_and_overrides():
             "ROCMTRAIN_ALLOWED_KUEUE_PRIORITY_CLASSES": "low,high",
         }
     )
-    assert pod.metrics_host == "0.0.0.0"  # noqa: S104
+    assert pod.metrics_host == "0.0.0.0" and pod.metrics_secure  # noqa: S104 - HTTPS, scrapes authenticated
     assert pod.liveness_endpoint == "http://[::]:8081/healthz"
     assert pod.api_timeout_seconds == 5 and pod.reconcile_deadline == 20
-    assert pod.policy == Policy(("ghcr.io/acme/", "registry.local:5000/ml"), ("training",), ("low", "high"))
+    allowed = Policy(("ghcr.io/acme/", "registry.local:5000/ml"), ("training",), ("low", "high"))
+    assert pod.policy == dataclasses.replace(allowed, protected_namespaces=("kube-system", "rocm-train-system"))
     assert default.render_options.submitter_retries == 2
     # The progress endpoint (TLS, authenticated) listens on every address unless told where.
     progress = {"ROCMTRAIN_OPERATOR_NAMESPACE": "rocm-train-system"}
@@ -81,6 +85,19 @@ def test_config_defaults_and_overrides():
     )
 
 
+def test_metrics_are_https_where_the_progress_endpoint_runs_and_plain_http_only_on_loopback():
+    cluster = {"ROCMTRAIN_OPERATOR_NAMESPACE": "ops", "ROCMTRAIN_METRICS_HOST": "0.0.0.0"}  # noqa: S104
+    assert OperatorConfig.from_env(cluster).metrics_secure
+    local = {
+        "ROCMTRAIN_OPERATOR_NAMESPACE": "ops",
+        "ROCMTRAIN_METRICS_SECURE": "false",
+        "ROCMTRAIN_METRICS_HOST": "::1",
+    }
+    assert not OperatorConfig.from_env(local).metrics_secure
+    off = OperatorConfig.from_env({"ROCMTRAIN_METRICS_PORT": "0", "ROCMTRAIN_METRICS_HOST": "0.0.0.0"})  # noqa: S104
+    assert off.metrics_port == 0 and not off.metrics_secure, "nothing served, nothing to refuse"
+
+
 @pytest.mark.parametrize(
     "env",
     [
@@ -92,6 +109,17 @@ def test_config_defaults_and_overrides():
         {"ROCMTRAIN_GPU_PRICES": "AMD_Instinct_MI300X_OAM=cheap"},
         {"ROCMTRAIN_GPU_PRICES": "default=2", "ROCMTRAIN_COST_CURRENCY": "euro"},
         {"ROCMTRAIN_METRICS_HOST": "all"},
+        {"ROCMTRAIN_METRICS_SECURE": "yes"},
+        # Plain HTTP off loopback (by default without the progress endpoint, or asked for), and HTTPS without
+        # the progress endpoint's certificate.
+        {"ROCMTRAIN_METRICS_HOST": "0.0.0.0"},  # noqa: S104
+        {
+            "ROCMTRAIN_METRICS_HOST": "10.0.0.7",
+            "ROCMTRAIN_OPERATOR_NAMESPACE": "ops",
+            "ROCMTRAIN_METRICS_SECURE": "false",
+        },
+        {"ROCMTRAIN_METRICS_SECURE": "true"},
+        {"ROCMTRAIN_METRICS_SECURE": "true", "ROCMTRAIN_OPERATOR_NAMESPACE": "ops", "ROCMTRAIN_PROGRESS_PORT": "0"},
         {"ROCMTRAIN_API_TIMEOUT_SECONDS": "0"},
         {"ROCMTRAIN_ALLOWED_IMAGES": "ghcr.io/acme evil"},
         {"ROCMTRAIN_ALLOWED_PRIORITY_CLASSES": "Training"},

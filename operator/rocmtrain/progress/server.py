@@ -82,6 +82,8 @@ from rocmtrain.reviews import bearer_token
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "rocmtrain-progress"
+# The operator's metrics Service: its names are on the same certificate, which `/metrics` serves too.
+METRICS_SERVICE_NAME = "rocm-train-operator-metrics"
 CONTAINER_PORT = 8443
 ALL_ADDRESSES = "0.0.0.0"  # noqa: S104 - TLS and authenticated: a pod serves it on all its interfaces
 PATCH_ATTEMPTS = 3
@@ -286,6 +288,7 @@ class ProgressServerConfig:
 
     namespace: str
     service: str = SERVICE_NAME
+    metrics_service: str = METRICS_SERVICE_NAME
     host: str = ALL_ADDRESSES
     port: int = CONTAINER_PORT
     # How training pods reach the endpoint; the Service by default.
@@ -348,8 +351,9 @@ class ProgressServerConfig:
 
     @property
     def hosts(self) -> list[str]:
-        """Names the serving certificate must cover."""
-        names = tls.service_hosts(self.service, self.namespace)
+        """Names the serving certificate must cover: the progress and metrics Services', and the advertised host."""
+        services = (self.service, self.metrics_service)
+        names = [host for service in services for host in tls.service_hosts(service, self.namespace)]
         if self.advertise_host is None or self.advertise_host in names:
             return names
         return [*names, self.advertise_host]
@@ -450,6 +454,16 @@ class ProgressServer:
     def ca_crt(self) -> bytes:
         """The CA bundle (PEM) clients verify the endpoint with."""
         return self._material.ca_crt
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext:
+        """The server context, which `refresh` keeps serving the current certificate (`/metrics` shares it)."""
+        return self._ssl
+
+    @property
+    def api(self) -> client.ApiClient:
+        """The endpoint's API client (its TokenReviews; `/metrics`' reviews too)."""
+        return self._api
 
     async def publish_ca(self, namespace: str, api: client.ApiClient | None = None) -> None:
         """Create or update `rocmtrain-progress-ca` in a job namespace; call before rendering a job there.
