@@ -14,7 +14,10 @@
 - `rocmtrain_jobs_remembered`: jobs the reconciler keeps state for (deleted ones are forgotten);
 - `rocmtrain_progress_token_reviews_total`: TokenReviews the progress endpoint sent;
 - `rocmtrain_watch_restarts_total{watch}`: watches (RayJobs, Ray pods, Kueue Workloads) started again
-  after an unexpected error.
+  after an unexpected error;
+- `rocmtrain_event_loop_lag_seconds`: how late the event loop woke a timer, sampled every 100 ms
+  (`ROCMTRAIN_LOOP_LAG_PROBE_MS`; `rocmtrain.controller.runtime.probe_loop_lag`): how long other work
+  held the loop.
 
 Job gauges are computed at scrape time from the operator's job index (the
 operator passes a view of it), so they cannot drift and vanish with their job.
@@ -76,6 +79,13 @@ TOKEN_REVIEWS = Counter(
 )
 WATCH_RESTARTS = Counter(
     "rocmtrain_watch_restarts_total", "Watches started again after an unexpected error.", ["watch"], registry=REGISTRY
+)
+LOOP_LAG_SECONDS = Histogram(
+    "rocmtrain_event_loop_lag_seconds",
+    "How late the operator's event loop woke a timer (sampled every ROCMTRAIN_LOOP_LAG_PROBE_MS): how long other "
+    "work held it.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+    registry=REGISTRY,
 )
 JOBS_REMEMBERED = Gauge(
     "rocmtrain_jobs_remembered", "Jobs the reconciler keeps state for (deleted ones are forgotten).", registry=REGISTRY

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 
 import aiohttp
 import pytest
@@ -370,3 +371,27 @@ def test_every_request_of_the_operators_clients_has_a_deadline():
             server.close()
 
     assert asyncio.run(scenario()) < 5
+
+
+async def test_the_loop_lag_probe_sees_how_long_other_work_held_the_loop():
+    from types import SimpleNamespace
+
+    from rocmtrain.controller.runtime import probe_loop_lag
+
+    interval = 0.1
+    runtime = SimpleNamespace(config=OperatorConfig.from_env({"ROCMTRAIN_LOOP_LAG_PROBE_MS": "100"}))
+
+    def lags(le: str = "+Inf") -> float:
+        return prometheus.REGISTRY.get_sample_value("rocmtrain_event_loop_lag_seconds_bucket", {"le": le}) or 0.0
+
+    before = {le: lags(le) for le in ("0.05", "0.25", "+Inf")}
+    probe = asyncio.create_task(probe_loop_lag(runtime))  # type: ignore[arg-type] - it reads the config alone
+    try:
+        await asyncio.sleep(1.5 * interval)  # it samples once, and its next timer is due soon
+        time.sleep(2 * interval)  # holding the loop is the point
+        await asyncio.sleep(0.01)
+    finally:
+        probe.cancel()
+    seen = {le: lags(le) - before[le] for le in before}
+    assert seen["+Inf"] >= 2 and seen["0.05"] <= seen["+Inf"] - 1, "one sample saw the loop held for over 50 ms"
+    assert seen["0.25"] == seen["+Inf"], "and none saw longer than it was held"

@@ -168,6 +168,18 @@ async def serve_metrics(config: OperatorConfig, progress: ProgressServer | None)
     return await metrics_server.serve(config.metrics_host, config.metrics_port, secure)
 
 
+async def probe_loop_lag(runtime: OperatorRuntime) -> None:
+    """Observe how late the event loop wakes this coroutine, every `loop_lag_probe_ms`: how long what ran
+    on the loop meanwhile (reconciles, watch events, scrapes, progress reports) held it. A stall longer
+    than the interval is always seen, a shorter one as often as it holds the loop; every 100 ms (the
+    default) costs about 0.2% of a core, every 10 ms about 1%."""
+    loop, interval = asyncio.get_running_loop(), runtime.config.loop_lag_probe_ms / 1000
+    while True:
+        due = loop.time() + interval
+        await asyncio.sleep(interval)
+        prometheus.LOOP_LAG_SECONDS.observe(max(0.0, loop.time() - due))
+
+
 def runtime_of(memo: kopf.Memo) -> OperatorRuntime:
     """The runtime the startup handler keeps in kopf's memo."""
     runtime: OperatorRuntime = memo["runtime"]

@@ -12,6 +12,7 @@
 | ROCMTRAIN_RETRY_SECONDS                  | 30        | re-check interval of a held job or after a failure   |
 | ROCMTRAIN_API_TIMEOUT_SECONDS            | 15        | deadline of one API request                          |
 | ROCMTRAIN_WATCH_FAILING_SECONDS          | 300       | a watch failing unexpectedly this long fails /healthz|
+| ROCMTRAIN_LOOP_LAG_PROBE_MS              | 100       | how often the event loop's lag is sampled            |
 | ROCMTRAIN_SUBMITTER_RETRIES              | 2         | retries of a RayJob's submitter pod (submitterConfig)|
 | ROCMTRAIN_ALLOWED_IMAGES                 | (any)     | comma-separated image prefixes jobs may use          |
 | ROCMTRAIN_ALLOWED_PRIORITY_CLASSES       | (any)     | PriorityClass names jobs may use                     |
@@ -164,6 +165,7 @@ class OperatorConfig:
     retry_seconds: int = 30
     api_timeout_seconds: int = 15
     watch_failing_seconds: int = 300
+    loop_lag_probe_ms: int = 100
     policy: Policy = field(default_factory=Policy)
     metrics_max_jobs: int = 500
     pricing: Pricing | None = None  # None: no prices, no status.cost
@@ -188,6 +190,7 @@ class OperatorConfig:
             retry_seconds=_int(env, "ROCMTRAIN_RETRY_SECONDS", 30, 1, 3600),
             api_timeout_seconds=_int(env, "ROCMTRAIN_API_TIMEOUT_SECONDS", 15, 1, 300),
             watch_failing_seconds=_int(env, "ROCMTRAIN_WATCH_FAILING_SECONDS", 300, 1, 86400),
+            loop_lag_probe_ms=_int(env, "ROCMTRAIN_LOOP_LAG_PROBE_MS", 100, 1, 60_000),
             policy=_policy(env),
             metrics_max_jobs=_int(env, "ROCMTRAIN_METRICS_MAX_JOBS", 500, 0, 100_000),
             pricing=_pricing(env),
