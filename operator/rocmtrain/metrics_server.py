@@ -7,6 +7,7 @@ certificate (which names the metrics Service too), within connection bounds, and
 the API server accepts, 403 for a user who may not `get` `/metrics`, 429 over the review
 budget, 503 when the API server does not answer. Plain: HTTP for an operator run by hand
 or behind an authenticating proxy beside it; the configuration allows it on loopback only.
+Either way the metrics are collected in a thread (`prometheus.exposition`).
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from dataclasses import dataclass
 from http import HTTPStatus
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from rocmtrain.metrics_access import METRICS_PATH
 from rocmtrain.progress.errors import Refusal
 from rocmtrain.progress.server import Bounds, TlsSite
-from rocmtrain.prometheus import REGISTRY
+from rocmtrain.prometheus import exposition
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ def metrics_app(access: Access | None) -> web.Application:
                 level = logging.INFO if refusal.status == HTTPStatus.FORBIDDEN else logging.DEBUG
                 log.log(level, "metrics scrape refused: %d %s", refusal.status, refusal)
                 return web.Response(status=refusal.status, text=f"{refusal}\n", headers=refusal.answer_headers())
-        return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=await exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
     app.router.add_get(METRICS_PATH, scrape)

@@ -21,18 +21,22 @@
 
 Job gauges are computed at scrape time from the operator's job index (the
 operator passes a view of it), so they cannot drift and vanish with their job.
+`exposition` collects them in a thread, from a snapshot of the index taken on the
+event loop: a scrape of 500 jobs' series is tens of milliseconds of CPU.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import get_args
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -105,8 +109,9 @@ class JobsCollector(Collector):
         self.max_jobs = DEFAULT_MAX_JOBS
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        """Yield the fleet gauges, then the per-job ones."""
-        jobs = list(self.source())
+        """Yield the fleet gauges, then the per-job ones (of the snapshot `exposition` took, if any)."""
+        snapshot = _JOBS_SNAPSHOT.get()
+        jobs = list(self.source()) if snapshot is None else list(snapshot)
         yield from self._fleet(jobs)
         yield from self._per_job(gauges.job_samples(jobs, dt.datetime.now(dt.UTC), self.max_jobs))
 
@@ -156,6 +161,18 @@ class JobsCollector(Collector):
 
 JOBS = JobsCollector()
 REGISTRY.register(JOBS)
+# The jobs a scrape collects from: taken on the event loop, which alone changes the index, and read in the
+# collecting thread (asyncio.to_thread carries context variables over).
+_JOBS_SNAPSHOT: ContextVar[tuple[gauges.Job, ...] | None] = ContextVar("jobs_snapshot", default=None)
+
+
+async def exposition() -> bytes:
+    """The registry in Prometheus' text format, collected in a thread from a snapshot of the jobs taken here."""
+    token = _JOBS_SNAPSHOT.set(tuple(JOBS.source()))
+    try:
+        return await asyncio.to_thread(generate_latest, REGISTRY)
+    finally:
+        _JOBS_SNAPSHOT.reset(token)
 
 
 @contextmanager

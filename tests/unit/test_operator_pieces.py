@@ -222,6 +222,35 @@ def test_jobs_collector_counts_phases_and_gpus_of_unfinished_jobs():
     assert "rocmtrain_job_series_dropped 0.0" in text
 
 
+async def test_a_scrape_reads_the_job_index_on_the_loop_and_collects_in_a_thread():
+    """The index is iterated where the event loop runs (it alone changes it), the series are built elsewhere."""
+    import threading
+
+    from prometheus_client.registry import Collector
+
+    loop_thread, read_in, collected_in = threading.current_thread(), [], []
+
+    def source() -> list[dict]:
+        read_in.append(threading.current_thread())
+        return [_view("a", "Running", 16)]
+
+    class Where(Collector):
+        def collect(self):
+            collected_in.append(threading.current_thread())
+            return iter(())
+
+    where = Where()
+    prometheus.REGISTRY.register(where)
+    prometheus.JOBS.source = source
+    try:
+        text = (await prometheus.exposition()).decode()
+    finally:
+        prometheus.JOBS.source = tuple
+        prometheus.REGISTRY.unregister(where)
+    assert 'rocmtrain_job_gpus{job_name="a",namespace="ns"} 16.0' in text
+    assert read_in == [loop_thread] and collected_in and loop_thread not in collected_in
+
+
 def test_observe_counts_unexpected_errors_only():
     class Waiting(Exception):
         pass
