@@ -17,6 +17,9 @@
    largest size validation accepts (`largest_body`: every env value as long as the 96 KiB
    `ROCMTRAIN_JOB` limit lets it be), side by side with the same latency measured before
    they came ("idle"). Targets: RSS under the Deployment's 384 Mi limit, p95 within 2x of idle.
+   Beside them, the operator's event-loop lag (`rocmtrain_event_loop_lag_seconds`, sampled
+   every 10 ms in the operator here) in three spans: the idle latency run, the N largest jobs
+   created, reconciled and set Running, and the loaded latency run (`lag_between`).
 
 There is no KubeRay controller there: RayJob status is written by this script.
 
@@ -54,6 +57,7 @@ from typing import Any
 
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 from rocmtrain.api.job_config import JOB_CONFIG_LIMIT, job_config_size
 from rocmtrain.api.models import RocmTrainingJob
@@ -126,6 +130,7 @@ def operator_process(kubeconfig: Path, log: Path) -> Iterator[tuple[subprocess.P
         "ROCMTRAIN_METRICS_PORT": str(metrics_port),
         "ROCMTRAIN_HEALTH_PORT": str(health_port),
         "ROCMTRAIN_RETRY_SECONDS": "5",
+        "ROCMTRAIN_LOOP_LAG_PROBE_MS": "10",  # enough samples of the loop's lag in spans of seconds
     }
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "rocmtrain.controller"], env=env, stdout=out, stderr=out)
@@ -144,6 +149,42 @@ def operator_process(kubeconfig: Path, log: Path) -> Iterator[tuple[subprocess.P
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+LOOP_LAG = "rocmtrain_event_loop_lag_seconds"
+
+
+def loop_lag(metrics_port: int) -> dict[float, float]:
+    """The operator's loop-lag histogram as it is now: the count of samples at or below each bound."""
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == LOOP_LAG]
+    return {float(s.labels["le"]): s.value for s in family.samples if s.name == f"{LOOP_LAG}_bucket"}
+
+
+def lag_between(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
+    """The lag samples taken between two readings: how many, their p50 and p99 (interpolated within a
+    bucket, as Prometheus' histogram_quantile does), the share over 10 ms, and the bound all were within."""
+    counts = sorted((bound, after[bound] - before.get(bound, 0.0)) for bound in after)
+    total = counts[-1][1]
+
+    def quantile(q: float) -> float:
+        rank, low, below = q * total, 0.0, 0.0
+        for bound, count in counts:
+            if count >= rank:
+                return low if bound == float("inf") else low + (bound - low) * (rank - below) / (count - below)
+            low, below = bound, count
+        return low
+
+    within = next(bound for bound, count in counts if count == total)
+    return {
+        "samples": int(total),
+        "p50_seconds": round(quantile(0.5), 4),
+        "p99_seconds": round(quantile(0.99), 4),
+        "over_10ms_share": round((total - dict(counts)[0.01]) / total, 4),
+        "all_within_seconds": within,
+    }
 
 
 def rss_mib(pid: int) -> tuple[float, float]:
@@ -503,17 +544,22 @@ async def load_bench(cluster: KubeCluster, args: argparse.Namespace, log: Path) 
         idle_ns, load_ns, big_ns = (cluster.new_namespace(what) for what in ("idle", "load", "big"))
         bodies = [largest_body(name, big_ns) for name in big]  # made before any clock starts
         largest = RocmTrainingJob.model_validate(bodies[0])
-        with operator_process(cluster.kubeconfig, log) as (proc, _metrics_port):
+        with operator_process(cluster.kubeconfig, log) as (proc, metrics_port):
             await throughput(kube, idle_ns, len(samples))
+            lags = [loop_lag(metrics_port)]
             idle = await latency(kube, idle_ns, samples)
+            lags.append(loop_lag(metrics_port))
             rss_idle, _ = rss_mib(proc.pid)
             async with reconciled(kube, big_ns, big) as done:
                 start = time.monotonic()
                 await bounded([lambda b=b: kube.create(JOBS, b) for b in bodies])
                 big_seconds = await done() - start
             await run_running(kube, big_ns, big)
+            lags.append(loop_lag(metrics_port))
             await throughput(kube, load_ns, len(samples))
+            lags.append(loop_lag(metrics_port))
             loaded = await latency(kube, load_ns, samples)
+            lags.append(loop_lag(metrics_port))
             await asyncio.sleep(args.settle)
             rss, peak = rss_mib(proc.pid)
     finally:
@@ -527,6 +573,9 @@ async def load_bench(cluster: KubeCluster, args: argparse.Namespace, log: Path) 
         "idle_latency_p95_seconds": round(percentile(idle, 95), 4),
         "loaded_latency_p95_seconds": round(percentile(loaded, 95), 4),
         "latency_p95_ratio": round(percentile(loaded, 95) / percentile(idle, 95), 3),
+        "loop_lag_idle": lag_between(lags[0], lags[1]),
+        "loop_lag_largest_jobs": lag_between(lags[1], lags[2]),
+        "loop_lag_loaded": lag_between(lags[3], lags[4]),
         "rss_idle_mib": round(rss_idle, 1),
         "rss_mib": round(rss, 1),
         "rss_peak_mib": round(peak, 1),

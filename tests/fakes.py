@@ -1,9 +1,15 @@
-"""Small stand-ins shared by the pure tests: the API server's merge patch, and a clock set by hand."""
+"""Small stand-ins shared by the pure tests: the API server's merge patch, a clock set by hand, and an API
+client whose requests a local server answers (for the review APIs)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
+
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from kubernetes_asyncio import client
 
 
 def merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
@@ -27,3 +33,19 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+@contextlib.asynccontextmanager
+async def api_answering(
+    posts: Mapping[str, Callable[[web.Request], Awaitable[web.Response]]],
+) -> AsyncIterator[client.ApiClient]:
+    """An API client whose POSTs to the paths of `posts` a local server answers with their handlers."""
+    app = web.Application()
+    for path, handler in posts.items():
+        app.router.add_post(path, handler)
+    async with TestServer(app) as server:
+        api = client.ApiClient(client.Configuration(host=str(server.make_url(""))))
+        try:
+            yield api
+        finally:
+            await api.close()

@@ -107,6 +107,7 @@ def test_an_invalid_token_flood_leaves_reconciles_and_status_alone(
             "ROCMTRAIN_PROGRESS_PORT": str(port),
             "ROCMTRAIN_PROGRESS_ADVERTISE_HOST": "localhost",
             "ROCMTRAIN_PROGRESS_ADVERTISE_PORT": str(port),
+            "ROCMTRAIN_METRICS_SECURE": "false",  # the test reads the review counter over plain HTTP on loopback
         },
     )
     counts_file = tmp_path / "flood.json"

@@ -7,10 +7,12 @@ allow-lists set. Faked, as in the other lean-cluster operator tests: KubeRay's s
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
@@ -265,3 +267,33 @@ def test_a_job_refused_after_it_started_is_stopped_and_one_that_ended_is_left_as
         operator.stop()
         operator.extra_env["ROCMTRAIN_ALLOWED_IMAGES"] = ALLOWED_IMAGES
         operator.start()
+
+
+def test_a_large_job_is_validated_and_rendered_off_the_event_loop(api: Api, ns: str, monkeypatch: pytest.MonkeyPatch):
+    """Validating and rendering, a reconcile's CPU work, run in a thread for every job, so that however large a
+    tenant makes one (here 22 env values of 4,096 characters) the event loop that the watches, the progress
+    endpoint and /healthz share never waits on them: on the job's path (create) and the RayJob's (refresh)."""
+    from rocmtrain.controller import reconciler
+
+    ran: list[tuple[str, bool]] = []
+
+    def spied(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                asyncio.get_running_loop()
+                ran.append((name, True))
+            except RuntimeError:  # no loop runs in this thread
+                ran.append((name, False))
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(reconciler, "validate_job", spied("validate", reconciler.validate_job))
+    monkeypatch.setattr(reconciler, "render_rayjob", spied("render", reconciler.render_rayjob))
+    env = [{"name": f"LARGE_{i:02d}", "value": "x" * 4096} for i in range(22)]
+    api.create_job(ns, "large", env=env)
+    ready = {"readyWorkerReplicas": 2, "desiredWorkerReplicas": 2, "state": "ready"}
+    api.fake_kuberay(ns, "large", {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "rayClusterStatus": ready})
+    wait_until(lambda: api.phase(ns, "large") == "Running", timeout=15, what="large to run")
+    assert {name for name, _ in ran} == {"validate", "render"} and len(ran) >= 3, ran
+    assert [name for name, on_loop in ran if on_loop] == [], "none of them on the event loop"

@@ -11,8 +11,10 @@ from kubernetes import config as k8s_config
 from operator_testkit import OPERATOR_NAMESPACE, REPO, kustomize_build
 
 from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.controller.settings import OperatorConfig
+from rocmtrain.metrics_access import METRICS_PATH
 from rocmtrain.progress import tls
-from rocmtrain.progress.server import SERVICE_NAME, ProgressServerConfig
+from rocmtrain.progress.server import METRICS_SERVICE_NAME, SERVICE_NAME, ProgressServerConfig
 from rocmtrain.render import render_rayjob
 from rocmtrain_testworld.kubecluster import KubeCluster, request
 from unit.samples import full_job
@@ -68,8 +70,10 @@ def test_deployment_is_hardened(kustomized: list[dict[str, Any]]):
     )
     # The operator listens on loopback unless told: the pod says so for the scrapes and probes.
     assert env["ROCMTRAIN_METRICS_HOST"] == env["ROCMTRAIN_HEALTH_HOST"] == "0.0.0.0"  # noqa: S104
+    config = OperatorConfig.from_env({**env, "ROCMTRAIN_OPERATOR_NAMESPACE": OPERATOR_NAMESPACE})
+    assert config.metrics_secure, "scrapes over HTTPS, authenticated and authorised"
     assert container["image"].startswith("ghcr.io/rocm-train-operator/operator:")
-    service = _one(kustomized, "Service", "rocm-train-operator-metrics")["spec"]
+    service = _one(kustomized, "Service", METRICS_SERVICE_NAME)["spec"]
     assert service["ports"] == [{"name": "metrics", "port": ports["metrics"], "targetPort": "metrics"}]
 
 
@@ -77,7 +81,8 @@ def test_roles_name_every_verb_and_resource(kustomized: list[dict[str, Any]]):
     rules = [rule for o in kustomized if o["kind"] in ("ClusterRole", "Role") for rule in o["rules"]]
     assert rules
     for rule in rules:
-        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"], rule
+        named = rule.get("resources", rule.get("nonResourceURLs"))
+        assert "*" not in rule["verbs"] and named and "*" not in named and "*" not in rule.get("apiGroups", []), rule
 
 
 def test_network_policy_admits_reports_from_ray_pods_and_scrapes_from_labelled_namespaces(
@@ -102,6 +107,22 @@ def test_network_policy_admits_reports_from_ray_pods_and_scrapes_from_labelled_n
     assert "from" not in health, "the kubelet's probes come from the node"
 
 
+def test_prometheus_scrapes_over_https_with_its_token_and_the_operators_ca(kustomized: list[dict[str, Any]]):
+    """The ServiceMonitor verifies the operator's certificate for the metrics Service's name and sends Prometheus'
+    token; the ClusterRole to bind to Prometheus grants exactly `get` on /metrics."""
+    monitor = _one(kustomize_build(REPO / "manifests" / "monitoring"), "ServiceMonitor")["spec"]
+    (endpoint,) = monitor["endpoints"]
+    service = _one(kustomized, "Service", METRICS_SERVICE_NAME)
+    assert monitor["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert endpoint["port"] == service["spec"]["ports"][0]["name"] and endpoint["scheme"] == "https"
+    assert endpoint["path"] == METRICS_PATH and endpoint["honorLabels"] is True
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert endpoint["tlsConfig"]["ca"] == {"secret": {"name": tls.SECRET_NAME, "key": tls.CA_KEY}}
+    assert endpoint["tlsConfig"]["serverName"] in ProgressServerConfig(namespace=OPERATOR_NAMESPACE).hosts
+    reader = _one(kustomized, "ClusterRole", "rocm-train-operator-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": [METRICS_PATH], "verbs": ["get"]}]
+
+
 def _cert_manager_overlay(folder: Path, namespace: str | None = None) -> list[dict[str, Any]]:
     """Build an overlay of the base with the cert-manager component (and, as documented, another namespace)."""
     component = REPO / "manifests" / "cert-manager"
@@ -122,7 +143,7 @@ def test_cert_manager_component_issues_the_secret_the_operator_reads(tmp_path: P
     namespace = namespace or OPERATOR_NAMESPACE
     serving = _one(objs, "Certificate", "rocmtrain-progress")["spec"]
     assert serving["secretName"] == tls.SECRET_NAME
-    assert serving["dnsNames"] == tls.service_hosts(SERVICE_NAME, namespace), "names the operator advertises"
+    assert serving["dnsNames"] == ProgressServerConfig(namespace).hosts, "the progress and metrics Services' names"
     assert _one(objs, "Service", SERVICE_NAME)["metadata"]["namespace"] == namespace
     # A CA issuer (so the Secret carries ca.crt, which the operator publishes), rooted in a self-signed CA.
     issuer = _one(objs, "Issuer", serving["issuerRef"]["name"])["spec"]
@@ -160,6 +181,7 @@ ALLOWED = [
     ("watch", "apiextensions.k8s.io", "customresourcedefinitions", ""),
     ("create", "", "events", ""),
     ("create", "authentication.k8s.io", "tokenreviews", ""),
+    ("create", "authorization.k8s.io", "subjectaccessreviews", ""),  # who may scrape /metrics
     ("get", "", "pods", ""),
     ("get", "ray.io", "rayclusters", ""),
     ("list", "", "pods", ""),
@@ -205,7 +227,7 @@ def test_service_account_may_do_what_the_operator_needs_and_no_more(operator_kub
 
         def allowed(verb: str, group: str, resource: str, subresource: str) -> bool:
             attributes = {"verb": verb, "group": group, "resource": resource, "subresource": subresource}
-            if resource not in ("nodes", "customresourcedefinitions", "tokenreviews"):
+            if resource not in ("nodes", "customresourcedefinitions", "tokenreviews", "subjectaccessreviews"):
                 attributes["namespace"] = "some-team"
             review = request(
                 api,

@@ -9,20 +9,21 @@ from collections.abc import Callable
 
 import pytest
 
+from fakes import api_answering
 from rocmtrain.api.contract import JOB_NAME_LABEL, PROGRESS_AUDIENCE, RAY_CLUSTER_LABEL
 from rocmtrain.progress.auth import (
-    MAX_TOKEN_BYTES,
     POD_NAME_EXTRA,
     POD_UID_EXTRA,
     RAY_NODE_TYPE_LABEL,
     Identity,
-    TtlCache,
     head_of_job,
     identity_from_review,
     token_claims,
 )
 from rocmtrain.progress.errors import Forbidden, Unauthenticated
+from rocmtrain.reviews import MAX_TOKEN_BYTES, TtlCache
 
+TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 BOUND = {
     "authenticated": True,
     "audiences": [PROGRESS_AUDIENCE],
@@ -214,8 +215,6 @@ def test_ttl_cache_never_keeps_an_entry_past_its_own_end():
 async def test_any_tokenreview_failure_is_unavailable_never_a_crash(code: int):
     """404 (the API not served) or 409 from TokenReview is the API server's trouble: 503, not a 500 and a traceback."""
     from aiohttp import web
-    from aiohttp.test_utils import TestServer
-    from kubernetes_asyncio import client
 
     from rocmtrain.progress.auth import TokenReviewAuthenticator
     from rocmtrain.progress.errors import Unavailable
@@ -223,24 +222,16 @@ async def test_any_tokenreview_failure_is_unavailable_never_a_crash(code: int):
     async def answer(_: web.Request) -> web.Response:
         return web.json_response({"kind": "Status", "code": code}, status=code)
 
-    app = web.Application()
-    app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", answer)
-    async with TestServer(app) as server:
-        api = client.ApiClient(client.Configuration(host=str(server.make_url(""))))
-        try:
-            authenticate = TokenReviewAuthenticator(api, wall_clock=lambda: NOW)
-            with pytest.raises(Unavailable):
-                await authenticate(_jwt(CLAIMS))
-        finally:
-            await api.close()
+    async with api_answering({TOKEN_REVIEWS: answer}) as api:
+        authenticate = TokenReviewAuthenticator(api, wall_clock=lambda: NOW)
+        with pytest.raises(Unavailable):
+            await authenticate(_jwt(CLAIMS))
 
 
 @contextlib.asynccontextmanager
 async def _token_reviews(accepted: Callable[[str], bool], reviewed: list[str]):
     """An API client whose TokenReviews a local server answers: `accepted(token)` decides, `reviewed` lists them."""
     from aiohttp import web
-    from aiohttp.test_utils import TestServer
-    from kubernetes_asyncio import client
 
     async def review(request: web.Request) -> web.Response:
         token = (await request.json())["spec"]["token"]
@@ -250,14 +241,8 @@ async def _token_reviews(accepted: Callable[[str], bool], reviewed: list[str]):
             {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": ""}, "status": status}
         )
 
-    app = web.Application()
-    app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", review)
-    async with TestServer(app) as server:
-        api = client.ApiClient(client.Configuration(host=str(server.make_url(""))))
-        try:
-            yield api
-        finally:
-            await api.close()
+    async with api_answering({TOKEN_REVIEWS: review}) as api:
+        yield api
 
 
 async def test_reviews_are_cached_refusals_apart_and_kept_within_their_budget():

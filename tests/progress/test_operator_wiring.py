@@ -1,4 +1,4 @@
-"""The operator's wiring of the endpoint: config, startup, CA publishing, rendering, cleanup.
+"""The operator's wiring of the endpoint and of /metrics: config, startup, CA publishing, rendering, cleanup.
 
 The operator's own configuration and runtime (`open_runtime`, not started) run here, on
 one event loop, as the operator's ServiceAccount (manifests/rbac.yaml), against
@@ -10,6 +10,8 @@ the rendered template as KubeRay would; no kubelet, so that pod never runs.
 
 from __future__ import annotations
 
+import asyncio
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,18 +26,20 @@ from progress.endpoint import (
     controlled_by,
     operator_kubeconfig,
 )
-from rocmtrain.api.contract import API_VERSION, KIND
+from rocmtrain.api.contract import API_VERSION, KIND, PROGRESS_AUDIENCE
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.controller import handlers
 from rocmtrain.controller.runtime import open_runtime, publish_progress_ca
 from rocmtrain.controller.settings import OperatorConfig
 from rocmtrain.progress import tls
+from rocmtrain.progress.server import METRICS_SERVICE_NAME
 from rocmtrain.render import render_rayjob
 from rocmtrain.status.objects import owner_reference
 from rocmtrain_testworld.kubecluster import KubeCluster, free_port
 
 pytestmark = pytest.mark.cluster
 
+METRICS_READER = "rocm-train-operator-metrics-reader"  # manifests/rbac.yaml
 SPEC = {
     "model": {"source": "sentence-transformers/all-MiniLM-L6-v2", "numLabels": 2},
     "data": {"train": {"uri": "/data/train.jsonl"}},
@@ -141,3 +145,77 @@ def test_operator_serves_progress_for_the_jobs_it_renders(
         assert status["progress"]["step"] == 3 and status["metrics"]["trainLoss"] == 0.9
     finally:
         loop.run(runtime.close())
+
+
+def _scrape(port: int, ca: bytes, token: str | None) -> tuple[int, str]:
+    """GET /metrics over TLS verified with `ca` for the metrics Service's name, with `token` as bearer."""
+    import aiohttp
+
+    async def get() -> tuple[int, str]:
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        context = ssl.create_default_context(cadata=ca.decode())
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(
+                f"https://127.0.0.1:{port}/metrics", headers=headers, ssl=context, server_hostname=METRICS_SERVICE_NAME
+            ) as response,
+        ):
+            return response.status, await response.text()
+
+    return asyncio.run(get())
+
+
+def test_the_operators_metrics_are_served_only_to_scrapers_rbac_lets_get_them(
+    kube: KubeCluster, loop: LoopThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """HTTPS with the operator's certificate, the real TokenReview, SubjectAccessReview and RBAC: the operator's own
+    rights and the metrics-reader ClusterRole, both of manifests/rbac.yaml (issue 20, finding 9)."""
+    port = free_port()
+    config = OperatorConfig.from_env(
+        {
+            "ROCMTRAIN_OPERATOR_NAMESPACE": OPERATOR_NAMESPACE,
+            "ROCMTRAIN_PROGRESS_PORT": str(free_port()),
+            "ROCMTRAIN_PROGRESS_ADVERTISE_HOST": "localhost",  # the names the other tests' certificate has
+            "ROCMTRAIN_METRICS_PORT": str(port),
+        }
+    )
+    assert config.metrics_secure, "the default where the progress endpoint runs"
+    monkeypatch.setenv("KUBECONFIG", str(operator_kubeconfig(kube, tmp_path / "kubeconfig")))
+    runtime = loop.run(
+        open_runtime(config, {}, {}, rayjob_changed=handlers.rayjob_changed, rayjob_touched=handlers.rayjob_touched)
+    )
+    scrapers = kube.new_namespace("scrapers")
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": f"{scrapers}-metrics-reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": METRICS_READER},
+        "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": scrapers}],
+    }
+    try:
+        assert runtime.progress is not None
+        ca = runtime.progress.ca_crt
+
+        def token(account: str, audiences: list[str] | None = None) -> str:
+            kube.apply(
+                {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": scrapers}}
+            )
+            spec = {"audiences": audiences} if audiences else {}
+            path = f"/api/v1/namespaces/{scrapers}/serviceaccounts/{account}/token"
+            request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+            return kube.request("POST", path, body=request)["status"]["token"]
+
+        kube.apply(binding)
+        assert _scrape(port, ca, None)[0] == 401
+        assert _scrape(port, ca, "not-a-token")[0] == 401
+        assert _scrape(port, ca, token("prometheus", [PROGRESS_AUDIENCE]))[0] == 401, (
+            "a token made for the progress endpoint"
+        )
+        status, text = _scrape(port, ca, token("stranger"))
+        assert status == 403 and "rocmtrain_" not in text, text
+        status, text = _scrape(port, ca, token("prometheus"))
+        assert status == 200, text
+        assert 'rocmtrain_jobs{phase="Pending"}' in text and "# TYPE rocmtrain_reconcile_errors_total counter" in text
+    finally:
+        loop.run(runtime.close())
+        kube.delete(binding)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 
 import aiohttp
 import pytest
@@ -37,6 +39,7 @@ def test_config_defaults_and_overrides():
     assert default.stall_seconds == 900 and default.stall_check_seconds == 60
     # Plain HTTP without authentication: loopback only, unless the Deployment says otherwise.
     assert default.liveness_endpoint == "http://127.0.0.1:8081/healthz" and default.metrics_host == "127.0.0.1"
+    assert not default.metrics_secure, "no progress endpoint, no certificate: plain HTTP on loopback"
     assert default.policy == Policy() and default.api_timeout_seconds == 15
     custom = OperatorConfig.from_env(
         {"ROCMTRAIN_NAMESPACES": "team-a, team-b", "ROCMTRAIN_STALL_SECONDS": "8", "ROCMTRAIN_HEALTH_PORT": "0"}
@@ -48,6 +51,7 @@ def test_config_defaults_and_overrides():
     assert priced.pricing is not None and (priced.pricing.default, priced.pricing.currency) == (2.5, "EUR")
     pod = OperatorConfig.from_env(
         {
+            "ROCMTRAIN_OPERATOR_NAMESPACE": "rocm-train-system",
             "ROCMTRAIN_METRICS_HOST": "0.0.0.0",  # noqa: S104 - what a Deployment sets
             "ROCMTRAIN_HEALTH_HOST": "::",
             "ROCMTRAIN_API_TIMEOUT_SECONDS": "5",
@@ -56,10 +60,11 @@ def test_config_defaults_and_overrides():
             "ROCMTRAIN_ALLOWED_KUEUE_PRIORITY_CLASSES": "low,high",
         }
     )
-    assert pod.metrics_host == "0.0.0.0"  # noqa: S104
+    assert pod.metrics_host == "0.0.0.0" and pod.metrics_secure  # noqa: S104 - HTTPS, scrapes authenticated
     assert pod.liveness_endpoint == "http://[::]:8081/healthz"
     assert pod.api_timeout_seconds == 5 and pod.reconcile_deadline == 20
-    assert pod.policy == Policy(("ghcr.io/acme/", "registry.local:5000/ml"), ("training",), ("low", "high"))
+    allowed = Policy(("ghcr.io/acme/", "registry.local:5000/ml"), ("training",), ("low", "high"))
+    assert pod.policy == dataclasses.replace(allowed, protected_namespaces=("kube-system", "rocm-train-system"))
     assert default.render_options.submitter_retries == 2
     # The progress endpoint (TLS, authenticated) listens on every address unless told where.
     progress = {"ROCMTRAIN_OPERATOR_NAMESPACE": "rocm-train-system"}
@@ -81,6 +86,19 @@ def test_config_defaults_and_overrides():
     )
 
 
+def test_metrics_are_https_where_the_progress_endpoint_runs_and_plain_http_only_on_loopback():
+    cluster = {"ROCMTRAIN_OPERATOR_NAMESPACE": "ops", "ROCMTRAIN_METRICS_HOST": "0.0.0.0"}  # noqa: S104
+    assert OperatorConfig.from_env(cluster).metrics_secure
+    local = {
+        "ROCMTRAIN_OPERATOR_NAMESPACE": "ops",
+        "ROCMTRAIN_METRICS_SECURE": "false",
+        "ROCMTRAIN_METRICS_HOST": "::1",
+    }
+    assert not OperatorConfig.from_env(local).metrics_secure
+    off = OperatorConfig.from_env({"ROCMTRAIN_METRICS_PORT": "0", "ROCMTRAIN_METRICS_HOST": "0.0.0.0"})  # noqa: S104
+    assert off.metrics_port == 0 and not off.metrics_secure, "nothing served, nothing to refuse"
+
+
 @pytest.mark.parametrize(
     "env",
     [
@@ -92,6 +110,17 @@ def test_config_defaults_and_overrides():
         {"ROCMTRAIN_GPU_PRICES": "AMD_Instinct_MI300X_OAM=cheap"},
         {"ROCMTRAIN_GPU_PRICES": "default=2", "ROCMTRAIN_COST_CURRENCY": "euro"},
         {"ROCMTRAIN_METRICS_HOST": "all"},
+        {"ROCMTRAIN_METRICS_SECURE": "yes"},
+        # Plain HTTP off loopback (by default without the progress endpoint, or asked for), and HTTPS without
+        # the progress endpoint's certificate.
+        {"ROCMTRAIN_METRICS_HOST": "0.0.0.0"},  # noqa: S104
+        {
+            "ROCMTRAIN_METRICS_HOST": "10.0.0.7",
+            "ROCMTRAIN_OPERATOR_NAMESPACE": "ops",
+            "ROCMTRAIN_METRICS_SECURE": "false",
+        },
+        {"ROCMTRAIN_METRICS_SECURE": "true"},
+        {"ROCMTRAIN_METRICS_SECURE": "true", "ROCMTRAIN_OPERATOR_NAMESPACE": "ops", "ROCMTRAIN_PROGRESS_PORT": "0"},
         {"ROCMTRAIN_API_TIMEOUT_SECONDS": "0"},
         {"ROCMTRAIN_ALLOWED_IMAGES": "ghcr.io/acme evil"},
         {"ROCMTRAIN_ALLOWED_PRIORITY_CLASSES": "Training"},
@@ -191,6 +220,35 @@ def test_jobs_collector_counts_phases_and_gpus_of_unfinished_jobs():
     assert 'rocmtrain_job_phase{job_name="c",namespace="ns",phase="Succeeded"} 1.0' in text
     assert 'rocmtrain_job_gpus{job_name="a",namespace="ns"} 16.0' in text
     assert "rocmtrain_job_series_dropped 0.0" in text
+
+
+async def test_a_scrape_reads_the_job_index_on_the_loop_and_collects_in_a_thread():
+    """The index is iterated where the event loop runs (it alone changes it), the series are built elsewhere."""
+    import threading
+
+    from prometheus_client.registry import Collector
+
+    loop_thread, read_in, collected_in = threading.current_thread(), [], []
+
+    def source() -> list[dict]:
+        read_in.append(threading.current_thread())
+        return [_view("a", "Running", 16)]
+
+    class Where(Collector):
+        def collect(self):
+            collected_in.append(threading.current_thread())
+            return iter(())
+
+    where = Where()
+    prometheus.REGISTRY.register(where)
+    prometheus.JOBS.source = source
+    try:
+        text = (await prometheus.exposition()).decode()
+    finally:
+        prometheus.JOBS.source = tuple
+        prometheus.REGISTRY.unregister(where)
+    assert 'rocmtrain_job_gpus{job_name="a",namespace="ns"} 16.0' in text
+    assert read_in == [loop_thread] and collected_in and loop_thread not in collected_in
 
 
 def test_observe_counts_unexpected_errors_only():
@@ -342,3 +400,27 @@ def test_every_request_of_the_operators_clients_has_a_deadline():
             server.close()
 
     assert asyncio.run(scenario()) < 5
+
+
+async def test_the_loop_lag_probe_sees_how_long_other_work_held_the_loop():
+    from types import SimpleNamespace
+
+    from rocmtrain.controller.runtime import probe_loop_lag
+
+    interval = 0.1
+    runtime = SimpleNamespace(config=OperatorConfig.from_env({"ROCMTRAIN_LOOP_LAG_PROBE_MS": "100"}))
+
+    def lags(le: str = "+Inf") -> float:
+        return prometheus.REGISTRY.get_sample_value("rocmtrain_event_loop_lag_seconds_bucket", {"le": le}) or 0.0
+
+    before = {le: lags(le) for le in ("0.05", "0.25", "+Inf")}
+    probe = asyncio.create_task(probe_loop_lag(runtime))  # type: ignore[arg-type] - it reads the config alone
+    try:
+        await asyncio.sleep(1.5 * interval)  # it samples once, and its next timer is due soon
+        time.sleep(2 * interval)  # holding the loop is the point
+        await asyncio.sleep(0.01)
+    finally:
+        probe.cancel()
+    seen = {le: lags(le) - before[le] for le in before}
+    assert seen["+Inf"] >= 2 and seen["0.05"] <= seen["+Inf"] - 1, "one sample saw the loop held for over 50 ms"
+    assert seen["0.25"] == seen["+Inf"], "and none saw longer than it was held"

@@ -33,7 +33,7 @@ import kopf
 from rocmtrain import node_fit, prometheus
 from rocmtrain.api.contract import GROUP, PLURAL, VERSION
 from rocmtrain.controller.informer import Key, View
-from rocmtrain.controller.runtime import JobIndex, OperatorRuntime, open_runtime, runtime_of
+from rocmtrain.controller.runtime import JobIndex, OperatorRuntime, open_runtime, probe_loop_lag, runtime_of
 from rocmtrain.controller.settings import OperatorConfig, configure_kopf
 from rocmtrain.status.objects import controller_ref, is_jobs_rayjob, job_view, requested_gpus
 from rocmtrain.status.phase import TERMINAL_PHASES
@@ -47,12 +47,13 @@ logger = logging.getLogger(__name__)
 async def startup(
     settings: kopf.OperatorSettings, memo: kopf.Memo, jobs: kopf.Index, nodes: kopf.Index, **_: Any
 ) -> None:
-    """Read the configuration, configure kopf, build the runtime; start the watches and the stall loop."""
+    """Read the configuration, configure kopf, build the runtime; start the watches, the stall loop and the
+    loop-lag probe."""
     config = OperatorConfig.from_env()
     configure_kopf(settings, namespaced=bool(config.namespaces))
     runtime = await open_runtime(config, jobs, nodes, rayjob_changed=rayjob_changed, rayjob_touched=rayjob_touched)
     memo.runtime = runtime
-    runtime.start(watch_stalls)
+    runtime.start(watch_stalls, probe_loop_lag)
 
 
 @kopf.on.login()

@@ -21,6 +21,13 @@ Every status is computed from everything known about the job: its RayJob, its Ra
 pods and Kueue's Workload (the watches' views, handed in as lookups), whichever
 of them changed.
 
+Validating and rendering a job run in a thread (`asyncio.to_thread`), so that the
+largest job (96 KiB as its driver reads it, a RayJob of about 300 KB) never holds the
+event loop that the watches, the progress endpoint and the liveness probe share: the
+thread gives the loop its turn at least every 5 ms (Python's switch interval). They are
+pure functions of data the loop does not change meanwhile (the index replaces a job's
+view, it never edits one).
+
 All status writes of one job go through one asyncio lock, and the operator keeps
 the status it last wrote per job, so that two paths (the job's own and the
 watches') never write an older view over a newer one, and a transition is
@@ -77,9 +84,9 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def _validated(job: Mapping[str, Any]) -> tuple[RocmTrainingJob | None, list[FieldError]]:
-    """The job's one reading: as `rocmtrain validate` reads a cluster job."""
-    return validate_job(job_document(job), context="cluster")
+async def _validated(job: Mapping[str, Any]) -> tuple[RocmTrainingJob | None, list[FieldError]]:
+    """The job's one reading: as `rocmtrain validate` reads a cluster job (in a thread: see the module docstring)."""
+    return await asyncio.to_thread(validate_job, job_document(job), context="cluster")
 
 
 @dataclass
@@ -225,7 +232,7 @@ class Reconciler:
         self, job: Mapping[str, Any], nodes: Iterable[node_fit.NodeInfo], state: JobState, blocked: Hold | None
     ) -> float | None:
         meta = job["metadata"]
-        valid, errors = _validated(job)
+        valid, errors = await _validated(job)
         why, refused = (
             (phase.INVALID_SPEC, errors)
             if valid is None
@@ -286,7 +293,7 @@ class Reconciler:
         """Create the RayJob or carry the mutable fields over: the RayJob, or what holds it back."""
         meta = job["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        rendered = render_rayjob(valid, options=self._config.render_options)
+        rendered = await asyncio.to_thread(render_rayjob, valid, options=self._config.render_options)
         rendered["metadata"]["ownerReferences"] = [owner_reference(job)]
         hold = blocked or node_fit.check(valid.spec, nodes)
         if hold is None:
@@ -340,7 +347,7 @@ class Reconciler:
         state = self._state(meta["uid"])
         async with state.lock:
             current = self._current(state, job)
-            valid, _ = _validated(job)
+            valid, _ = await _validated(job)
             if valid is None or self._policy(valid, meta["namespace"]):
                 return  # a spec the job handler refuses; it owns that status (and deletes the RayJob)
             generation = current.get("observedGeneration") or meta.get("generation")

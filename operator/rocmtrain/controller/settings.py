@@ -4,13 +4,15 @@
 |------------------------------------------|-----------|------------------------------------------------------|
 | ROCMTRAIN_NAMESPACES                     | (all)     | comma-separated namespaces to watch; empty: all      |
 | ROCMTRAIN_METRICS_PORT                   | 8080      | Prometheus `/metrics` port; 0 turns it off           |
-| ROCMTRAIN_METRICS_HOST                   | 127.0.0.1 | address `/metrics` listens on (plain HTTP)           |
+| ROCMTRAIN_METRICS_HOST                   | 127.0.0.1 | address `/metrics` listens on                        |
+| ROCMTRAIN_METRICS_SECURE                 | see below | `true`: HTTPS, scrapes authenticated and authorised  |
 | ROCMTRAIN_HEALTH_PORT                    | 8081      | liveness probe port (`/healthz`); 0 turns it off     |
 | ROCMTRAIN_HEALTH_HOST                    | 127.0.0.1 | address `/healthz` listens on (plain HTTP)           |
 | ROCMTRAIN_STALL_SECONDS                  | 900       | a Running job without progress this long is Stalled  |
 | ROCMTRAIN_RETRY_SECONDS                  | 30        | re-check interval of a held job or after a failure   |
 | ROCMTRAIN_API_TIMEOUT_SECONDS            | 15        | deadline of one API request                          |
 | ROCMTRAIN_WATCH_FAILING_SECONDS          | 300       | a watch failing unexpectedly this long fails /healthz|
+| ROCMTRAIN_LOOP_LAG_PROBE_MS              | 100       | how often the event loop's lag is sampled            |
 | ROCMTRAIN_SUBMITTER_RETRIES              | 2         | retries of a RayJob's submitter pod (submitterConfig)|
 | ROCMTRAIN_ALLOWED_IMAGES                 | (any)     | comma-separated image prefixes jobs may use          |
 | ROCMTRAIN_ALLOWED_PRIORITY_CLASSES       | (any)     | PriorityClass names jobs may use                     |
@@ -25,6 +27,11 @@
 ROCMTRAIN_PROTECTED_NAMESPACES defaults to `kube-system` and the operator's own namespace
 (`ROCMTRAIN_OPERATOR_NAMESPACE`); set it to `-` to protect none.
 
+ROCMTRAIN_METRICS_SECURE defaults to `true` where the progress endpoint is on, whose
+certificate `/metrics` then serves (`rocmtrain.metrics_server`), else to `false`: plain
+HTTP, which is allowed on a loopback address only (the metrics name every team's jobs,
+GPUs and cost).
+
 The progress endpoint is on when `ROCMTRAIN_OPERATOR_NAMESPACE` is set (the
 Deployment sets it from the downward API); its other `ROCMTRAIN_PROGRESS_*`
 variables are described at `rocmtrain.progress.server.ProgressServerConfig.from_env`.
@@ -32,6 +39,7 @@ variables are described at `rocmtrain.progress.server.ProgressServerConfig.from_
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
@@ -84,6 +92,31 @@ def _pricing(env: Mapping[str, str]) -> Pricing | None:
         raise ConfigError(f"ROCMTRAIN_GPU_PRICES: {exc}") from None
 
 
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw not in ("", "true", "false"):
+        raise ConfigError(f"{name} must be true or false, not {raw!r}")
+    return default if not raw else raw == "true"
+
+
+def _metrics_secure(env: Mapping[str, str], host: str, port: int, progress: ProgressServerConfig | None) -> bool:
+    """Whether `/metrics` is HTTPS with authentication; plain HTTP only on loopback, HTTPS only with the
+    progress endpoint's certificate."""
+    secure = _flag(env, "ROCMTRAIN_METRICS_SECURE", progress is not None)
+    if port and secure and progress is None:
+        raise ConfigError(
+            "ROCMTRAIN_METRICS_SECURE: HTTPS /metrics serves the progress endpoint's certificate, which is off "
+            "(set ROCMTRAIN_OPERATOR_NAMESPACE); or set ROCMTRAIN_METRICS_SECURE=false for plain HTTP on loopback"
+        )
+    if port and not secure and not ipaddress.ip_address(host).is_loopback:
+        raise ConfigError(
+            f"ROCMTRAIN_METRICS_HOST={host}: /metrics over plain HTTP (ROCMTRAIN_METRICS_SECURE=false, the default "
+            "without ROCMTRAIN_OPERATOR_NAMESPACE) listens on loopback only, as it names every team's jobs and "
+            "cost; serve it over HTTPS, or put an authenticating proxy in front of it on 127.0.0.1"
+        )
+    return secure
+
+
 def _host(env: Mapping[str, str], variable: str) -> str:
     try:
         return listen_host(env, variable, LOOPBACK)
@@ -113,7 +146,8 @@ def _policy(env: Mapping[str, str]) -> Policy:
     )
 
 
-# Metrics and health are plain HTTP without authentication: only loopback unless a Deployment says otherwise.
+# Health (and metrics without ROCMTRAIN_METRICS_SECURE) are plain HTTP: only loopback unless a Deployment says
+# otherwise (which the configuration refuses for plain metrics).
 LOOPBACK = "127.0.0.1"
 
 
@@ -124,12 +158,14 @@ class OperatorConfig:
     namespaces: tuple[str, ...] = ()
     metrics_port: int = 8080
     metrics_host: str = LOOPBACK
+    metrics_secure: bool = False  # HTTPS with the progress endpoint's certificate, scrapes authenticated
     health_port: int = 8081
     health_host: str = LOOPBACK
     stall_seconds: int = 900
     retry_seconds: int = 30
     api_timeout_seconds: int = 15
     watch_failing_seconds: int = 300
+    loop_lag_probe_ms: int = 100
     policy: Policy = field(default_factory=Policy)
     metrics_max_jobs: int = 500
     pricing: Pricing | None = None  # None: no prices, no status.cost
@@ -141,16 +177,20 @@ class OperatorConfig:
         """Read and check the `ROCMTRAIN_*` variables."""
         progress = ProgressServerConfig.from_env(env)
         render = RenderOptions(submitter_retries=_int(env, "ROCMTRAIN_SUBMITTER_RETRIES", 2, 0, MAX_SUBMITTER_RETRIES))
+        metrics_port = _int(env, "ROCMTRAIN_METRICS_PORT", 8080, 0, 65535)
+        metrics_host = _host(env, "ROCMTRAIN_METRICS_HOST")
         return cls(
             namespaces=_names(env, "ROCMTRAIN_NAMESPACES", DNS_LABEL, "a namespace name"),
-            metrics_port=_int(env, "ROCMTRAIN_METRICS_PORT", 8080, 0, 65535),
-            metrics_host=_host(env, "ROCMTRAIN_METRICS_HOST"),
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            metrics_secure=_metrics_secure(env, metrics_host, metrics_port, progress),
             health_port=_int(env, "ROCMTRAIN_HEALTH_PORT", 8081, 0, 65535),
             health_host=_host(env, "ROCMTRAIN_HEALTH_HOST"),
             stall_seconds=_int(env, "ROCMTRAIN_STALL_SECONDS", 900, 1, 30 * 86400),
             retry_seconds=_int(env, "ROCMTRAIN_RETRY_SECONDS", 30, 1, 3600),
             api_timeout_seconds=_int(env, "ROCMTRAIN_API_TIMEOUT_SECONDS", 15, 1, 300),
             watch_failing_seconds=_int(env, "ROCMTRAIN_WATCH_FAILING_SECONDS", 300, 1, 86400),
+            loop_lag_probe_ms=_int(env, "ROCMTRAIN_LOOP_LAG_PROBE_MS", 100, 1, 60_000),
             policy=_policy(env),
             metrics_max_jobs=_int(env, "ROCMTRAIN_METRICS_MAX_JOBS", 500, 0, 100_000),
             pricing=_pricing(env),

@@ -22,17 +22,14 @@ can set them, on worker, submitter or unrelated pods alike.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import hashlib
 import json
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -48,8 +45,9 @@ from rocmtrain.api.contract import (
     RAYJOB_VERSION,
 )
 from rocmtrain.api.names import rayjob_name_of
-from rocmtrain.progress.errors import Busy, Forbidden, Unauthenticated, checked
+from rocmtrain.progress.errors import Forbidden, Unauthenticated, checked
 from rocmtrain.progress.limits import RateLimiter
+from rocmtrain.reviews import MAX_TOKEN_BYTES, ReviewBudget, TtlCache, token_key, token_review
 
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
@@ -63,23 +61,17 @@ ACCEPTED_TTL_SECONDS = 60.0
 REFUSED_TTL_SECONDS = 60.0
 CACHE_ENTRIES = 1024
 REFUSED_CACHE_ENTRIES = 4096
-# Projected service-account tokens are JWTs of about 1 KiB.
-MAX_TOKEN_BYTES = 8 * 1024
 _JWT = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")
 # TokenReviews the endpoint may send for the tokens of pods without an accepted token lately: a rate
 # over them all, bursts, and at once.
 REVIEW_RATE_PER_SECOND = 20.0
 REVIEW_BURST = 40
 REVIEWS_AT_ONCE = 8
-REVIEW_QUEUE_SECONDS = 1.0
 # How long a pod whose token was accepted keeps out of that shared budget (tokens refresh hourly), and
 # the reviews of its own it may spend there: beyond them, tokens claiming it share the budget again.
 KNOWN_POD_SECONDS = 2 * 3600.0
 KNOWN_POD_REVIEW_RATE_PER_SECOND = 0.1
 KNOWN_POD_REVIEW_BURST = 5
-
-K = TypeVar("K")
-V = TypeVar("V")
 
 
 @dataclass(frozen=True)
@@ -191,31 +183,6 @@ def head_of_job(
     return None
 
 
-class TtlCache(Generic[K, V]):
-    """A small LRU map whose entries expire after `ttl` seconds (or at the time given to `put`)."""
-
-    def __init__(self, ttl: float, size: int, clock: Callable[[], float]) -> None:
-        self._ttl, self._size, self._clock = ttl, size, clock
-        self._items: OrderedDict[K, tuple[float, V]] = OrderedDict()
-
-    def get(self, key: K) -> V | None:
-        """The live value for `key`, or None."""
-        item = self._items.get(key)
-        if item is None or item[0] <= self._clock():
-            self._items.pop(key, None)
-            return None
-        self._items.move_to_end(key)
-        return item[1]
-
-    def put(self, key: K, value: V, until: float | None = None) -> None:
-        """Store `value` for `ttl` seconds (at most until `until`), evicting the least recently used when full."""
-        expiry = self._clock() + self._ttl
-        self._items[key] = (expiry if until is None else min(expiry, until), value)
-        self._items.move_to_end(key)
-        while len(self._items) > self._size:
-            self._items.popitem(last=False)
-
-
 class TokenReviewAuthenticator:
     """Authenticate bearer tokens with the API server's TokenReview, within a budget of reviews.
 
@@ -238,20 +205,20 @@ class TokenReviewAuthenticator:
         reviews: RateLimiter | None = None,
         reviews_at_once: int = REVIEWS_AT_ONCE,
     ) -> None:
-        self._authn = client.AuthenticationV1Api(api)
-        self._serialize = api.sanitize_for_serialization
+        self._api = api
         self._audience = audience
         self._clock, self._wall_clock = clock, wall_clock
         self._accepted: TtlCache[bytes, Identity] = TtlCache(ACCEPTED_TTL_SECONDS, CACHE_ENTRIES, clock)
         self._refused: TtlCache[bytes, Unauthenticated] = TtlCache(REFUSED_TTL_SECONDS, REFUSED_CACHE_ENTRIES, clock)
         self._known_pods: TtlCache[str, bool] = TtlCache(KNOWN_POD_SECONDS, CACHE_ENTRIES, clock)
-        self._reviews = reviews or RateLimiter(REVIEW_RATE_PER_SECOND, REVIEW_BURST, clock=clock)
+        self._shared = ReviewBudget(
+            reviews or RateLimiter(REVIEW_RATE_PER_SECOND, REVIEW_BURST, clock=clock), reviews_at_once
+        )
         self._pod_reviews = RateLimiter(KNOWN_POD_REVIEW_RATE_PER_SECOND, KNOWN_POD_REVIEW_BURST, clock=clock)
-        self._at_once = asyncio.Semaphore(reviews_at_once)
 
     async def __call__(self, token: str) -> Identity:
         """The pod identity of `token`; raise Unauthenticated, Forbidden, Busy or Unavailable."""
-        key = hashlib.sha256(token.encode()).digest()
+        key = token_key(token)
         if (cached := self._accepted.get(key)) is not None:
             return cached
         if (refused := self._refused.get(key)) is not None:
@@ -264,36 +231,19 @@ class TokenReviewAuthenticator:
         uid = claimed_pod_uid(claims)
         if self._known_pods.get(uid) and not self._pod_reviews.acquire(uid):
             identity = await self._review(key, token)
-        else:
-            identity = await self._shared_review(key, token)
+        else:  # within the budget shared by the pods that have not had a token accepted lately
+            async with self._shared.spend():
+                identity = await self._review(key, token)
         self._known_pods.put(identity.pod_uid, True)
         # Never trust the cache past the token's own expiry.
         self._accepted.put(key, identity, until=self._clock() + claims["exp"] - self._wall_clock())
         return identity
 
-    async def _shared_review(self, key: bytes, token: str) -> Identity:
-        """`_review` within the budget shared by the pods that have not had a token accepted lately."""
-        if (wait := self._reviews.acquire("")) > 0:
-            raise Busy(wait)
-        try:
-            await asyncio.wait_for(self._at_once.acquire(), REVIEW_QUEUE_SECONDS)
-        except TimeoutError:
-            raise Busy(REVIEW_QUEUE_SECONDS) from None
-        try:
-            return await self._review(key, token)
-        finally:
-            self._at_once.release()
-
     async def _review(self, key: bytes, token: str) -> Identity:
-        body: Any = {  # the client takes plain dicts as well as its model classes
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenReview",
-            "spec": {"token": token, "audiences": [self._audience]},
-        }
         prometheus.TOKEN_REVIEWS.inc()
-        review = await checked("TokenReview", self._authn.create_token_review(body), passing=())
+        status = await token_review(self._api, token, [self._audience])
         try:
-            return identity_from_review(self._serialize(review).get("status") or {}, self._audience)
+            return identity_from_review(status, self._audience)
         except Unauthenticated as exc:
             self._refused.put(key, exc)
             raise

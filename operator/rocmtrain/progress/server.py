@@ -44,6 +44,7 @@ import json
 import logging
 import os
 import re
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -59,7 +60,7 @@ from rocmtrain.api.models import ProgressReport
 from rocmtrain.api.patterns import DNS_LABEL
 from rocmtrain.kube import new_api_client
 from rocmtrain.progress import tls
-from rocmtrain.progress.auth import MAX_TOKEN_BYTES, Identity, PodAuthoriser, TokenReviewAuthenticator
+from rocmtrain.progress.auth import Identity, PodAuthoriser, TokenReviewAuthenticator
 from rocmtrain.progress.errors import (
     BodyTimeout,
     Conflict,
@@ -76,10 +77,13 @@ from rocmtrain.progress.limits import MAX_BODY_BYTES, RateLimiter, parse_report
 from rocmtrain.progress.status_patch import progress_patch, report_events, takes_reports
 from rocmtrain.progress.store import KubeJobStore
 from rocmtrain.render import RenderOptions
+from rocmtrain.reviews import bearer_token
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "rocmtrain-progress"
+# The operator's metrics Service: its names are on the same certificate, which `/metrics` serves too.
+METRICS_SERVICE_NAME = "rocm-train-operator-metrics"
 CONTAINER_PORT = 8443
 ALL_ADDRESSES = "0.0.0.0"  # noqa: S104 - TLS and authenticated: a pod serves it on all its interfaces
 PATCH_ATTEMPTS = 3
@@ -153,14 +157,6 @@ async def _read_bounded(request: web.Request, limit: int, timeout: float) -> byt
     return bytes(body)
 
 
-def _bearer(request: web.Request) -> str | None:
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token or len(token) > MAX_TOKEN_BYTES or not token.isascii():
-        return None
-    return token
-
-
 async def _record(
     jobs: JobStore, job: dict[str, Any], report: ProgressReport, now: Callable[[], dt.datetime]
 ) -> dict[str, Any]:
@@ -224,7 +220,7 @@ def make_app(
             raise TooManyRequests(wait, "source rate limited")
         if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
             raise TooLarge
-        token = _bearer(request)
+        token = bearer_token(request.headers.get("Authorization", ""))
         if token is None:
             raise Unauthenticated("bearer token required")
         identity = await authenticate(token)
@@ -292,6 +288,7 @@ class ProgressServerConfig:
 
     namespace: str
     service: str = SERVICE_NAME
+    metrics_service: str = METRICS_SERVICE_NAME
     host: str = ALL_ADDRESSES
     port: int = CONTAINER_PORT
     # How training pods reach the endpoint; the Service by default.
@@ -348,9 +345,15 @@ class ProgressServerConfig:
         )
 
     @property
+    def bounds(self) -> Bounds:
+        """The endpoint's bounds on connections."""
+        return Bounds(self.max_connections, self.header_timeout, self.handshake_timeout)
+
+    @property
     def hosts(self) -> list[str]:
-        """Names the serving certificate must cover."""
-        names = tls.service_hosts(self.service, self.namespace)
+        """Names the serving certificate must cover: the progress and metrics Services', and the advertised host."""
+        services = (self.service, self.metrics_service)
+        names = [host for service in services for host in tls.service_hosts(service, self.namespace)]
         if self.advertise_host is None or self.advertise_host in names:
             return names
         return [*names, self.advertise_host]
@@ -388,6 +391,50 @@ def capped(factory: web.Server, limit: int) -> Callable[[], asyncio.BaseProtocol
     return make
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """What connections may hold before they prove anything: how many are open at once, and how long
+    each has for its TLS handshake and for each request's headers (also before the first)."""
+
+    max_connections: int
+    header_timeout: float
+    handshake_timeout: float
+
+
+class TlsSite:
+    """An aiohttp application served over TLS within `Bounds` (`start`); `stop` closes it."""
+
+    def __init__(self, runner: web.AppRunner, listener: asyncio.Server) -> None:
+        self._runner, self._listener = runner, listener
+
+    @classmethod
+    async def start(
+        cls, app: web.Application, host: str, port: int, context: ssl.SSLContext, bounds: Bounds
+    ) -> TlsSite:
+        """Serve `app` on `host`:`port`; a handler is cancelled when its client goes away."""
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True, keepalive_timeout=bounds.header_timeout)
+        await runner.setup()
+        assert runner.server is not None
+        try:
+            listener = await asyncio.get_running_loop().create_server(
+                capped(runner.server, bounds.max_connections),
+                host,
+                port,
+                ssl=context,
+                ssl_handshake_timeout=bounds.handshake_timeout,
+                reuse_address=True,
+            )
+        except BaseException:
+            await runner.cleanup()
+            raise
+        return cls(runner, listener)
+
+    async def stop(self) -> None:
+        """Stop listening and close the open connections."""
+        self._listener.close()
+        await self._runner.cleanup()
+
+
 class ProgressServer:
     """The running endpoint: its listener, TLS material, CA publishing, and its own API client."""
 
@@ -400,14 +447,23 @@ class ProgressServer:
         self._material = material
         self._ssl = material.server_context()
         self._published: set[str] = set()
-        self._runner: web.AppRunner | None = None
-        self._listener: asyncio.Server | None = None
+        self._site: TlsSite | None = None
         self._refresher: asyncio.Task[None] | None = None
 
     @property
     def ca_crt(self) -> bytes:
         """The CA bundle (PEM) clients verify the endpoint with."""
         return self._material.ca_crt
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext:
+        """The server context, which `refresh` keeps serving the current certificate (`/metrics` shares it)."""
+        return self._ssl
+
+    @property
+    def api(self) -> client.ApiClient:
+        """The endpoint's API client (its TokenReviews; `/metrics`' reviews too)."""
+        return self._api
 
     async def publish_ca(self, namespace: str, api: client.ApiClient | None = None) -> None:
         """Create or update `rocmtrain-progress-ca` in a job namespace; call before rendering a job there.
@@ -421,19 +477,7 @@ class ProgressServer:
     async def start(self, app: web.Application) -> None:
         """Serve `app` over TLS within the connection bounds, and start the certificate refresher."""
         cfg = self.config
-        self._runner = web.AppRunner(
-            app, access_log=None, handler_cancellation=True, keepalive_timeout=cfg.header_timeout
-        )
-        await self._runner.setup()
-        assert self._runner.server is not None
-        self._listener = await asyncio.get_running_loop().create_server(
-            capped(self._runner.server, cfg.max_connections),
-            cfg.host,
-            cfg.port,
-            ssl=self._ssl,
-            ssl_handshake_timeout=cfg.handshake_timeout,
-            reuse_address=True,
-        )
+        self._site = await TlsSite.start(app, cfg.host, cfg.port, self._ssl, cfg.bounds)
         self._refresher = asyncio.create_task(self._refresh_forever())
         log.info("progress endpoint serving on %s:%s", cfg.host, cfg.port)
 
@@ -482,10 +526,8 @@ class ProgressServer:
             self._refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresher
-        if self._listener is not None:
-            self._listener.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._site is not None:
+            await self._site.stop()
         if self._own_api:
             await self._api.close()
 

@@ -1,7 +1,7 @@
-"""TLS for the progress endpoint: an operator-managed serving certificate, rotated with an overlap.
+"""TLS for the progress endpoint (and `/metrics`): an operator-managed serving certificate, rotated with an overlap.
 
 The operator keeps the serving certificate for the Service names
-(`rocmtrain-progress.<ns>.svc`, `….svc.cluster.local`) in one Secret of its own
+(`rocmtrain-progress.<ns>.svc`, `….svc.cluster.local`, and the metrics Service's) in one Secret of its own
 namespace (`rocmtrain-progress-tls`). Each serving certificate is signed by a CA
 made for it alone, whose key is thrown away once it has signed: no CA key is ever
 stored, so the network-facing process never holds one. The Secret's `ca.crt` is
