@@ -196,6 +196,7 @@ def test_a_search_over_learning_rate_and_rank_picks_the_trial_of_lowest_perplexi
     assert (summary["metric"], summary["mode"]) == ("evalPerplexity", "min")
     trials = summary["trials"]
     assert len(trials) == 2 and {t["state"] for t in trials} == {"Succeeded"}
+    assert sorted(t["config"]["adapter_rank"] for t in trials) == [2, 8]  # what seed 5 draws
     best = min(trials, key=lambda t: t["metric"])
     assert summary["best_trial"] == best["id"] and summary["eval_perplexity"] == best["metric"]
     for trial in trials:  # each trial trained an adapter of the rank it drew
