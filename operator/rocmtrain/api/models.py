@@ -303,6 +303,23 @@ class TrainingSpec(ApiModel):
             "for large models or long sequences, for about a third more compute."
         ),
     )
+    sharding: Literal["none", "fsdp"] = Field(
+        default="none",
+        description=(
+            "How the model is spread over the ranks: none (data parallelism: every GPU holds the whole model, its "
+            "gradients and optimiser state) or fsdp (PyTorch FSDP2: each transformer block's parameters, gradients "
+            "and optimiser state sharded over the ranks, gathered one block at a time), for models larger than one "
+            "GPU."
+        ),
+    )
+    sharding_scope: Literal["pod", "job"] = Field(
+        default="pod",
+        description=(
+            "fsdp: shard within each worker pod and replicate across pods (hybrid sharding: the all-gathers stay on "
+            "a node's xGMI links; each pod holds the whole model), or shard over every rank of the job (least memory "
+            "per GPU, all-gathers across nodes)."
+        ),
+    )
     loss_on: Literal["response", "all"] | None = Field(
         default=None,
         description=(
@@ -1292,6 +1309,12 @@ class Metrics(ApiModel):
     )
     gpu_memory_peak_bytes_min: Annotated[int | None, Shown("GPU memory peak, lowest rank", ",", "bytes")] = Field(
         default=None, ge=0, le=2**50, description="Smallest GPU memory peak of any rank, in bytes, last interval."
+    )
+    gpu_memory_planned_bytes: Annotated[int | None, Shown("GPU memory planned", ",", "bytes")] = Field(
+        default=None,
+        ge=0,
+        le=2**50,
+        description="What the memory plan (rocmtrain plan) expects each GPU to need, in bytes, margin included.",
     )
     gpu_memory_reserved_bytes: Annotated[int | None, Shown("GPU memory reserved", ",", "bytes")] = Field(
         default=None,
