@@ -1,4 +1,5 @@
-"""Checkpoint contents (no Ray): random-number state per rank, the run's totals, the parts of the model."""
+"""Checkpoint contents (no Ray): random-number state per rank, the run's totals, and (DDP's) the model and
+optimiser rank 0 writes beside them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from rocmtrain_train.checkpoint import train_state as checkpoint
 from rocmtrain_train.checkpoint.train_state import TrainState
+from rocmtrain_train.strategy.data_parallel import DataParallel
 
 CPU = torch.device("cpu")
 
@@ -32,11 +34,12 @@ def test_each_rank_resumes_its_own_random_numbers(tmp_path):
             rank=rank,
             device=CPU,
             totals=state if rank == 0 else None,
-            **saved,
+            scaler=saved["scaler"],
             run_id="r",
             world_size=2,
             plan="p",
         )
+        DataParallel(CPU).save(tmp_path, rank=rank, model=saved["model"], optimizer=saved["optimizer"])
         expected[rank] = torch.rand(5)
     torch.manual_seed(0)  # a new process
     for rank in (0, 1):
@@ -44,7 +47,8 @@ def test_each_rank_resumes_its_own_random_numbers(tmp_path):
         checkpoint.set_rng_state(loaded["rng"], CPU)
         assert torch.equal(torch.rand(5), expected[rank])
     restored = parts()
-    assert checkpoint.restore(checkpoint.load(tmp_path, 0), **restored) == state
+    assert checkpoint.restore(checkpoint.load(tmp_path, 0), scaler=restored["scaler"]) == state
+    DataParallel(CPU).load(tmp_path, model=restored["model"], optimizer=restored["optimizer"])
     for a, b in zip(saved["model"].parameters(), restored["model"].parameters(), strict=True):
         assert torch.equal(a, b)
     assert checkpoint.load(tmp_path, 5)["rng"] is None  # a rank the writing run did not have
@@ -52,7 +56,8 @@ def test_each_rank_resumes_its_own_random_numbers(tmp_path):
 
 def test_rank_zero_must_write_the_state(tmp_path):
     with pytest.raises(ValueError, match="rank 0 writes the training state"):
-        checkpoint.save(tmp_path, rank=0, device=CPU, totals=None, **parts(), run_id="r", world_size=1, plan="p")
+        scaler = parts()["scaler"]
+        checkpoint.save(tmp_path, rank=0, device=CPU, totals=None, scaler=scaler, run_id="r", world_size=1, plan="p")
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 7])

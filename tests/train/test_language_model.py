@@ -3,8 +3,9 @@
 One LoRA run of two ranks (module-scoped) serves most checks: only the adapter trains and the base stays
 bit-identical, the adapter loads with peft and its merged model with transformers alone and gives the same
 logits, checkpoints hold the adapter and its optimiser state only, and the evaluation reports perplexity and
-exact match. Two more runs check what needs a run of their own: one rank with the global batch trains what
-two ranks do (the loss is token-weighted across ranks), and a resumed run, with packing, continues the curve.
+exact match. More runs check what needs a run of their own: one rank with the global batch trains what two
+ranks do (the loss is token-weighted across ranks); so do two ranks sharded with FSDP (`training.sharding:
+fsdp`), whose sharded checkpoint then resumes on one rank; and a resumed run, with packing, continues the curve.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rocmtrain.api.models import ProgressReport
-from rocmtrain_train.checkpoint.train_state import STATE_FILE
 from rocmtrain_train.driver.train_job import run_local
+from rocmtrain_train.strategy.data_parallel import WEIGHTS_FILE
 from train.jobs import EXAMPLES, job, settings
 
 pytestmark = pytest.mark.ray
@@ -105,7 +106,7 @@ def test_the_adapter_loads_with_peft_and_the_merged_model_gives_its_logits(two_r
 
 def test_checkpoints_hold_the_adapter_and_its_optimiser_state_only(two_ranks):
     run, outcome = two_ranks
-    states = sorted(Path(run.run_path).glob(f"checkpoint_*/{STATE_FILE}"))
+    states = sorted(Path(run.run_path).glob(f"checkpoint_*/{WEIGHTS_FILE}"))
     assert states
     saved = torch.load(states[-1], map_location="cpu", weights_only=True)
     assert saved["model"] and all("lora_" in name for name in saved["model"])
@@ -133,21 +134,87 @@ def test_a_language_model_reports_perplexity_exact_match_and_samples_never_in_st
     assert "generated for" in Path(run.log_dir, "rank-0.log").read_text()
 
 
-def test_one_rank_with_the_global_batch_trains_what_two_ranks_do(two_ranks, ray_local, tiny_lm, tmp_path):
+@pytest.fixture(scope="module")
+def one_rank(ray_local, tiny_lm, tmp_path_factory):
+    """One rank with the whole global batch."""
+    spec = {"resources": {"workers": 1}, "training": {"batchSizePerWorker": GLOBAL_BATCH}}
+    return run_local(settings(lora_job("lora-one", tiny_lm, spec), tmp_path_factory.mktemp("one")), console=False)
+
+
+def adapter_weights(summary: dict) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(summary["model_path"]) / "adapter_model.safetensors"))
+
+
+def assert_trained_alike(mine: dict, theirs: dict) -> None:
+    """Two runs ended with the same adapter, merged model and evaluation, up to float rounding."""
+    for weights in (adapter_weights, lambda s: load_file(str(Path(s["merged_model_path"]) / "model.safetensors"))):
+        found, expected = weights(mine), weights(theirs)
+        assert found.keys() == expected.keys()
+        for name, value in found.items():
+            torch.testing.assert_close(value, expected[name], rtol=1e-4, atol=1e-5, msg=name)
+    assert mine["eval_loss"] == pytest.approx(theirs["eval_loss"], rel=1e-4)
+
+
+def test_one_rank_with_the_global_batch_trains_what_two_ranks_do(two_ranks, one_rank):
     """Each step's two ranks hold different numbers of response tokens: the loss is the mean over all of them,
     so one rank with the whole global batch ends with the same adapter."""
     _, two = two_ranks
-    run = settings(
-        lora_job("lora-one", tiny_lm, {"resources": {"workers": 1}, "training": {"batchSizePerWorker": GLOBAL_BATCH}}),
-        tmp_path,
-    )
-    one = run_local(run, console=False)
-    mine = load_file(str(Path(two.summary["model_path"]) / "adapter_model.safetensors"))
-    theirs = load_file(str(Path(one.summary["model_path"]) / "adapter_model.safetensors"))
-    assert mine.keys() == theirs.keys()
-    for name, value in mine.items():
-        torch.testing.assert_close(value, theirs[name], rtol=1e-4, atol=1e-5, msg=name)
-    assert two.summary["eval_loss"] == pytest.approx(one.summary["eval_loss"], rel=1e-4)
+    assert_trained_alike(two.summary, one_rank.summary)
+
+
+@pytest.fixture(scope="module")
+def sharded(ray_local, tiny_lm, tmp_path_factory):
+    """Two ranks with FSDP (on CPUs, a pod holds one rank: they shard over the job)."""
+    spec = {"resources": {"workers": 2}, "training": {"batchSizePerWorker": GLOBAL_BATCH // 2, "sharding": "fsdp"}}
+    run = settings(lora_job("lora-fsdp", tiny_lm, spec), tmp_path_factory.mktemp("fsdp"))
+    return run, run_local(run, console=False)
+
+
+def evaluations(run) -> list[tuple[int, float]]:
+    """The evaluation curve: (step, eval loss) of each report with a new evaluation."""
+    lines = Path(run.log_dir, "metrics.jsonl").read_text().splitlines()
+    found = {}
+    for report in map(ProgressReport.model_validate_json, lines):
+        found.setdefault(report.metrics.eval_loss, report.progress.step)
+    return sorted((step, loss) for loss, step in found.items() if loss is not None)
+
+
+def test_two_ranks_sharded_with_fsdp_train_what_one_rank_with_the_global_batch_does(sharded, one_rank, two_ranks):
+    run, outcome = sharded
+    assert_trained_alike(outcome.summary, one_rank.summary)
+    curve, data_parallel = evaluations(run), evaluations(two_ranks[0])
+    assert [step for step, _ in curve] == [step for step, _ in data_parallel] == [STEPS // 2, STEPS]
+    for (_, loss), (_, expected) in zip(curve, data_parallel, strict=True):
+        assert loss == pytest.approx(expected, rel=1e-4)  # fsdp and none: the same curve
+    checksums = {r.weights_checksum for r in outcome.final_ranks}
+    assert len(checksums) == 1
+    shards = sorted(Path(run.run_path).glob("checkpoint_*/sharded/__*_0.distcp"))
+    assert {p.name for p in shards} == {"__0_0.distcp", "__1_0.distcp"}  # every rank wrote its own shards
+
+
+def test_a_sharded_checkpoint_of_two_ranks_resumes_on_one_and_continues_its_curve(sharded, ray_local, tiny_lm):
+    run, _ = sharded
+    spec = {
+        "resources": {"workers": 1},
+        "training": {"batchSizePerWorker": GLOBAL_BATCH, "sharding": "fsdp", "epochs": EPOCHS + 1},
+    }
+    again = settings(lora_job("lora-fsdp", tiny_lm, spec), Path(run.storage))
+    outcome = run_local(again, console=False)
+    assert outcome.summary["resumed_from_step"] == STEPS and outcome.summary["world_size"] == 1
+    assert_continues(again, outcome)
+
+
+def assert_continues(run, outcome) -> None:
+    """A run that resumed at STEPS went on near the loss it had reached, far below where it started."""
+    reports = [
+        ProgressReport.model_validate_json(line) for line in Path(run.log_dir, "metrics.jsonl").read_text().splitlines()
+    ]
+    before = [r.metrics.train_loss for r in reports if r.progress.step <= STEPS and r.metrics.train_loss]
+    after = [r.metrics.train_loss for r in reports if r.progress.step > STEPS and r.metrics.train_loss]
+    # An adapter on a randomly initialised model learns slowly: the curve falls by a few tenths in these steps,
+    # ten times its steps' spread. The resumed run goes on near where the first stopped, not where it started.
+    assert after and after[0] < before[0] - 0.15
+    assert abs(after[0] - before[-1]) < 0.1
 
 
 def test_a_resumed_adapter_run_continues_its_loss_curve_with_packing(two_ranks, ray_local, tiny_lm):
@@ -166,16 +233,7 @@ def test_a_resumed_adapter_run_continues_its_loss_curve_with_packing(two_ranks, 
     outcome = run_local(again, console=False)
     assert outcome.summary["resumed_from_step"] == STEPS
     assert outcome.summary["steps"] == STEPS // EPOCHS * (EPOCHS + 1)
-    reports = [
-        ProgressReport.model_validate_json(line)
-        for line in Path(again.log_dir, "metrics.jsonl").read_text().splitlines()
-    ]
-    before = [r.metrics.train_loss for r in reports if r.progress.step <= STEPS and r.metrics.train_loss]
-    after = [r.metrics.train_loss for r in reports if r.progress.step > STEPS and r.metrics.train_loss]
-    # An adapter on a randomly initialised model learns slowly: the curve falls by a few tenths in these steps,
-    # ten times its steps' spread. The resumed run goes on near where the first stopped, not where it started.
-    assert after[0] < before[0] - 0.15
-    assert abs(after[0] - before[-1]) < 0.1
+    assert_continues(again, outcome)
 
 
 def test_a_search_over_learning_rate_and_rank_picks_the_trial_of_lowest_perplexity(ray_local, tiny_lm, tmp_path):

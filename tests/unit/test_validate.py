@@ -303,6 +303,13 @@ INVALID: list[tuple[str, Edit, str, str]] = [
     ),
     ("gpu-product-shell", put("spec.resources.gpu.productName", "$(x)"), "spec.resources.gpu.productName", "label"),
     ("lm-task-unknown", put("spec.model.task", "seq2seq"), "spec.model.task", "causal-lm"),
+    ("sharding-unknown", put("spec.training.sharding", "zero3"), "spec.training.sharding", "'none' or 'fsdp'"),
+    (
+        "sharding-fp16",
+        both(put("spec.training.sharding", "fsdp"), put("spec.training.precision", "fp16")),
+        "spec.training.precision",
+        "use bf16",
+    ),
     ("lm-labels", lm(put("spec.model.numLabels", 2)), "spec.model.numLabels", "predicts tokens"),
     (
         "lm-template-on-classifier",
@@ -832,6 +839,13 @@ CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
     ("spec.lifecycle", "!has(self.ttlSecondsAfterFinished) || self.shutdownAfterJobFinishes"): (
         put("spec.lifecycle.shutdownAfterJobFinishes", False),
         "spec.lifecycle.ttlSecondsAfterFinished",
+    ),
+    (
+        "spec.training",
+        "!has(self.sharding) || self.sharding != 'fsdp' || !has(self.precision) || self.precision != 'fp16'",
+    ): (
+        both(put("spec.training.sharding", "fsdp"), put("spec.training.precision", "fp16")),
+        "spec.training.precision",
     ),
     ("spec.model", "self.task != 'causal-lm' || !has(self.numLabels)"): (
         lm(put("spec.model.numLabels", 2)),

@@ -152,6 +152,11 @@ REFUSED: list[tuple[str, Edit, str]] = [
 # The same for a causal-lm job (language_model_job()).
 REFUSED_LANGUAGE_MODEL: list[tuple[str, Edit, str]] = [
     ("lm-labels", put("spec.model.numLabels", 2), "a causal-lm job predicts tokens"),
+    (
+        "lm-fsdp-fp16",
+        put("spec.training", {"sharding": "fsdp", "precision": "fp16"}),
+        "fp16 would need a sharded gradient scaler",
+    ),
     ("lm-two-shapes", both(put("spec.data.promptField", "p"), put("spec.data.responseField", "r")), "not both"),
     ("lm-prompt-alone", both(drop("spec.data.messagesField"), put("spec.data.promptField", "p")), "go together"),
     (

@@ -247,8 +247,24 @@ class DataSpec(ApiModel):
 # --- hyper-parameters -------------------------------------------------------------
 
 
+FSDP_FP16 = "sharding: fsdp computes in bf16 or fp32: fp16 would need a sharded gradient scaler; use bf16"
+
+
 class TrainingSpec(ApiModel):
     """Optimisation hyper-parameters."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!has(self.sharding) || self.sharding != 'fsdp' || !has(self.precision) "
+                    "|| self.precision != 'fp16'",
+                    FSDP_FP16,
+                    fieldPath=".precision",
+                )
+            ]
+        }
+    )
 
     epochs: int = Field(default=3, ge=1, le=1000, description="Passes over the training data.")
     batch_size_per_worker: int = Field(
@@ -316,8 +332,8 @@ class TrainingSpec(ApiModel):
         default="pod",
         description=(
             "fsdp: shard within each worker pod and replicate across pods (hybrid sharding: the all-gathers stay on "
-            "a node's xGMI links; each pod holds the whole model), or shard over every rank of the job (least memory "
-            "per GPU, all-gathers across nodes)."
+            "a node's xGMI links; each pod holds the whole model; pods of one GPU shard over the job), or shard over "
+            "every rank of the job (least memory per GPU, all-gathers across nodes)."
         ),
     )
     loss_on: Literal["response", "all"] | None = Field(
@@ -335,6 +351,12 @@ class TrainingSpec(ApiModel):
             "(positions restart per record), instead of padding each record; batchSizePerWorker then counts rows."
         ),
     )
+
+    @model_validator(mode="after")
+    def _sharded_precision(self) -> TrainingSpec:
+        if self.sharding == "fsdp" and self.precision == "fp16":
+            raise ValueError(FSDP_FP16)
+        return self
 
 
 # --- language models: adapters and generation -----------------------------------------

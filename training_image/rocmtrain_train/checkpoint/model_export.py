@@ -32,7 +32,7 @@ def is_adapter(model: Any) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
 
 
-def _save(destination: str, write: Callable[[str], None]) -> None:
+def save_folder(destination: str, write: Callable[[str], None]) -> None:
     """Let `write` fill a folder that ends up at `destination`: a local folder, or one in an object store."""
     fs, path = filesystem(destination, None)
     if isinstance(fs, pafs.LocalFileSystem):
@@ -55,6 +55,6 @@ def export_model(model: PreTrainedModel, tokenizer: Any, destination: str, *, me
 
         return save
 
-    _save(destination, write(model))
+    save_folder(destination, write(model))
     if merge and is_adapter(model):
-        _save(merged_location(destination), write(model.merge_and_unload()))  # type: ignore[operator]  # peft's
+        save_folder(merged_location(destination), write(model.merge_and_unload()))  # type: ignore[operator]  # peft's

@@ -1,9 +1,9 @@
 """Checkpoints: everything needed to continue a run where it stopped.
 
-Rank 0 writes the model (an adapter's weights only, where the base is frozen), optimiser, gradient
-scaler and the position (`TrainState`, with the run's totals over all ranks); every rank writes its
-own random-number state (dropout), into the same directory (Ray Train merges the ranks' files into
-one checkpoint). A checkpoint of the same batch
+Rank 0 writes the position (`TrainState`, with the run's totals over all ranks) and the gradient
+scaler; every rank writes its own random-number state (dropout), into the same directory (Ray Train
+merges the ranks' files into one checkpoint). The weights and optimiser state are the strategy's to
+write there (`rocmtrain_train.strategy`): rank 0's whole model, or every rank's shards. A checkpoint of the same batch
 plan resumes exactly at its step; one written at another world size resumes by samples seen (see
 `data.batch_plan`), with each rank's random numbers seeded from the seed, its rank and the step.
 """
@@ -99,14 +99,13 @@ def save(
     rank: int,
     device: torch.device,
     totals: TrainState | None,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler,
     run_id: str,
     world_size: int,
     plan: str,
 ) -> None:
-    """Write this rank's part of a checkpoint into `directory`; rank 0 passes the state with the run's totals."""
+    """Write this rank's part of a checkpoint's position into `directory`; rank 0 passes the state with the run's
+    totals."""
     (directory / RNG_DIR).mkdir(parents=True, exist_ok=True)
     torch.save(rng_state(device), directory / RNG_DIR / f"rank-{rank}.pt")
     if rank != 0:
@@ -116,8 +115,6 @@ def save(
     torch.save(
         {
             "state": dataclasses.asdict(totals),
-            "model": model_state(model),
-            "optimizer": optimizer.state_dict(),
             "scaler": scaler.state_dict(),
             "run_id": run_id,
             "world_size": world_size,
@@ -141,15 +138,7 @@ def resumable(saved: dict[str, Any], *, resume: str, run_id: str) -> bool:
     return resume != "never" or saved["run_id"] == run_id
 
 
-def restore(
-    saved: dict[str, Any],
-    *,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-) -> TrainState:
-    """Load a checkpoint's tensors into the live objects and return its state (totals over all ranks)."""
-    load_model_state(model, saved["model"])
-    optimizer.load_state_dict(saved["optimizer"])
+def restore(saved: dict[str, Any], *, scaler: torch.amp.GradScaler) -> TrainState:
+    """Load a checkpoint's scaler and return its state (totals over all ranks)."""
     scaler.load_state_dict(saved["scaler"])
     return TrainState(**saved["state"])

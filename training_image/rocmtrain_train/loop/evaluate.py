@@ -1,15 +1,54 @@
-"""Sharded evaluation: each worker sums over its shard, the sums are all-reduced, every rank gets the same metrics."""
+"""Sharded evaluation: each worker sums over its shard, the sums are all-reduced, every rank gets the same metrics.
+
+Where the ranks must run the same forward passes (a sharded model gathers its weights in each), a rank
+with fewer batches runs filler passes (`in_step`) that count for nothing.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 
 import torch
 import torch.distributed as dist
 
 from rocmtrain.api.models import ModelSpec
+from rocmtrain_train.data.batch_plan import sorted_batches
+from rocmtrain_train.data.tokens import Encoded
 from rocmtrain_train.reporting.rank_report import Evaluation
+
+Batch = dict[str, torch.Tensor]
+# A batch to evaluate, and whether it counts (a filler pass that keeps the ranks in step does not).
+Counted = tuple[Batch, bool]
+
+
+def most_over_ranks(count: int, device: torch.device) -> int:
+    """The largest of every rank's `count`."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return count
+    tensor = torch.tensor([count], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def eval_batches(
+    data: Encoded | None,
+    batch_size: int,
+    collate: Callable[..., Batch],
+    pad_id: int,
+    *,
+    multiple_of: int,
+    device: torch.device,
+    lockstep: bool,
+) -> Iterator[Counted]:
+    """This rank's evaluation records in batches of similar length, collated as they are needed, each counted;
+    then, where the ranks go in `lockstep`, uncounted one-token fillers until this rank has run as many passes as
+    the rank with the most."""
+    rows = [] if data is None else sorted_batches(data.lengths, batch_size)
+    total = most_over_ranks(len(rows), device) if lockstep else len(rows)
+    filler = {"input_ids": torch.full((1, 1), pad_id), "attention_mask": torch.ones((1, 1), dtype=torch.int64)}
+    for i in range(total):
+        yield (collate(data, rows[i], pad_id, multiple_of=multiple_of), True) if i < len(rows) else (filler, False)
 
 
 def sum_width(model: ModelSpec) -> int:
@@ -55,7 +94,7 @@ def metrics_from_sums(sums: list[float], model: ModelSpec) -> Evaluation:
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module,
-    batches: Iterable[dict[str, torch.Tensor]],
+    batches: Iterable[Counted],
     spec: ModelSpec,
     device: torch.device,
     autocast: Callable[[], AbstractContextManager],
@@ -64,12 +103,13 @@ def evaluate(
     was_training = model.training
     model.eval()
     sums = torch.zeros(sum_width(spec), dtype=torch.float64, device=device)
-    for batch in batches:
+    for batch, counted in batches:
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        labels = batch.pop("labels")
+        labels = batch.pop("labels", None)
         with autocast():
             logits = model(**batch).logits
-        sums += batch_sums(logits, labels, spec)
+        if counted and labels is not None:
+            sums += batch_sums(logits, labels, spec)
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
     model.train(was_training)

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from rocmtrain.api.models import GenerateSpec
 from rocmtrain_train.data.lm_tokens import IGNORE
 from rocmtrain_train.data.tokens import Encoded
+from rocmtrain_train.loop.evaluate import Counted, most_over_ranks
 from rocmtrain_train.reporting.rank_report import Evaluation
 
 # Samples kept per evaluation, and the characters kept of each text in them.
@@ -64,18 +65,19 @@ def metrics_from_sums(sums: list[float], generate: bool) -> Evaluation:
 @torch.no_grad()
 def loss_sums(
     model: torch.nn.Module,
-    batches: Iterable[dict[str, torch.Tensor]],
+    batches: Iterable[Counted],
     device: torch.device,
     autocast: Callable[[], AbstractContextManager[Any]],
 ) -> torch.Tensor:
-    """[loss summed over the tokens that carry it, those tokens] of this rank's batches (on the device)."""
+    """[loss summed over the tokens that carry it, those tokens] of this rank's counted batches (on the device)."""
     sums = torch.zeros(2, dtype=torch.float64, device=device)
-    for batch in batches:
+    for batch, counted in batches:
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        count = (batch["labels"][:, 1:] != IGNORE).sum()
         with autocast():
-            loss = model(**batch).loss
-        sums += torch.stack([loss.double() * count, count.double()])
+            out = model(**batch)
+        if counted:
+            count = (batch["labels"][:, 1:] != IGNORE).sum()
+            sums += torch.stack([out.loss.double() * count, count.double()])
     return sums
 
 
@@ -102,13 +104,19 @@ def generate(
     batch_size: int,
     device: torch.device,
     autocast: Callable[[], AbstractContextManager[Any]],
+    lockstep: bool = False,
 ) -> Generated:
-    """Greedy responses to the prompts of `rows`, compared with their references."""
+    """Greedy responses to the prompts of `rows`, compared with their references. In `lockstep`, every rank calls
+    `generate` as often as the rank with the most prompts (a filler prompt where it has none left), and each call
+    runs until every rank's answers are done (`synced_gpus`)."""
     prompts, references = _prompts(encoded, rows)
     hits, samples = 0, list[Sample]()
     pad = tokenizer.pad_token_id
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start : start + batch_size]
+    starts = range(0, len(prompts), batch_size)
+    calls = most_over_ranks(len(starts), device) if lockstep else len(starts)
+    for call in range(calls):
+        start = call * batch_size
+        chunk = prompts[start : start + batch_size] or [[tokenizer.eos_token_id]]
         width = max(len(p) for p in chunk)
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
@@ -121,7 +129,10 @@ def generate(
                 use_cache=True,
                 pad_token_id=pad,
                 eos_token_id=tokenizer.eos_token_id,
+                synced_gpus=lockstep,
             )
+        if start >= len(prompts):  # a filler call
+            continue
         for i, new in enumerate(out[:, width:].tolist()):
             output = tokenizer.decode(new, skip_special_tokens=True)
             reference = tokenizer.decode(references[start + i], skip_special_tokens=True)
@@ -136,7 +147,7 @@ def generate(
 
 def evaluate_lm(
     model: torch.nn.Module,
-    batches: Iterable[dict[str, torch.Tensor]],
+    batches: Iterable[Counted],
     generated: Callable[[], Generated] | None,
     device: torch.device,
     autocast: Callable[[], AbstractContextManager[Any]],

@@ -3,10 +3,10 @@
 `build_worker` loads the job's task and its model (attention kernels, gradient checkpointing, an
 adapter, torch.compile as the job says), plans the batches and tokenises this rank's records
 (`batch_plan`, the task's encoding), counts what each step's loss is averaged over on all ranks
-together, sets up AdamW, the linear warmup schedule, autocast and (with more than one rank) DDP,
-and restores the latest checkpoint if there is one. The result, a `Worker`, holds no behaviour
-beyond that: the step loop (`loop.TrainLoop`) runs it. Each rank has one GPU
-(`ray.train.torch.get_device`).
+together, spreads the model over the ranks by the job's strategy (DDP, or FSDP's shards), sets up
+AdamW, the linear warmup schedule and autocast, and restores the latest checkpoint if there is one.
+The result, a `Worker`, holds no behaviour beyond that: the step loop (`loop.TrainLoop`) runs it.
+Each rank has one GPU (`ray.train.torch.get_device`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import ray.train
 import ray.train.torch
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedModel, get_linear_schedule_with_warmup
 
 from rocmtrain.api.models import TrainingSpec
@@ -38,6 +37,7 @@ from rocmtrain_train.data.rank_shard import Tokenizing, TrainData, load_eval_dat
 from rocmtrain_train.data.tokens import Encoded
 from rocmtrain_train.model.pretrained import compile_model, parameter_counts, resolve_model
 from rocmtrain_train.reporting.log_files import rank_logger
+from rocmtrain_train.strategy import Strategy, strategy_for
 from rocmtrain_train.tasks import Task, task_for
 
 LR_SCALING: dict[str, Callable[[int], float]] = {"none": lambda w: 1.0, "linear": float, "sqrt": math.sqrt}
@@ -75,9 +75,9 @@ def schedule(
     return get_linear_schedule_with_warmup(optimizer, warmup, total_steps, last_epoch=step - 1)
 
 
-def autocast_for(training: TrainingSpec, device: torch.device) -> Autocast:
-    """bf16/fp16 autocast on GPUs; fp32 on CPUs."""
-    if device.type != "cuda" or training.precision == "fp32":
+def autocast_for(training: TrainingSpec, device: torch.device, strategy: Strategy) -> Autocast:
+    """bf16/fp16 autocast on GPUs, unless the strategy casts to the compute precision itself; fp32 on CPUs."""
+    if device.type != "cuda" or training.precision == "fp32" or strategy.casts:
         return nullcontext
     dtype = torch.bfloat16 if training.precision == "bf16" else torch.float16
     return lambda: torch.autocast("cuda", dtype=dtype)
@@ -95,12 +95,13 @@ class Worker:
 
     settings: RunSettings
     task: Task
+    strategy: Strategy
     rank: int
     world_size: int
     log: logging.Logger
     device: torch.device
     model: PreTrainedModel
-    ddp: DistributedDataParallel | None  # the model wrapped for DDP; None with one rank
+    module: torch.nn.Module  # what a step calls: the model, or its DDP wrapper
     tokenizer: Any
     train: TrainData
     eval_data: Encoded | None
@@ -111,6 +112,7 @@ class Worker:
     pad_multiple: int  # batches are padded to a multiple of this
     total_steps: int
     step_items: np.ndarray  # per step of the plan, what its loss is averaged over, on all ranks together
+    step_passes: np.ndarray | None  # per step, the most forward passes of any rank (ranks in lockstep), else None
     state: TrainState
     resumed_from: int | None  # the checkpoint step this attempt started from
     parameters: tuple[int, int]  # (trainable, total)
@@ -135,18 +137,31 @@ def _threads(settings: RunSettings) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
 
 
-def _latest_checkpoint(settings: RunSettings, rank: int, log: logging.Logger) -> dict[str, Any] | None:
-    """The latest checkpoint of the run (this rank's view of it), if `checkpoint.resume` allows resuming it."""
+def _latest_checkpoint(settings: RunSettings, rank: int, parts: Parts, log: logging.Logger) -> dict[str, Any] | None:
+    """The latest checkpoint of the run (this rank's view of it), if `checkpoint.resume` allows resuming it; its
+    weights and optimiser state are loaded into `parts`."""
     found = ray.train.get_checkpoint()
     if found is None:
         return None
     with found.as_directory() as directory:
         saved = train_state.load(Path(directory), rank)
-    if not train_state.resumable(saved, resume=settings.job.spec.checkpoint.resume, run_id=settings.run_id):
-        log.info("not resuming from %s: checkpoint.resume is never", found.path)
-        return None
-    log.info("resuming from %s", found.path)
+        if not train_state.resumable(saved, resume=settings.job.spec.checkpoint.resume, run_id=settings.run_id):
+            log.info("not resuming from %s: checkpoint.resume is never", found.path)
+            return None
+        log.info("resuming from %s", found.path)
+        parts.strategy.load(Path(directory), model=parts.model, optimizer=parts.optimizer)
     return saved
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What a checkpoint restores into."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    device: torch.device
+    strategy: Strategy
 
 
 def _restore(
@@ -154,7 +169,7 @@ def _restore(
     rank: int,
     world_size: int,
     plan: BatchPlan,
-    parts: dict[str, Any],
+    parts: Parts,
     log: logging.Logger,
 ) -> tuple[TrainState, int | None]:
     """The state to start from, and the step of the checkpoint it came from (None for a fresh start).
@@ -163,11 +178,11 @@ def _restore(
     seeded from the seed, the rank and the step.
     """
     seed = settings.job.spec.training.seed
-    saved = _latest_checkpoint(settings, rank, log)
+    saved = _latest_checkpoint(settings, rank, parts, log)
     if saved is None:
         torch.manual_seed(train_state.rng_seed(seed, rank, 0))
         return TrainState(), None
-    state = train_state.restore(saved, model=parts["model"], optimizer=parts["optimizer"], scaler=parts["scaler"])
+    state = train_state.restore(saved, scaler=parts.scaler)
     resumed_from = state.step
     same_steps = saved["plan"] == plan.digest
     if not same_steps:
@@ -183,24 +198,38 @@ def _restore(
             state.step,
         )
     if same_steps and saved["world_size"] == world_size and saved["rng"] is not None:
-        train_state.set_rng_state(saved["rng"], parts["device"])
+        train_state.set_rng_state(saved["rng"], parts.device)
     else:
         torch.manual_seed(train_state.rng_seed(seed, rank, state.step))
     log.info("resumed at epoch %d, step %d", state.epoch, state.step)
     return state.share(rank, world_size), resumed_from
 
 
+def _over_ranks(local: list[int], op: dist.ReduceOp.RedOpType, device: torch.device) -> np.ndarray:
+    counts = torch.tensor(local, dtype=torch.int64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(counts, op=op)
+    return counts.cpu().numpy()
+
+
+def _portions(train: TrainData, rank: int) -> list[list[int]]:
+    """This rank's records of each step of the plan, as indices into its encoded records."""
+    plan = train.plan
+    return [[train.position[r] for r in plan.portion(step, rank)] for step in range(len(plan.steps))]
+
+
 def step_items(train: TrainData, rank: int, device: torch.device) -> np.ndarray:
     """Per step of the plan, the records (classifiers) or tokens that carry loss (language models) of every rank
     together: one all-reduce for the whole run, none per step."""
-    plan = train.plan
-    local = [
-        int(train.items[[train.position[r] for r in plan.portion(step, rank)]].sum()) for step in range(len(plan.steps))
-    ]
-    counts = torch.tensor(local, dtype=torch.int64, device=device)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(counts, op=dist.ReduceOp.SUM)
-    return counts.cpu().numpy()
+    local = [int(train.items[rows].sum()) for rows in _portions(train, rank)]
+    return _over_ranks(local, dist.ReduceOp.SUM, device)
+
+
+def step_passes(train: TrainData, task: Task, rank: int, batch_size: int, device: torch.device) -> np.ndarray:
+    """Per step of the plan, the most micro-batches any rank runs (one all-reduce for the whole run): ranks in
+    lockstep all run that many."""
+    local = [len(task.micro_batches(rows, train.encoded, batch_size)) for rows in _portions(train, rank)]
+    return _over_ranks(local, dist.ReduceOp.MAX, device)
 
 
 def build_worker(settings: RunSettings) -> Worker:
@@ -233,40 +262,43 @@ def build_worker(settings: RunSettings) -> Worker:
     eval_data = load_eval_data(settings, rank, world_size, how)
 
     total_steps = len(train.plan.steps) * training.epochs
+    counted = parameter_counts(model)  # before sharding: the whole model's
+    strategy = strategy_for(settings, device)
+    strategy.prepare(model)
     optimizer = optimizer_for(model, training, world_size)
     on_gpu = device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=on_gpu and training.precision == "fp16")
-    parts = {"model": model, "optimizer": optimizer, "scaler": scaler, "device": device}
+    parts = Parts(model, optimizer, scaler, device, strategy)
     state, resumed_from = _restore(settings, rank, world_size, train.plan, parts, log)
     if training.compile:
         compile_model(model, spec.model.max_seq_length, COMPILE_BUCKET)
     worker = Worker(
         settings=settings,
         task=task,
+        strategy=strategy,
         rank=rank,
         world_size=world_size,
         log=log,
         device=device,
         model=model,
-        ddp=None,
+        module=strategy.wrap(model),
         tokenizer=tokenizer,
         train=train,
         eval_data=eval_data,
         optimizer=optimizer,
         scheduler=schedule(optimizer, training, world_size, total_steps, state.step),
         scaler=scaler,
-        autocast=autocast_for(training, device),
+        autocast=autocast_for(training, device, strategy),
         pad_multiple=pad_multiple(training, device),
         total_steps=total_steps,
         step_items=step_items(train, rank, device),
+        step_passes=step_passes(train, task, rank, training.batch_size_per_worker, device)
+        if strategy.lockstep
+        else None,
         state=state,
         resumed_from=resumed_from,
-        parameters=parameter_counts(model),
+        parameters=counted,
     )
-    if world_size > 1:
-        worker.ddp = DistributedDataParallel(
-            model, device_ids=[device.index] if on_gpu else None, gradient_as_bucket_view=True
-        )
     log.info(
         "%d training records on this rank, %d optimiser steps per epoch of %d records, %d steps in all; "
         "%d of %d parameters train",

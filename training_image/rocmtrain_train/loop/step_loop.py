@@ -18,7 +18,6 @@ import dataclasses
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ import torch.distributed as dist
 from ray.train import CheckpointUploadMode
 
 from rocmtrain_train.checkpoint import train_state
-from rocmtrain_train.checkpoint.model_export import export_model, merged_location
+from rocmtrain_train.checkpoint.model_export import merged_location
 from rocmtrain_train.data.prefetch import Prefetcher
 from rocmtrain_train.loop.rank_setup import Worker, build_worker
 from rocmtrain_train.loop.resource_sampling import ResourceSampler, utilization_sampler
@@ -109,14 +108,18 @@ class TrainLoop:
         finally:
             self.sampler.close()
 
-    def _micro_batches(self, epoch: int) -> list[tuple[int, list[MicroBatch]]]:
-        """The rest of an epoch: each step's index and this rank's micro-batches (of rows of its records)."""
+    def _micro_batches(self, epoch: int) -> list[tuple[int, list[MicroBatch], int]]:
+        """The rest of an epoch: each step's index, this rank's micro-batches (of rows of its records) and how many
+        of them count. Where the ranks go in lockstep, the last is repeated, not counted, until this rank runs as
+        many forward passes in the step as every other."""
         w, training = self.w, self.spec.training
         plan, position = w.train.plan, w.train.position
         out = []
         for step in plan.epoch_order(training.seed, epoch)[w.state.epoch_step :]:
             rows = [position[record] for record in plan.portion(step, w.rank)]
-            out.append((step, w.task.micro_batches(rows, w.train.encoded, training.batch_size_per_worker)))
+            group = w.task.micro_batches(rows, w.train.encoded, training.batch_size_per_worker)
+            passes = len(group) if w.step_passes is None else int(w.step_passes[step])
+            out.append((step, group + [group[-1]] * (passes - len(group)), len(group)))
         return out
 
     def _train(self) -> None:
@@ -124,11 +127,11 @@ class TrainLoop:
         state, plan = w.state, w.train.plan
         for epoch in range(state.epoch, training.epochs):
             steps = self._micro_batches(epoch)
-            batches = Prefetcher(self._collate, (micro for _, group in steps for micro in group))
+            batches = Prefetcher(self._collate, (micro for _, group, _ in steps for micro in group))
             try:
                 feed = iter(batches)
-                for step, group in steps:
-                    self._step(group, feed, int(w.step_items[step]))
+                for step, group, counted in steps:
+                    self._step(group, feed, int(w.step_items[step]), counted)
                     state.step += 1
                     state.epoch_step += 1
                     state.epoch_samples += len(plan.steps[step])
@@ -155,8 +158,11 @@ class TrainLoop:
         pad = w.tokenizer.pad_token_id
         return w.task.collate(w.train.encoded, micro, pad, multiple_of=w.pad_multiple, pin=w.pin_memory)
 
-    def _step(self, group: list[MicroBatch], feed: Iterator[dict[str, torch.Tensor]], step_items: int) -> None:
-        """One optimiser step over this rank's micro-batches; gradients sync on the last one only.
+    def _step(
+        self, group: list[MicroBatch], feed: Iterator[dict[str, torch.Tensor]], step_items: int, counted: int
+    ) -> None:
+        """One optimiser step over this rank's micro-batches, of which the first `counted` count; gradients sync
+        on the last one only.
 
         Each micro-batch's mean loss is weighted by its share of what the whole step's loss is averaged
         over (`step_items`: the records, or the tokens that carry loss, of every rank), times the world
@@ -166,7 +172,7 @@ class TrainLoop:
         w, state, interval = self.w, self.w.state, self.interval
         lengths, weights = w.train.encoded.lengths, w.train.items
         for i, micro in enumerate(group):
-            rows = _records(micro)
+            rows = _records(micro) if i < counted else []
             waited = time.perf_counter()
             batch = {k: v.to(w.device, non_blocking=True) for k, v in next(feed).items()}
             waited = time.perf_counter() - waited
@@ -174,9 +180,9 @@ class TrainLoop:
             state.data_wait_seconds += waited
             last = i == len(group) - 1
             items = int(weights[rows].sum())
-            with nullcontext() if last or w.ddp is None else w.ddp.no_sync():
+            with w.strategy.gradient_sync(w.module, last):
                 with w.autocast():
-                    loss = (w.ddp or w.model)(**batch).loss
+                    loss = w.module(**batch).loss
                 w.scaler.scale(loss * loss_weight(items, step_items, w.world_size)).backward()
             interval.loss_sum += loss.detach().float() * items
             interval.loss_items += items
@@ -208,6 +214,7 @@ class TrainLoop:
             multiple_of=w.pad_multiple,
             device=w.device,
             autocast=w.autocast,
+            lockstep=w.strategy.lockstep,
         )
         w.state.eval_seconds += time.perf_counter() - started
         w.state.last_eval, w.state.last_eval_step = result, w.state.step
@@ -261,13 +268,12 @@ class TrainLoop:
             rank=w.rank,
             device=w.device,
             totals=dataclasses.replace(w.state, **totals),
-            model=w.model,
-            optimizer=w.optimizer,
             scaler=w.scaler,
             run_id=w.settings.run_id,
             world_size=w.world_size,
             plan=w.train.plan.digest,
         )
+        w.strategy.save(directory, rank=w.rank, model=w.model, optimizer=w.optimizer)
         return ray.train.Checkpoint.from_directory(directory)
 
     def _report(
@@ -303,11 +309,11 @@ class TrainLoop:
         before an adapter is merged into them)."""
         w = self.w
         output = w.settings.model_output
-        checksum = weights_checksum(w.model)
+        checksum = w.strategy.checksum(w.model)
         merge = bool(self.spec.adapter and self.spec.adapter.merge)
         merged = merged_location(output) if merge else None
+        w.strategy.export(w.model, w.tokenizer, output, rank=w.rank, merge=merge)
         if w.rank == 0:
-            export_model(w.model, w.tokenizer, output, merge=merge)
             w.log.info("model saved to %s%s", output, f" (merged: {merged})" if merged else "")
         return {"model_path": output, "merged_model_path": merged, "weights_checksum": checksum}
 
@@ -330,12 +336,6 @@ def _records(micro: MicroBatch) -> list[int]:
     for item in micro:
         found.extend(item if isinstance(item, Sequence) else [item])
     return found
-
-
-def weights_checksum(model: torch.nn.Module) -> float:
-    """The sum of every weight, in float64: equal on every rank exactly when DDP kept the ranks in step."""
-    with torch.no_grad():
-        return float(sum(p.detach().double().sum() for p in model.parameters()).item())  # type: ignore[union-attr]
 
 
 def _format(values: dict[str, Any]) -> str:

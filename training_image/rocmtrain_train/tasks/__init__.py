@@ -71,9 +71,10 @@ class Task(Protocol):
         multiple_of: int,
         device: torch.device,
         autocast: Autocast,
+        lockstep: bool,
     ) -> tuple[Evaluation, Samples]:
-        """Evaluate this rank's shard with the others (a collective: every rank calls it); the same metrics on
-        every rank, and this rank's samples."""
+        """Evaluate this rank's shard with the others (a collective: every rank calls it; in `lockstep`, every rank
+        runs as many forward passes); the same metrics on every rank, and this rank's samples."""
 
 
 def task_for(spec: RocmTrainingJobSpec) -> Task:

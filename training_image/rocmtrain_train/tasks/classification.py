@@ -12,10 +12,10 @@ import pyarrow as pa
 import torch
 
 from rocmtrain.api.models import RocmTrainingJobSpec
-from rocmtrain_train.data.batch_plan import micro_batches, sorted_batches
+from rocmtrain_train.data.batch_plan import micro_batches
 from rocmtrain_train.data.records import records
 from rocmtrain_train.data.tokens import Encoded, collate, encode
-from rocmtrain_train.loop.evaluate import evaluate
+from rocmtrain_train.loop.evaluate import eval_batches, evaluate
 from rocmtrain_train.model.pretrained import check_model_files, load_model
 from rocmtrain_train.reporting.rank_report import Evaluation
 from rocmtrain_train.tasks import Autocast, MicroBatch, Samples
@@ -60,13 +60,10 @@ class Classification:
         multiple_of: int,
         device: torch.device,
         autocast: Autocast,
+        lockstep: bool,
     ) -> tuple[Evaluation, Samples]:
-        batches = (
-            []
-            if data is None
-            else (
-                collate(data, rows, tokenizer.pad_token_id, multiple_of=multiple_of)
-                for rows in sorted_batches(data.lengths, batch_size)
-            )
+        pad = tokenizer.pad_token_id
+        batches = eval_batches(
+            data, batch_size, collate, pad, multiple_of=multiple_of, device=device, lockstep=lockstep
         )
         return evaluate(model, batches, self.spec.model, device, autocast), []

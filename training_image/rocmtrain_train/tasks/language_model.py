@@ -20,9 +20,10 @@ import torch.distributed as dist
 
 from rocmtrain.api.models import RocmTrainingJobSpec
 from rocmtrain_train.config import ConfigError
-from rocmtrain_train.data.batch_plan import micro_batches, sorted_batches
+from rocmtrain_train.data.batch_plan import micro_batches
 from rocmtrain_train.data.lm_tokens import LmFormat, collate_lm, collate_packed, encode_lm, loss_counts, pack
 from rocmtrain_train.data.tokens import Encoded
+from rocmtrain_train.loop.evaluate import eval_batches
 from rocmtrain_train.loop.lm_evaluate import Generated, evaluate_lm, generate
 from rocmtrain_train.model.causal_lm import check_causal_lm_files, load_causal_lm
 from rocmtrain_train.reporting.rank_report import Evaluation
@@ -94,24 +95,28 @@ class LanguageModel:
         multiple_of: int,
         device: torch.device,
         autocast: Autocast,
+        lockstep: bool,
     ) -> tuple[Evaluation, Samples]:
         pad = tokenizer.pad_token_id
-        batches = (
-            []
-            if data is None
-            else (
-                collate_lm(data, rows, pad, multiple_of=multiple_of)
-                for rows in sorted_batches(data.lengths, batch_size)
-            )
+        batches = eval_batches(
+            data, batch_size, collate_lm, pad, multiple_of=multiple_of, device=device, lockstep=lockstep
         )
         options = self.spec.evaluation.generate
 
         def generated() -> Generated:
-            if data is None or options is None:
-                return Generated(0, 0, [])
-            rows = self._generation_rows(data)
+            assert options is not None
+            chosen = [] if data is None else self._generation_rows(data)
+            empty = Encoded.from_lists([], None, [], masks=[], response_starts=[])
             return generate(
-                model, tokenizer, data, rows, options, batch_size=batch_size, device=device, autocast=autocast
+                model,
+                tokenizer,
+                data if data is not None else empty,
+                chosen,
+                options,
+                batch_size=batch_size,
+                device=device,
+                autocast=autocast,
+                lockstep=lockstep,
             )
 
         return evaluate_lm(model, batches, generated if options is not None else None, device, autocast)

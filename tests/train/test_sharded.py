@@ -1,0 +1,197 @@
+"""FSDP2 sharding (`training.sharding: fsdp`) on real processes over gloo, without Ray: the strategy's own parts.
+
+Each test starts 1, 2 or 4 processes with torch.distributed (gloo on CPU), shards the example's tiny Llama
+with `Sharded.prepare`, and checks what a run relies on: a checkpoint written by 2 ranks loads on 1 and on 4
+(DCP reshards) with every weight and optimiser moment, an adapter trains alone under FSDP, and the export is
+one consolidated Hugging Face folder equal to the trained weights (the adapter's merged one equal to peft's
+merge).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rocmtrain.api.models import AdapterSpec
+from rocmtrain_train.model.causal_lm import with_adapter
+from rocmtrain_train.strategy.sharded import Sharded, _full, shard_group
+
+CPU = torch.device("cpu")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(rank: int, world: int, port: int, fn, args) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        fn(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+# The processes come from a fork server that imported these once: each starts in a fraction of a second, and
+# none inherits the threads of this process (a fork of the test process itself could deadlock in OpenMP).
+mp.set_forkserver_preload(
+    ["torch", "torch.distributed.fsdp", "transformers", "peft", "rocmtrain_train.strategy.sharded"]
+)
+
+
+def spawn(world: int, fn, *args) -> None:
+    """Run `fn(rank, world, *args)` in `world` processes joined by gloo on loopback."""
+    mp.start_processes(_run, args=(world, _free_port(), fn, args), nprocs=world, join=True, start_method="forkserver")
+
+
+def _model(path: Path, adapter: bool = False) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    model.config.use_cache = False
+    return (
+        with_adapter(model, AdapterSpec(rank=4, dropout=0.0, targetModules=["q_proj", "v_proj"])) if adapter else model
+    )
+
+
+def _batch(path: Path) -> dict[str, torch.Tensor]:
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    ids = tokenizer(["question : what colour is the zorb ? answer : red"] * 4, return_tensors="pt")["input_ids"]
+    return {"input_ids": ids, "labels": ids}
+
+
+def _train(rank: int, world: int, path: Path, out: Path) -> None:
+    model = _model(path)
+    Sharded(CPU, 1, world, None).prepare(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(**_batch(path)).loss.backward()
+    optimizer.step()
+    Sharded(CPU, 1, world, None).save(out, rank=rank, model=model, optimizer=optimizer)
+    weights = {n: _full(p.detach()) for n, p in model.named_parameters()}
+    moments = {n: _full(optimizer.state[p]["exp_avg"]) for n, p in model.named_parameters()}
+    if rank == 0:
+        torch.save({"weights": weights, "moments": moments}, out / "expected.pt")
+
+
+def _restore(rank: int, world: int, path: Path, out: Path) -> None:
+    model = _model(path)
+    strategy = Sharded(CPU, 1, world, None)
+    strategy.prepare(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    strategy.load(out, model=model, optimizer=optimizer)
+    expected = torch.load(out / "expected.pt", weights_only=True)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(_full(p.detach()), expected["weights"][name], msg=name)
+        torch.testing.assert_close(_full(optimizer.state[p]["exp_avg"]), expected["moments"][name], msg=name)
+
+
+@pytest.fixture(scope="module")
+def sharded_checkpoint(tiny_lm: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("sharded")
+    spawn(2, _train, tiny_lm, out)
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 4])
+def test_a_checkpoint_of_two_ranks_loads_on_another_number_of_ranks(sharded_checkpoint, tiny_lm, world):
+    assert sorted(p.name for p in (sharded_checkpoint / "sharded").iterdir()) == [
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
+    spawn(world, _restore, tiny_lm, sharded_checkpoint)
+
+
+def _adapter_alone(rank: int, world: int, path: Path, out: Path) -> None:
+    model = _model(path, adapter=True)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    strategy = Sharded(CPU, 1, world, None)
+    strategy.prepare(model)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    model(**_batch(path)).loss.backward()
+    assert all((p.grad is not None) == p.requires_grad for p in model.parameters())
+    optimizer.step()
+    after = {n: _full(p.detach()) for n, p in model.named_parameters()}
+    for name, value in after.items():
+        moved = not torch.equal(value, before[name])
+        assert moved == ("lora_B" in name or "lora_A" in name), name  # the adapter moves, the base never
+    strategy.export(model, AutoTokenizer.from_pretrained(path), str(out), rank=rank, merge=True)
+    if rank == 0:
+        torch.save(after, out / "trained.pt")
+
+
+def test_an_adapter_trains_alone_under_fsdp_and_exports_for_peft_and_merged(tiny_lm, tmp_path):
+    from peft import PeftModel
+
+    spawn(2, _adapter_alone, tiny_lm, tmp_path)
+    trained = torch.load(tmp_path / "trained.pt", weights_only=True)
+    adapter = PeftModel.from_pretrained(_model(tiny_lm), tmp_path).eval()
+    for name, value in adapter.named_parameters():
+        torch.testing.assert_close(value, trained[name], msg=name)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    expected = adapter.merge_and_unload().state_dict()
+    for name, value in merged.state_dict().items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-6, atol=1e-6, msg=name)
+
+
+def _export(rank: int, world: int, path: Path, out: Path, file_bytes: int | None = None) -> None:
+    from rocmtrain_train.strategy import sharded
+
+    if file_bytes is not None:
+        sharded.EXPORT_SHARD_BYTES = file_bytes
+    model = _model(path)
+    strategy = Sharded(CPU, 1, world, None)
+    strategy.prepare(model)
+    torch.optim.SGD(model.parameters(), lr=0.1)
+    model(**_batch(path)).loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.1 * p.grad
+    weights = {n: _full(p.detach()) for n, p in model.named_parameters()}
+    checksum = strategy.checksum(model)
+    strategy.export(model, AutoTokenizer.from_pretrained(path), str(out / "model"), rank=rank, merge=False)
+    if rank == 0:
+        torch.save({"weights": weights, "checksum": checksum}, out / "trained.pt")
+
+
+def test_the_export_is_one_consolidated_folder_equal_to_the_trained_weights(tiny_lm, tmp_path):
+    spawn(2, _export, tiny_lm, tmp_path)
+    trained = torch.load(tmp_path / "trained.pt", weights_only=True)
+    folder = tmp_path / "model"
+    assert sorted(p.name for p in folder.glob("*.safetensors*")) == ["model.safetensors"]  # one file, as transformers
+    assert "lm_head.weight" not in load_file(str(folder / "model.safetensors"))  # tied: saved once, as transformers
+    loaded = AutoModelForCausalLM.from_pretrained(folder)
+    for name, value in loaded.named_parameters():
+        torch.testing.assert_close(value, trained["weights"][name], rtol=0, atol=0, msg=name)
+    assert trained["checksum"] == pytest.approx(sum(float(v.double().sum()) for v in trained["weights"].values()))
+
+
+def test_hybrid_sharding_shards_within_a_pod_and_replicates_across_pods():
+    assert shard_group(16, 8, "pod") == 8  # two pods of 8 GPUs: shard in each, replicate across
+    assert shard_group(16, 8, "job") == 16
+    assert shard_group(8, 8, "pod") == 8  # one pod: nothing to replicate
+    assert shard_group(2, 1, "pod") == 2  # CPU ranks (one per pod): sharding over pods of one would shard nothing
+
+
+def test_a_large_model_is_exported_in_numbered_files_with_an_index(tiny_lm, tmp_path):
+    """Files close at the shard size as the tensors arrive (here 16 KiB, as 5 GiB is for a real model)."""
+    spawn(2, _export, tiny_lm, tmp_path, 16 * 1024)
+    folder = tmp_path / "model"
+    files = sorted(p.name for p in folder.glob("model-*.safetensors"))
+    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    assert (
+        len(files) > 2 and set(index.values()) == set(files) and files[-1].endswith(f"-of-{len(files):05d}.safetensors")
+    )
+    trained = torch.load(tmp_path / "trained.pt", weights_only=True)
+    loaded = AutoModelForCausalLM.from_pretrained(folder)
+    for name, value in loaded.named_parameters():
+        torch.testing.assert_close(value, trained["weights"][name], rtol=0, atol=0, msg=name)
