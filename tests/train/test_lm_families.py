@@ -57,7 +57,7 @@ def test_each_family_trains_an_adapter_on_packed_records_with_sdpa_and_gradient_
     }
     task = task_for(job("family", spec).spec)
     task.check_model(path)
-    model, tokenizer = task.load(path)
+    model, tokenizer = task.load(path, gpu=False)
     assert model.config._attn_implementation == "sdpa" and model.is_gradient_checkpointing
     adapted = {name.split(".lora_A")[0].rsplit(".", 1)[-1] for name, _ in model.named_parameters() if ".lora_A" in name}
     assert sorted(adapted) == FAMILIES[family][1]  # peft's default targets for the family
@@ -80,3 +80,22 @@ def test_each_family_trains_an_adapter_on_packed_records_with_sdpa_and_gradient_
             logits = model(input_ids=alone["input_ids"], attention_mask=alone["attention_mask"]).logits[0, :n]
             torch.testing.assert_close(together[at : at + n], logits, rtol=1e-4, atol=1e-5, msg=family)
             at += n
+
+
+def test_weights_load_in_fp32_to_train_and_a_frozen_base_in_bf16_on_gpus(tiny_lm, tmp_path):
+    """transformers loads a model in the dtype it was saved in (bf16 for most language models): the weights that
+    train are fp32 masters whatever that dtype, and only a LoRA adapter's frozen base stays bf16, on GPUs."""
+    saved = tmp_path / "saved-in-bf16"
+    AutoModelForCausalLM.from_pretrained(tiny_lm, dtype=torch.bfloat16).save_pretrained(saved)
+    AutoTokenizer.from_pretrained(tiny_lm).save_pretrained(saved)
+    lm = {"source": str(saved), "task": "causal-lm", "numLabels": None, "maxSeqLength": 64}
+    data = {"promptField": "prompt", "responseField": "response"}
+    full = task_for(job("full", {"model": lm, "data": data}).spec)
+    model, _ = full.load(saved, gpu=True)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    lora = task_for(job("lora", {"model": lm, "data": data, "adapter": {}, "training": {"precision": "bf16"}}).spec)
+    on_gpu, _ = lora.load(saved, gpu=True)
+    assert {p.dtype for p in on_gpu.parameters() if not p.requires_grad} == {torch.bfloat16}
+    assert {p.dtype for p in on_gpu.parameters() if p.requires_grad} == {torch.float32}
+    on_cpu, _ = lora.load(saved, gpu=False)
+    assert {p.dtype for p in on_cpu.parameters()} == {torch.float32}

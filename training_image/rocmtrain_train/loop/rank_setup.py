@@ -255,7 +255,7 @@ def build_worker(settings: RunSettings) -> Worker:
     if model_dir is None:
         raise ConfigError(f"model {spec.model.source}: not available on rank {rank}")
     task = task_for(spec)
-    model, tokenizer = task.load(model_dir)
+    model, tokenizer = task.load(model_dir, gpu=device.type == "cuda")
     model.to(device)
     how = Tokenizing(task, tokenizer, model_dir, takes_token_types(model), log)
     train = load_train_data(settings, rank, world_size, how)

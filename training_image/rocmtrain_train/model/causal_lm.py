@@ -116,13 +116,26 @@ def with_adapter(model: PreTrainedModel, adapter: AdapterSpec) -> PreTrainedMode
     return get_peft_model(model, config)  # type: ignore[return-value]  # a PeftModel forwards like the model
 
 
-def load_causal_lm(path: Path, spec: RocmTrainingJobSpec) -> tuple[Any, Any]:
-    """The tokenizer and the model to train: the pretrained causal LM, with the job's adapter if it has one."""
+def weights_dtype(spec: RocmTrainingJobSpec, *, gpu: bool) -> torch.dtype:
+    """The dtype the model's weights load in: fp32 where they train (the master weights that autocast or FSDP
+    compute in bf16 from), bf16 for a LoRA adapter's frozen base on GPUs with `precision: bf16` (half the memory;
+    the adapter itself stays fp32)."""
+    import torch
+
+    frozen_in_bf16 = spec.adapter is not None and gpu and spec.training.precision == "bf16"
+    return torch.bfloat16 if frozen_in_bf16 else torch.float32
+
+
+def load_causal_lm(path: Path, spec: RocmTrainingJobSpec, *, gpu: bool) -> tuple[Any, Any]:
+    """The tokenizer and the model to train: the pretrained causal LM (in `weights_dtype`, whatever the dtype it
+    was saved in), with the job's adapter if it has one."""
     from transformers import AutoModelForCausalLM
 
     training = spec.training
     tokenizer = load_tokenizer(path, spec)
-    model: Any = AutoModelForCausalLM.from_pretrained(path, attn_implementation=training.attention_implementation)
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        path, attn_implementation=training.attention_implementation, dtype=weights_dtype(spec, gpu=gpu)
+    )
     model.config.use_cache = False
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id

@@ -216,11 +216,13 @@ def compile_model(model: torch.nn.Module, max_length: int, bucket: int, backend:
 
 
 def load_model(path: Path, spec: ModelSpec, training: TrainingSpec) -> tuple[PreTrainedModel, Any]:
-    """The tokenizer and a sequence-classification (or regression) model with a fresh head.
+    """The tokenizer and a sequence-classification (or regression) model with a fresh head, in fp32 whatever the
+    dtype it was saved in (the master weights autocast computes in bf16 from).
 
     Attention runs on the kernels `training.attentionImplementation` names; with
     `training.gradientCheckpointing`, activations are recomputed in the backward pass.
     """
+    import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -230,7 +232,7 @@ def load_model(path: Path, spec: ModelSpec, training: TrainingSpec) -> tuple[Pre
     else:
         kwargs = {"num_labels": spec.num_labels, "problem_type": "single_label_classification"}
     model = AutoModelForSequenceClassification.from_pretrained(
-        path, attn_implementation=training.attention_implementation, **kwargs
+        path, attn_implementation=training.attention_implementation, dtype=torch.float32, **kwargs
     )
     model.config.pad_token_id = tokenizer.pad_token_id
     if training.gradient_checkpointing:

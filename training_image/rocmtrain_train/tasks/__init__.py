@@ -43,8 +43,8 @@ class Task(Protocol):
     def check_model(self, path: Path) -> Any:
         """Raise ConfigError where the model's config or tokenizer does not fit the job; return the tokenizer."""
 
-    def load(self, path: Path) -> tuple[Any, Any]:
-        """The model to train and its tokenizer."""
+    def load(self, path: Path, *, gpu: bool) -> tuple[Any, Any]:
+        """The model to train (in the precision of its weights' role, on GPUs or not) and its tokenizer."""
 
     def encode(self, tokenizer: Any, table: pa.Table, rows: Sequence[int], where: str, token_types: bool) -> Encoded:
         """The given rows of a read table, tokenised."""

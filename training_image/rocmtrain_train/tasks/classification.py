@@ -30,7 +30,7 @@ class Classification:
     def check_model(self, path: Path) -> Any:
         return check_model_files(path, self.spec.model, self.spec.training)
 
-    def load(self, path: Path) -> tuple[Any, Any]:
+    def load(self, path: Path, *, gpu: bool) -> tuple[Any, Any]:
         return load_model(path, self.spec.model, self.spec.training)
 
     def encode(self, tokenizer: Any, table: pa.Table, rows: Sequence[int], where: str, token_types: bool) -> Encoded:

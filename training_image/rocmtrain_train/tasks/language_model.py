@@ -50,8 +50,8 @@ class LanguageModel:
     def check_model(self, path: Path) -> Any:
         return check_causal_lm_files(path, self.spec)
 
-    def load(self, path: Path) -> tuple[Any, Any]:
-        return load_causal_lm(path, self.spec)
+    def load(self, path: Path, *, gpu: bool) -> tuple[Any, Any]:
+        return load_causal_lm(path, self.spec, gpu=gpu)
 
     def encode(self, tokenizer: Any, table: pa.Table, rows: Sequence[int], where: str, token_types: bool) -> Encoded:
         encoded = encode_lm(tokenizer, table, rows, self.format)
