@@ -195,3 +195,21 @@ def test_a_large_model_is_exported_in_numbered_files_with_an_index(tiny_lm, tmp_
     loaded = AutoModelForCausalLM.from_pretrained(folder)
     for name, value in loaded.named_parameters():
         torch.testing.assert_close(value, trained["weights"][name], rtol=0, atol=0, msg=name)
+
+
+def _checkpointed(rank: int, world: int, path: Path, out: Path) -> None:
+    grads = []
+    for checkpointing in (False, True):
+        model = _model(path)
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        Sharded(CPU, 1, world, None).prepare(model)
+        model.train()
+        model(**_batch(path)).loss.backward()
+        grads.append({n: _full(p.grad) for n, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_gradient_checkpointing_under_fsdp_computes_the_same_gradients(tiny_lm, tmp_path):
+    spawn(2, _checkpointed, tiny_lm, tmp_path)
