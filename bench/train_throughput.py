@@ -136,6 +136,7 @@ def hf_worker(config: dict[str, Any]) -> None:
         AutoTokenizer,
         DataCollatorWithPadding,
         Trainer,
+        TrainerCallback,
         TrainingArguments,
         set_seed,
     )
@@ -156,6 +157,14 @@ def hf_worker(config: dict[str, Any]) -> None:
 
     def accuracy(prediction: Any) -> dict[str, float]:
         return {"accuracy": float((np.argmax(prediction.predictions, axis=-1) == prediction.label_ids).mean())}
+
+    class SavedEverywhere(TrainerCallback):
+        """Waits until every rank has written its part of a checkpoint before Ray's callback copies it. The
+        Trainer has no barrier there: a rank that copies while another still writes fails (seen under load)."""
+
+        def on_save(self, *args: Any, **kwargs: Any) -> None:
+            if torch.distributed.is_initialized():
+                torch.distributed.barrier()
 
     class Counting(Trainer):
         """Counts the real and the padded tokens of every training batch (lazily: no device sync)."""
@@ -206,6 +215,7 @@ def hf_worker(config: dict[str, Any]) -> None:
         else None,
         compute_metrics=accuracy,
     )
+    trainer.add_callback(SavedEverywhere())
     trainer.add_callback(RayTrainReportCallback())
     trainer = prepare_trainer(trainer)
     output = trainer.train()
