@@ -466,10 +466,13 @@ def main() -> int:
             ray.shutdown()
     summary = {name: medians(runs) for name, runs in results.items()}
     print(table(summary, COLUMNS))
+    seeds = ", ".join(str(args.train_seed + i) for i in range(args.runs))
+    print(f"\naccuracy by seed ({seeds}):")
+    for name, runs in results.items():
+        print(f"  {name}: " + " ".join(f"{m.eval_accuracy:.3f}" for m in runs))
     found = parity(summary, arms, args.samples)
     if found:
-        seeds = ", ".join(str(args.train_seed + i) for i in range(args.runs))
-        print(f"\nparity (medians over the same seeds in every arm: {seeds})")
+        print("\nparity (medians over the same seeds in every arm)")
         print(table(found, PARITY_COLUMNS))
     report = {
         "config": {k: str(v) for k, v in vars(args).items()},
