@@ -148,7 +148,11 @@ def main() -> int:
                     dataloader_workers=2,
                 )
                 results = interleaved(
-                    arms, args.runs, lambda arm, i, w=work: run_arm(arm, w, folder / f"{arm}-{w.ranks}gpu-{i}")
+                    arms,
+                    args.runs,
+                    lambda arm, seed, w=work: run_arm(
+                        arm, replace(w, seed=seed), folder / f"{arm}-{w.ranks}gpu-{seed}"
+                    ),
                 )
                 for arm, measured in results.items():
                     extra = [gpu_figures(m, work, peak) for m in measured]

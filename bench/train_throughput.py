@@ -11,17 +11,24 @@
 
 All arms fine-tune the same model on the same generated reviews (about 150 tokens on average,
 a long tail to 512) with the same ranks, global batch, epochs, learning rate, warmup and weight
-decay, evaluate once per epoch and checkpoint once per epoch. Each arm runs `--runs` times,
-interleaved (recipe, stock, ours, recipe, ...), and the table shows medians. Measured per run:
+decay, evaluate once per epoch and checkpoint once per epoch. Each arm runs `--runs` times at each
+training-set size of `--samples`, interleaved (recipe, stock, ours at the first size, then at the
+next, then the second run, ...), and the table shows medians. Run i trains with seed
+`--train-seed` + i in every arm (the new head's weights, dropout, sample order): a run's accuracy
+is one draw of a short run's luck, so every arm's median is over the same number of draws (ours
+is deterministic for a seed; the Trainer's head is not, unless seeded). Measured per run:
 
 - samples/s: training samples over the arm's wall time (the whole `fit`: start-up, tokenising,
   training, checkpoints) minus its evaluation time; "loop samples/s" is over the training loop's own
   time instead (the Trainer's `train_runtime` minus evaluation; our synchronised step time);
 - tokens/s: real (non-padding) training tokens over the same wall time;
 - padding: real tokens over the tokens the model computed on;
-- accuracy on the evaluation set.
+- accuracy on the evaluation set (the same records at every size).
 
-    python bench/train_throughput.py --samples 768 --eval-samples 192 --runs 3
+The parity table sets ours against each other arm at each size: the accuracy medians, their
+difference, and our samples/s over theirs.
+
+    python bench/train_throughput.py --samples 384,768 --eval-samples 192 --runs 3
 """
 
 from __future__ import annotations
@@ -75,6 +82,7 @@ class Workload:
     use_gpu: bool = False
     precision: str = "fp32"  # fp32 on CPUs; bf16 on GPUs
     dataloader_workers: int = 1  # the stock arm's DataLoader processes per rank
+    seed: int = 42  # the new head's weights, dropout and sample order, in every arm
 
 
 @dataclass
@@ -128,7 +136,9 @@ def hf_worker(config: dict[str, Any]) -> None:
         AutoTokenizer,
         DataCollatorWithPadding,
         Trainer,
+        TrainerCallback,
         TrainingArguments,
+        set_seed,
     )
 
     work: Workload = config["workload"]
@@ -136,6 +146,7 @@ def hf_worker(config: dict[str, Any]) -> None:
     if not work.use_gpu:
         torch.set_num_threads(1)  # one CPU per rank, as in our arm
     tokenizer = AutoTokenizer.from_pretrained(work.model)
+    set_seed(work.seed)  # the new head starts from the run's seed, as in ours (the Trainer seeds only later)
     model = AutoModelForSequenceClassification.from_pretrained(work.model, num_labels=work.num_labels)
 
     def tokenized(name: str) -> list[dict[str, Any]]:
@@ -146,6 +157,14 @@ def hf_worker(config: dict[str, Any]) -> None:
 
     def accuracy(prediction: Any) -> dict[str, float]:
         return {"accuracy": float((np.argmax(prediction.predictions, axis=-1) == prediction.label_ids).mean())}
+
+    class SavedEverywhere(TrainerCallback):
+        """Waits until every rank has written its part of a checkpoint before Ray's callback copies it. The
+        Trainer has no barrier there: a rank that copies while another still writes fails (seen under load)."""
+
+        def on_save(self, *args: Any, **kwargs: Any) -> None:
+            if torch.distributed.is_initialized():
+                torch.distributed.barrier()
 
     class Counting(Trainer):
         """Counts the real and the padded tokens of every training batch (lazily: no device sync)."""
@@ -178,6 +197,7 @@ def hf_worker(config: dict[str, Any]) -> None:
         per_device_eval_batch_size=2 * work.batch_size,
         num_train_epochs=work.epochs,
         learning_rate=work.learning_rate,
+        seed=work.seed,
         warmup_steps=WARMUP_RATIO,
         weight_decay=WEIGHT_DECAY,
         use_cpu=not work.use_gpu,
@@ -195,6 +215,7 @@ def hf_worker(config: dict[str, Any]) -> None:
         else None,
         compute_metrics=accuracy,
     )
+    trainer.add_callback(SavedEverywhere())
     trainer.add_callback(RayTrainReportCallback())
     trainer = prepare_trainer(trainer)
     output = trainer.train()
@@ -251,8 +272,13 @@ def ours(work: Workload, folder: Path) -> Measured:
             "metadata": {"name": "bench-ours"},
             "spec": {
                 "model": {"source": work.model, "numLabels": work.num_labels, "maxSeqLength": MAX_LENGTH},
-                "data": {"train": {"uri": f"{work.data}/train.jsonl"}, "eval": {"uri": f"{work.data}/eval.jsonl"}},
+                "data": {
+                    "train": {"uri": f"{work.data}/train.jsonl"},
+                    "eval": {"uri": f"{work.data}/eval.jsonl"},
+                    "shuffleSeed": work.seed,
+                },
                 "training": {
+                    "seed": work.seed,
                     "epochs": work.epochs,
                     "batchSizePerWorker": work.batch_size,
                     "learningRate": work.learning_rate,
@@ -312,16 +338,23 @@ def run_arm(arm: str, work: Workload, folder: Path) -> Measured:
 
 
 def interleaved(
-    arms: tuple[str, ...], runs: int, measure: Callable[[str, int], Measured], log: Callable[[str], None] = print
+    cases: tuple[str, ...],
+    runs: int,
+    measure: Callable[[str, int], Measured],
+    first_seed: int = 42,
+    log: Callable[[str], None] = print,
 ) -> dict[str, list[Measured]]:
-    """Every arm `runs` times, in turns, so that a slow spell of the machine hits all arms alike."""
-    results: dict[str, list[Measured]] = {arm: [] for arm in arms}
+    """Every case (an arm, or an arm at one size) `runs` times, in turns, so that a slow spell of the machine
+    hits all cases alike; `measure(case, seed)`. Run i of every case trains with seed `first_seed` + i: an
+    accuracy is one draw of a run's luck, so each case's median is over the same draws as every other's."""
+    results: dict[str, list[Measured]] = {name: [] for name in cases}
     for index in range(runs):
-        for arm in arms:
-            measured = measure(arm, index)
-            results[arm].append(measured)
+        seed = first_seed + index
+        for name in cases:
+            measured = measure(name, seed)
+            results[name].append(measured)
             figures = measured.figures()
-            log(f"run {index + 1} {arm}: " + ", ".join(f"{k}={v:.4g}" for k, v in figures.items()))
+            log(f"run {index + 1} {name} (seed {seed}): " + ", ".join(f"{k}={v:.4g}" for k, v in figures.items()))
     return results
 
 
@@ -352,25 +385,54 @@ COLUMNS = [
 ]
 
 
-def ratios(summary: dict[str, dict[str, float]], base: str) -> dict[str, float]:
-    """Our samples/s (wall and loop) over another arm's."""
-    return {
-        f"ours/{base}": summary["ours"]["samples_per_second"] / summary[base]["samples_per_second"],
-        f"ours/{base} (loop)": summary["ours"]["loop_samples_per_second"] / summary[base]["loop_samples_per_second"],
-    }
+def case(arm: str, samples: int) -> str:
+    """The name of an arm's runs at one training-set size."""
+    return f"{arm}, {samples} samples"
+
+
+PARITY_COLUMNS = [
+    ("their_accuracy", "their accuracy", ".4f"),
+    ("our_accuracy", "our accuracy", ".4f"),
+    ("accuracy_difference", "difference", "+.4f"),
+    ("samples_per_second_ratio", "ours/theirs samples/s", ".2f"),
+    ("loop_samples_per_second_ratio", "ours/theirs loop", ".2f"),
+]
+
+
+def parity(
+    summary: dict[str, dict[str, float]], arms: tuple[str, ...], sizes: list[int]
+) -> dict[str, dict[str, float]]:
+    """Ours against each other arm at each size: accuracy medians, their difference, our samples/s over theirs."""
+    rows = {}
+    for base in (a for a in arms if a != "ours" and "ours" in arms):
+        for samples in sizes:
+            ours, theirs = summary[case("ours", samples)], summary[case(base, samples)]
+            rows[f"ours vs {base}, {samples} samples"] = {
+                "their_accuracy": theirs["eval_accuracy"],
+                "our_accuracy": ours["eval_accuracy"],
+                "accuracy_difference": ours["eval_accuracy"] - theirs["eval_accuracy"],
+                "samples_per_second_ratio": ours["samples_per_second"] / theirs["samples_per_second"],
+                "loop_samples_per_second_ratio": ours["loop_samples_per_second"] / theirs["loop_samples_per_second"],
+            }
+    return rows
+
+
+def size_list(text: str) -> list[int]:
+    return [int(part) for part in text.split(",")]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--samples", type=int, default=768, help="training records")
-    parser.add_argument("--eval-samples", type=int, default=192, help="evaluation records")
+    parser.add_argument("--samples", type=size_list, default=[384, 768], help="training records: comma-separated sizes")
+    parser.add_argument("--eval-samples", type=int, default=192, help="evaluation records (the same at every size)")
     parser.add_argument("--workers", type=int, default=2, help="ranks (one CPU each)")
     parser.add_argument("--batch-size", type=int, default=8, help="per rank (global batch = ranks x this)")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--learning-rate", type=float, default=2e-4)
-    parser.add_argument("--runs", type=int, default=3, help="runs per arm (medians are reported)")
+    parser.add_argument("--runs", type=int, default=3, help="runs per arm and size (medians are reported)")
     parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of " + ", ".join(ARMS))
     parser.add_argument("--seed", type=int, default=11, help="data generator seed")
+    parser.add_argument("--train-seed", type=int, default=42, help="run i trains with this seed + i in every arm")
     parser.add_argument("--out", type=Path, default=Path("train_throughput.json"), help="JSON results file")
     args = parser.parse_args()
     arms = tuple(a for a in ARMS if a in args.arms.split(","))
@@ -379,31 +441,45 @@ def main() -> int:
     assert model is not None
     with tempfile.TemporaryDirectory(prefix="rocmtrain-bench-") as tmp:
         work_dir = Path(tmp)
-        generate(work_dir / "data", args.samples, args.eval_samples, args.seed)
-        work = Workload(
-            model=str(model),
-            data=str(work_dir / "data"),
-            num_labels=3,
-            ranks=args.workers,
-            batch_size=args.batch_size,
-            epochs=args.epochs,
-            learning_rate=args.learning_rate,
-        )
+        works = {}
+        for samples in args.samples:
+            generate(work_dir / f"data-{samples}", samples, args.eval_samples, args.seed)
+            works[samples] = Workload(
+                model=str(model),
+                data=str(work_dir / f"data-{samples}"),
+                num_labels=3,
+                ranks=args.workers,
+                batch_size=args.batch_size,
+                epochs=args.epochs,
+                learning_rate=args.learning_rate,
+            )
+        cases = {case(arm, samples): (arm, samples) for samples in args.samples for arm in arms}
+
+        def measure(name: str, seed: int) -> Measured:
+            arm, samples = cases[name]
+            return run_arm(arm, replace(works[samples], seed=seed), work_dir / f"{arm}-{samples}-{seed}")
+
         ray.init(num_cpus=max(args.workers, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
         try:
-            results = interleaved(arms, args.runs, lambda arm, i: run_arm(arm, work, work_dir / f"{arm}-{i}"))
+            results = interleaved(tuple(cases), args.runs, measure, first_seed=args.train_seed)
         finally:
             ray.shutdown()
-    summary = {arm: medians(runs) for arm, runs in results.items()}
+    summary = {name: medians(runs) for name, runs in results.items()}
     print(table(summary, COLUMNS))
-    found = {k: v for base in arms if base != "ours" and "ours" in arms for k, v in ratios(summary, base).items()}
-    print(", ".join(f"{k}: {v:.2f}x" for k, v in found.items()))
+    seeds = ", ".join(str(args.train_seed + i) for i in range(args.runs))
+    print(f"\naccuracy by seed ({seeds}):")
+    for name, runs in results.items():
+        print(f"  {name}: " + " ".join(f"{m.eval_accuracy:.3f}" for m in runs))
+    found = parity(summary, arms, args.samples)
+    if found:
+        print("\nparity (medians over the same seeds in every arm)")
+        print(table(found, PARITY_COLUMNS))
     report = {
         "config": {k: str(v) for k, v in vars(args).items()},
-        "workload": asdict(replace(work, model=MODEL, data="generated")),
+        "workload": asdict(replace(works[args.samples[0]], model=MODEL, data="generated", seed=args.train_seed)),
         "medians": summary,
-        "ratios": found,
-        "runs": {arm: [asdict(m) | m.figures() for m in runs] for arm, runs in results.items()},
+        "parity": found,
+        "runs": {name: [asdict(m) | m.figures() for m in runs] for name, runs in results.items()},
     }
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"results written to {args.out}")
