@@ -8,7 +8,7 @@
 - Every family's parameters, and an adapter's, are counted exactly.
 - The activations are what autograd really keeps: every tensor storage alive at once during a forward
   and backward pass is counted (a dispatch mode sees each one made, and a weak reference each one freed),
-  and the plan's activations are held to that peak: within 5% for the Llama family, 15% for the others.
+  and the plan's activations are held to that peak: within 3% for the Llama family, 15% for the others.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def peak_activations(
 ) -> int:
     """The most bytes a forward and backward pass of a bf16 model hold at once, besides its weights (one batch of
     `rows` rows of `tokens` tokens, the first of them padded, as padded batches are)."""
-    config = AutoConfig.for_model(family, vocab_size=1000, **size)
+    config = AutoConfig.for_model(family, vocab_size=VOCABULARY, **size)
     torch.manual_seed(0)
     model: Any = AutoModelForCausalLM.from_config(config, attn_implementation=attention).to(torch.bfloat16)
     model.config.use_cache = False
@@ -180,7 +180,7 @@ def peak_activations(
 
         model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", r=adapter.rank, lora_dropout=adapter.dropout))
     model.train()
-    ids = torch.randint(0, 1000, (rows, tokens))
+    ids = torch.randint(0, VOCABULARY, (rows, tokens))
     mask = torch.ones_like(ids)
     mask[0, -3:] = 0
     live = LiveBytes({p.untyped_storage().data_ptr() for p in model.parameters()})
@@ -190,13 +190,16 @@ def peak_activations(
     return live.peak
 
 
-WIDE = {"hidden_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2}
+# A small vocabulary and MLP, and few key/value heads (one, for Qwen3) for their query heads, so that the blocks'
+# parts (attention's keys and values among them) weigh against the logits.
+VOCABULARY = 256
+WIDE = {"hidden_size": 128, "num_hidden_layers": 2}
 # Per family: its sizes, the plan's tolerance, and the cases measured (the Llama family's in full; the others less
 # exactly counted, and slower to run).
 ACTIVATION_CASES = {
-    "llama": ({**WIDE, "intermediate_size": 344, "num_key_value_heads": 2}, 0.05),
-    "qwen3": ({**WIDE, "intermediate_size": 344, "num_key_value_heads": 2, "head_dim": 32}, 0.05),
-    "gpt_neox": ({**WIDE, "intermediate_size": 512}, 0.15),
+    "llama": ({**WIDE, "intermediate_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2}, 0.03),
+    "qwen3": ({**WIDE, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 1}, 0.03),
+    "gpt_neox": ({**WIDE, "intermediate_size": 512, "num_attention_heads": 4}, 0.15),
     "gpt2": (
         {"n_layer": 2, "n_embd": 128, "n_head": 4, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
         0.15,
@@ -217,7 +220,7 @@ FULL, LORA_ONLY, LORA_CHECKPOINTING = (
         ("llama", *LORA_ONLY, "sdpa"),
         ("llama", *LORA_CHECKPOINTING, "sdpa"),
         ("qwen3", *FULL, "sdpa"),
-        ("gpt_neox", *LORA_ONLY, "sdpa"),
+        ("gpt_neox", *FULL, "sdpa"),
         ("gpt2", *FULL, "sdpa"),
     ],
     ids=[
@@ -226,14 +229,14 @@ FULL, LORA_ONLY, LORA_CHECKPOINTING = (
         "llama-lora",
         "llama-lora-checkpointing",
         "qwen3-full",
-        "gpt_neox-lora",
+        "gpt_neox-full",
         "gpt2-full",
     ],
 )
 def test_the_activations_are_what_autograd_keeps(family, adapter, checkpointing, attention):
     size, tolerance = ACTIVATION_CASES[family]
     measured = peak_activations(family, size, adapter, checkpointing, attention=attention)
-    config = json.loads(AutoConfig.for_model(family, vocab_size=1000, **size).to_json_string())
+    config = json.loads(AutoConfig.for_model(family, vocab_size=VOCABULARY, **size).to_json_string())
     setup = Setup(False, "fp32", 1, 1, adapter, 2, 128, checkpointing, "causal-lm", eager=attention == "eager")
     planned = plan_memory(model_shape({**config, "dtype": "bfloat16"}), setup).activations
     assert abs(planned - measured) <= tolerance * measured, (planned, measured)
@@ -244,7 +247,7 @@ def test_with_full_fine_tuning_and_checkpointing_the_gradients_grow_as_activatio
     weights have their gradients: the plan's activations and gradients together bound it."""
     size, _ = ACTIVATION_CASES["llama"]
     measured = peak_activations("llama", size, None, True, rows=1, tokens=64)
-    config = json.loads(AutoConfig.for_model("llama", vocab_size=1000, **size).to_json_string())
+    config = json.loads(AutoConfig.for_model("llama", vocab_size=VOCABULARY, **size).to_json_string())
     setup = Setup(False, "fp32", 1, 1, None, 1, 64, True, "causal-lm")
     plan = plan_memory(model_shape({**config, "dtype": "bfloat16"}), setup)
     assert plan.activations < measured <= plan.activations + plan.gradients

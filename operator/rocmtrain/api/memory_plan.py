@@ -14,13 +14,15 @@ as the training image allocates it (transformers 5, peft, PyTorch's AdamW, DDP o
   the root and one block; or autocast's bfloat16 copies of float32 linear weights (kept from the forward
   to the backward pass);
 - **activations**: what autograd keeps for the backward pass, counted tensor by tensor from
-  transformers' code for the Llama family (within 5% on CPU, see tests/train/test_memory_plan.py),
+  transformers' code for the Llama family (within 3% on CPU, see tests/train/test_memory_plan.py),
   and in the same way, less exactly, for GPT-NeoX and GPT-2. SDPA keeps no sequence x sequence
   attention matrix (flash or memory-efficient kernels keep the output and a log-sum-exp per row); eager
   attention (`attentionImplementation: eager`) keeps its softmax's weights, heads x sequence² per row.
   Keys and values count at the full head count: with padding or packing transformers repeats them
-  before SDPA. With gradient checkpointing each block keeps only its input, and one block is
-  recomputed at a time;
+  before SDPA (copies, but views of a single key/value head). Every block is counted as if its input
+  needed a gradient: with a frozen base the first one's does not, and keeps less (GPT-NeoX's first MLP,
+  a parallel branch, nothing), so an adapter's plan errs a little high for models of few blocks. With
+  gradient checkpointing each block keeps only its input, and one block is recomputed at a time;
 - **logits**: the loss upcasts the logits to float32 and keeps its log-softmax; in the backward pass its
   gradient and the log-softmax's make 12 bytes per token and vocabulary entry, before any block's;
 - **margin**: the allocator's fragmentation (`FRAGMENTATION` of the rest) and what lives outside it, the
@@ -272,10 +274,12 @@ def _block_activations(shape: ModelShape, setup: Setup, adapters: list[Linear]) 
     attention_readers, mlp_readers = shape.norm_readers
     per_token = _norm(shape, setup, h, attention_readers, full, full)
     per_token += _norm(shape, setup, h, mlp_readers, full, full)
+    # keys and values repeated to every query head are copies, but views of a single key/value head
+    single = 2 * e * (q - k) if shape.kv_heads == 1 < shape.heads else 0
     if setup.eager:  # the softmax's float32 weights (and their half-precision cast), not SDPA's output and log-sum-exp
-        per_token += (shape.attention_saved - 1) * e * q + shape.heads * setup.sequence * (4 + (e if e < 4 else 0))
+        per_token += (shape.attention_saved - 1) * e * q - single + shape.heads * setup.sequence * (4 + e % 4)
     else:
-        per_token += shape.attention_saved * e * q + 4 * shape.heads
+        per_token += shape.attention_saved * e * q - single + 4 * shape.heads
     if shape.qk_norm:
         per_token += 4 * q + 4 * shape.heads + 4 * k + 4 * shape.kv_heads + (e * (q + k) if full else 0)
     per_token += (shape.mlp_saved + (1 if full else 0)) * e * shape.intermediate
