@@ -283,11 +283,17 @@ def test_a_gpu_job_too_large_for_its_gpus_is_refused_with_the_numbers_and_the_ch
         preflight(settings(fitting, tmp_path / "runs"))
 
 
-def test_a_cpu_job_has_no_gpu_memory_to_plan(tmp_path):
-    """The same job on CPUs passes the plan and fails the next check: the folder has no tokenizer."""
-    cpu = lm_job("on-cpu", config_only(tmp_path), {"resources": {"workers": 1, "gpusPerWorker": 0}})
+def test_a_gpu_job_run_on_cpus_has_no_gpu_memory_to_plan(tmp_path):
+    """`rocmtrain run --cpu` of the job too large for its GPUs passes the plan and fails the next check: the
+    folder has no tokenizer."""
+    import uuid
+
+    from rocmtrain_train.config import local_settings
+
+    big = lm_job("on-cpu", config_only(tmp_path), {"resources": MI300X_NODE, "training": {"batchSizePerWorker": 1}})
+    on_cpus = local_settings(big, job_dir=str(EXAMPLES), run_id=uuid.uuid4().hex, storage=str(tmp_path), force_cpu=True)
     with pytest.raises(ConfigError, match="tokenizer"):
-        preflight(settings(cpu, tmp_path / "runs"))
+        preflight(on_cpus)
 
 
 def cluster_lm_job(name: str, model, resources: dict) -> str:
