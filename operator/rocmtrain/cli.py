@@ -1,6 +1,6 @@
-"""The `rocmtrain` command: render and validate jobs, print the CRD, and the commands other packages add.
+"""The `rocmtrain` command: render, validate and plan jobs, print the CRD, and the commands other packages add.
 
-`render`, `validate` and `crd` are built in and need only the contract (`rocmtrain.api`)
+`render`, `validate`, `plan` and `crd` are built in and need only the contract (`rocmtrain.api`)
 and the renderer. Further commands come from the `rocmtrain.commands` entry-point group:
 each entry point names a function that takes the rest of the command line and returns
 the exit status (its docstring's first line is the help). The training package adds
@@ -11,13 +11,21 @@ so clearly where it is not (the operator image); this module never imports it.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from importlib.metadata import EntryPoint, distributions
+from pathlib import Path
+from typing import Any
 
+import yaml
+
+from rocmtrain.api.gpu_memory import INSTINCT_GIB, GpuMemory, job_gpu_memory, table_gpu_memory
 from rocmtrain.api.manifests import read_jobs
+from rocmtrain.api.models import RocmTrainingJob
 
 EXIT_INVALID = 1
+EXIT_DOES_NOT_FIT = 1
 EXIT_USAGE = 2
 COMMANDS_GROUP = "rocmtrain.commands"
 
@@ -64,6 +72,14 @@ def _parser(plugins: dict[str, Command]) -> argparse.ArgumentParser:
         default="cluster",
         help="where the job will run: cluster (default) or local (`rocmtrain run`, allows ./relative paths)",
     )
+    plan = commands.add_parser(
+        "plan", help="print each job's GPU memory per GPU; exit 0 when it fits, 1 when it does not, 2 on a bad job"
+    )
+    plan.add_argument("file", help="job manifest (YAML, one or more documents; - reads stdin)")
+    plan.add_argument("--config", help="the model's config.json, where the job's model source is not on this machine")
+    plan.add_argument("--nodes", help="`kubectl get nodes -o json` (or yaml): the GPU memory from their labels")
+    plan.add_argument("--gpu", metavar="MODEL", help=f"plan for this AMD Instinct model: {', '.join(INSTINCT_GIB)}")
+    plan.add_argument("-o", "--output", choices=["table", "json"], default="table", help="output format")
     commands.add_parser("crd", help="print the RocmTrainingJob CustomResourceDefinition")
     for name, command in sorted(plugins.items()):
         commands.add_parser(name, help=(command.__doc__ or "").strip().splitlines()[0], add_help=False)
@@ -97,6 +113,55 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _nodes_gpu_memory(path: str, job: RocmTrainingJob) -> GpuMemory | None:
+    """The GPU memory the labels of the nodes in a `kubectl get nodes` file give the job."""
+    from rocmtrain.node_fit import gpu_memory, node_info
+
+    found = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    items = found.get("items", [found]) if isinstance(found, dict) else []
+    nodes = [info for item in items if isinstance(item, dict) and (info := node_info(item)) is not None]
+    return gpu_memory(job.spec, nodes)
+
+
+def _gpu(args: argparse.Namespace, job: RocmTrainingJob) -> GpuMemory | None:
+    """The memory of one of the job's GPUs: --gpu, else the nodes' labels, else the job's GPU selector."""
+    if args.gpu is not None:
+        if (named := table_gpu_memory(args.gpu)) is None:
+            raise ValueError(f"--gpu {args.gpu}: not an AMD Instinct model the plan knows ({', '.join(INSTINCT_GIB)})")
+        return named
+    return (_nodes_gpu_memory(args.nodes, job) if args.nodes else None) or job_gpu_memory(job.spec)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Print each job's memory plan per GPU next to its GPUs' memory: 0 when all fit, 1 when one does not."""
+    from rocmtrain.api.memory_fit import plan_job
+    from rocmtrain.api.model_shapes import ModelConfigError
+    from rocmtrain.model_files import ModelFileError, config_path, read_config
+    from rocmtrain.views.memory_plan import plan_json, plan_text
+
+    jobs, errors = read_jobs(args.file, "local")
+    if errors:
+        _report(errors)
+        return EXIT_USAGE
+    job_dir = Path(args.file).parent if args.file != "-" else Path.cwd()
+    shown: list[Any] = []
+    fits = True
+    for job in jobs:
+        try:
+            path = Path(args.config) if args.config else config_path(job.spec.model.source, job_dir)
+            planned = plan_job(job.spec, read_config(path), _gpu(args, job))
+        except (ModelFileError, ModelConfigError, ValueError) as exc:
+            _report([f"{args.file}: {job.metadata.name}: {exc}"])
+            return EXIT_USAGE
+        fits = fits and planned.fits is not False
+        shown.append(plan_json(job, planned) if args.output == "json" else plan_text(job, planned))
+    if args.output == "json":
+        print(json.dumps(shown[0] if len(shown) == 1 else shown, indent=2))
+    else:
+        sys.stdout.write("\n".join(shown))
+    return 0 if fits else EXIT_DOES_NOT_FIT
+
+
 def cmd_crd(_: argparse.Namespace) -> int:
     """Print the CRD exactly as committed under crds/."""
     from rocmtrain.api.crd import render_crd_yaml
@@ -105,7 +170,7 @@ def cmd_crd(_: argparse.Namespace) -> int:
     return 0
 
 
-BUILT_IN = {"render": cmd_render, "validate": cmd_validate, "crd": cmd_crd}
+BUILT_IN = {"render": cmd_render, "validate": cmd_validate, "plan": cmd_plan, "crd": cmd_crd}
 
 
 def main(argv: list[str] | None = None) -> int:

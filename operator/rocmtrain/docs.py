@@ -1,16 +1,20 @@
-"""The generated parts of the docs: the custom-resource field reference and the list of pure modules.
+"""The generated parts of the docs: the custom-resource field reference, the list of pure modules, the metric
+table and the memory plan the language-model guide quotes.
 
 `python -m rocmtrain.docs` (`make docs`) rewrites, in the checkout it runs in (`--root`), the part
 of each page between its markers: docs/reference/custom-resource.md from the CRD schema,
-docs/design/boundaries.md from the strict mypy section of pyproject.toml. `--check` only reports
-whether they are current.
+docs/design/boundaries.md from the strict mypy section of pyproject.toml, docs/reference/status.md from
+the metrics' display metadata, docs/guides/language-models.md from `rocmtrain plan` of an example.
+`--check` only reports whether they are current.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import inspect
+import io
 import json
 import re
 import sys
@@ -162,10 +166,26 @@ def metric_table(_root: Path) -> str:
     return "\n".join(lines)
 
 
+# The plan the language-model guide quotes: the 70B LoRA example, from Llama 3.1 70B's published config.json.
+PLAN_EXAMPLE = ("examples/cluster-llama-70b-lora-fsdp-mi300x.yaml", "examples/models/llama-3.1-70b/config.json")
+
+
+def example_plan(root: Path) -> str:
+    """`rocmtrain plan` of the 70B LoRA example, as the command prints it."""
+    from rocmtrain import cli
+
+    job, config = PLAN_EXAMPLE
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        cli.main(["plan", str(root / job), "--config", str(root / config)])
+    return f"```console\n$ rocmtrain plan {job} --config {config}\n{printed.getvalue()}```"
+
+
 BLOCKS = (
     Block("FIELD REFERENCE", "docs/reference/custom-resource.md", "the CRD", lambda _root: field_reference()),
     Block("PURE MODULES", "docs/design/boundaries.md", "pyproject.toml's strict mypy section", pure_module_list),
     Block("METRICS", "docs/reference/status.md", "the Metrics model's display metadata", metric_table),
+    Block("MEMORY PLAN", "docs/guides/language-models.md", f"`rocmtrain plan` of {PLAN_EXAMPLE[0]}", example_plan),
 )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from rocmtrain.api.conditions import Reason
 from rocmtrain.api.contract import GPU_NODE_LABELS, GPU_RESOURCE
+from rocmtrain.api.gpu_memory import GpuMemory, vram_label_bytes
 from rocmtrain.api.models import RocmTrainingJobSpec
 from rocmtrain.api.quantity import parse_quantity
 from rocmtrain.status.phase import Hold, HoldKind
@@ -57,6 +58,27 @@ def _required_labels(spec: RocmTrainingJobSpec) -> dict[str, str]:
     return {**spec.scheduling.node_selector, **(gpu.node_labels() if gpu is not None else {})}
 
 
+def _matching(spec: RocmTrainingJobSpec, nodes: Iterable[NodeInfo]) -> list[NodeInfo]:
+    """The nodes with GPUs that carry the job's node selector and GPU model labels."""
+    required = _required_labels(spec)
+    return [n for n in nodes if n.gpus and all(n.labels.get(k) == v for k, v in required.items())]
+
+
+def gpu_memory(spec: RocmTrainingJobSpec, nodes: Iterable[NodeInfo]) -> GpuMemory | None:
+    """The memory of one GPU where the job's workers can run: the smallest `amd.com/gpu.vram` of the matching nodes
+    with GPUs; None where none of them carries the label (the memory plan then uses the job's GPU model)."""
+    label = GPU_NODE_LABELS["vram"]
+    found = [
+        (size, node)
+        for node in _matching(spec, nodes)
+        if (size := vram_label_bytes(node.labels.get(label, ""))) is not None
+    ]
+    if not found:
+        return None
+    size, node = min(found, key=lambda pair: (pair[0], pair[1].name))
+    return GpuMemory(size, f"{label} {node.labels[label]} on node {node.name}")
+
+
 def _describe(labels: Mapping[str, str]) -> str:
     return ", ".join(f"{key}={value}" for key, value in sorted(labels.items()))
 
@@ -75,8 +97,8 @@ def check(spec: RocmTrainingJobSpec, nodes: Iterable[NodeInfo]) -> Hold | None:
         return None
     nodes = list(nodes)
     required = _required_labels(spec)
-    matching = [n for n in nodes if all(n.labels.get(k) == v for k, v in required.items())]
-    if required and not any(n.gpus for n in matching):
+    matching = _matching(spec, nodes)
+    if required and not matching:
         product = GPU_NODE_LABELS["product_name"]
         models = sorted({n.labels[product] for n in nodes if product in n.labels})
         available = f" (GPU models on the nodes: {', '.join(models)})" if models else ""

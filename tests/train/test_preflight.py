@@ -5,6 +5,7 @@ These use the real model files and the real quickstart data; only the faulty par
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 
@@ -253,3 +254,93 @@ def test_a_bad_language_model_job_fails_the_cli_with_exit_code_2_and_no_tracebac
     assert cli.main([str(tmp_path / "job.yaml"), "--storage", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
     assert "c_attn match no linear module of the model" in err and "Traceback" not in err
+
+
+# --- the memory plan: a GPU job too large for its GPUs stops before any weight loads -------------------------
+
+MI300X_NODE = {"workers": 1, "gpusPerWorker": 8, "gpu": {"productName": "AMD_Instinct_MI300X_OAM"}}
+
+
+def config_only(tmp_path, name: str = "llama-3.1-70b"):
+    """A model folder holding only a config.json (Llama 3.1 70B's): the plan needs no weights, nor a tokenizer."""
+    folder = tmp_path / name
+    folder.mkdir()
+    shutil.copy(EXAMPLES / "models" / name / "config.json", folder)
+    return folder
+
+
+def test_a_gpu_job_too_large_for_its_gpus_is_refused_with_the_numbers_and_the_cheapest_changes(tmp_path):
+    big = lm_job("too-big", config_only(tmp_path), {"resources": MI300X_NODE, "training": {"batchSizePerWorker": 1}})
+    with pytest.raises(ConfigError) as refused:
+        preflight(settings(big, tmp_path / "runs"))
+    assert str(refused.value) == (
+        "memory plan: needs 582.0 GiB per GPU with sharding none, full fine-tuning, but a GPU has 192.0 GiB "
+        "(AMD_Instinct_MI300X_OAM, AMD's data sheet); fits with fsdp over 8 GPUs (89.9 GiB) or with a LoRA "
+        "adapter (148.7 GiB)"
+    )
+    fitting = lm_job("sharded", config_only(tmp_path, "llama-3.1-8b"), {"resources": MI300X_NODE})
+    with pytest.raises(ConfigError, match=r"tokenizer"):  # past the plan, to the next check
+        preflight(settings(fitting, tmp_path / "runs"))
+
+
+def test_a_gpu_job_run_on_cpus_has_no_gpu_memory_to_plan(tmp_path):
+    """`rocmtrain run --cpu` of the job too large for its GPUs passes the plan and fails the next check: the
+    folder has no tokenizer."""
+    import uuid
+
+    from rocmtrain_train.config import local_settings
+
+    big = lm_job("on-cpu", config_only(tmp_path), {"resources": MI300X_NODE, "training": {"batchSizePerWorker": 1}})
+    on_cpus = local_settings(big, job_dir=str(EXAMPLES), run_id=uuid.uuid4().hex, storage=str(tmp_path), force_cpu=True)
+    with pytest.raises(ConfigError, match="tokenizer"):
+        preflight(on_cpus)
+
+
+def cluster_lm_job(name: str, model, resources: dict) -> str:
+    """A causal-lm job as the operator hands it to the driver (ROCMTRAIN_JOB), its checkpoints in an object store
+    (the pre-flight writes nothing there)."""
+    cluster = lm_job(name, model, {"resources": resources, "checkpoint": {"storagePath": "s3://checkpoints/runs"}})
+    return cluster.model_dump_json(by_alias=True)
+
+
+def test_the_cluster_driver_exits_2_on_a_job_too_large_for_its_gpus(tmp_path, monkeypatch, capsys):
+    import ray
+
+    from rocmtrain.api.contract import DRIVER_ERROR_PREFIX
+    from rocmtrain_train import __main__ as driver
+
+    monkeypatch.setattr(ray, "init", lambda *args, **kwargs: pytest.fail("Ray must not start"))
+    monkeypatch.setenv(JOB_ENV, cluster_lm_job("too-big", config_only(tmp_path), MI300X_NODE))
+    assert driver.main() == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.startswith(f"{DRIVER_ERROR_PREFIX}memory plan: needs 608.3 GiB per GPU with sharding none")
+
+
+def test_the_cluster_driver_reports_the_planned_bytes_beside_the_measured_peak(tiny_lm, tmp_path, monkeypatch):
+    """Every report the driver's sinks get carries the plan's bytes per GPU (`gpuMemoryPlannedBytes`)."""
+    import ray
+
+    from rocmtrain.api.gpu_memory import job_gpu_memory
+    from rocmtrain.api.memory_fit import plan_job
+    from rocmtrain.api.models import Metrics, Progress, ProgressReport
+    from rocmtrain_train import __main__ as driver
+    from rocmtrain_train import config
+
+    def train(settings, sinks, *, echo_log):
+        report = ProgressReport(progress=Progress(step=1, total_steps=2), metrics=Metrics(gpu_memory_peak_bytes=7))
+        for sink in sinks:
+            sink.emit(report)
+            sink.close()
+        return type("Outcome", (), {"summary": {"model_path": "m"}})
+
+    monkeypatch.setattr(ray, "init", lambda *args, **kwargs: None)
+    monkeypatch.setattr(driver, "train", train)
+    monkeypatch.setattr(config, "CLUSTER_LOG_ROOT", str(tmp_path / "logs"))
+    resources = {"workers": 2, "gpusPerWorker": 1, "gpu": {"productName": "AMD_Instinct_MI300X_OAM"}}
+    monkeypatch.setenv(JOB_ENV, cluster_lm_job("planned", tiny_lm, resources))
+    assert driver.main() == 0
+    (written,) = (tmp_path / "logs").rglob("metrics.jsonl")
+    metrics = json.loads(written.read_text().splitlines()[0])["metrics"]
+    spec = lm_job("planned", tiny_lm, {"resources": resources}).spec
+    planned = plan_job(spec, json.loads((tiny_lm / "config.json").read_text()), job_gpu_memory(spec)).plan.total
+    assert (metrics["gpuMemoryPeakBytes"], metrics["gpuMemoryPlannedBytes"]) == (7, planned)

@@ -21,8 +21,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rocmtrain.api.models import AdapterSpec
+from rocmtrain.api.ranks import shard_group
 from rocmtrain_train.model.causal_lm import with_adapter
-from rocmtrain_train.strategy.sharded import Sharded, _full, shard_group
+from rocmtrain_train.strategy.sharded import Sharded, _full
 
 CPU = torch.device("cpu")
 

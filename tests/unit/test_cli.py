@@ -19,7 +19,12 @@ from rocmtrain_testworld import rayjob_schema
 from unit.edits import Edit, both, drop, put
 from unit.samples import EXAMPLES, example, full_job, minimal_job
 
-CLUSTER_EXAMPLES = ["cluster-mi300x.yaml", "cluster-llama-lora-mi300x.yaml", "kueue.yaml"]
+CLUSTER_EXAMPLES = [
+    "cluster-mi300x.yaml",
+    "cluster-llama-lora-mi300x.yaml",
+    "cluster-llama-70b-lora-fsdp-mi300x.yaml",
+    "kueue.yaml",
+]
 LOCAL_EXAMPLES = ["quickstart.yaml", "sft-local.yaml", "tune.yaml"]
 
 

@@ -13,7 +13,7 @@ from rocmtrain.api import crd
 from rocmtrain.api.patterns import PATTERN_DESCRIPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
-REFERENCE, MODULES, METRICS = docs.BLOCKS
+REFERENCE, MODULES, METRICS, _PLAN = docs.BLOCKS
 STRICT = """
 [[tool.mypy.overrides]]
 module = ["pyarrow.*"]

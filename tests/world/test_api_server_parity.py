@@ -39,7 +39,9 @@ def namespace(kube: KubeCluster) -> str:
     return kube.new_namespace("parity")
 
 
-@pytest.mark.parametrize("name", ["cluster-mi300x", "cluster-llama-lora-mi300x", "kueue"])
+@pytest.mark.parametrize(
+    "name", ["cluster-mi300x", "cluster-llama-lora-mi300x", "cluster-llama-70b-lora-fsdp-mi300x", "kueue"]
+)
 def test_rendered_examples_pass_kuberay_dry_run(kube: KubeCluster, namespace: str, name: str) -> None:
     job, errors = validate_job(_in(namespace, example(f"{name}.yaml")))
     assert job is not None, errors

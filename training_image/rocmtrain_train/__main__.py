@@ -22,7 +22,7 @@ from rocmtrain_train.driver.torch_trainer import failure_line
 from rocmtrain_train.driver.train_job import train
 from rocmtrain_train.reporting import operator_sink
 from rocmtrain_train.reporting.console_sink import ConsoleSink
-from rocmtrain_train.reporting.driver_report import Sink
+from rocmtrain_train.reporting.driver_report import Sink, with_planned_memory
 from rocmtrain_train.reporting.jsonl_sink import JsonlSink
 
 
@@ -33,7 +33,7 @@ def _fail(message: str) -> None:
 def main() -> int:
     try:
         settings = cluster_settings(job_from_env(), run_id=uuid.uuid4().hex)
-        preflight(settings)
+        planned = preflight(settings)
     except ConfigError as exc:
         _fail(str(exc))
         return 2
@@ -44,8 +44,10 @@ def main() -> int:
     ]
     if (progress := operator_sink.from_env()) is not None:  # the operator's progress endpoint
         sinks.append(progress)
+    if planned is not None:
+        print(f"memory plan: {planned.summary()}", flush=True)
     try:
-        outcome = train(settings, sinks, echo_log=True)
+        outcome = train(settings, with_planned_memory(sinks, planned), echo_log=True)
     except Exception as exc:
         print(f"training failed: {exc}", file=sys.stderr)
         _fail(f"training failed: {failure_line(exc)}")

@@ -15,5 +15,8 @@ enforces both.
 - `manifests`: reading job files (YAML as kubectl reads it) into validated jobs;
 - `names`: the names KubeRay derives from a job; `patterns` and `types`: the string
   patterns and constrained types; `quantity`: resource quantities; `timestamps`: RFC 3339;
-- `crd`: the CustomResourceDefinition generated from the models.
+- `crd`: the CustomResourceDefinition generated from the models;
+- the memory plan (`rocmtrain plan`, the driver's pre-flight): `model_shapes` (a model's tensors from its
+  config.json), `memory_plan` (the bytes per GPU by part), `memory_fit` (whether a job fits, and what would
+  make it), `gpu_memory` (the memory of one GPU: a node label, or the table of AMD Instinct models).
 """

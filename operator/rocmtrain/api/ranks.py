@@ -56,3 +56,11 @@ def rank_layout(workers: int, gpus_per_worker: int, cpus_per_worker: float) -> R
     if share <= 0:
         raise ValueError(f"{cpus_per_worker} CPUs cannot be shared among {ranks} ranks")
     return RankLayout(pods=workers, ranks_per_pod=ranks, gpus_per_rank=1 if gpus_per_worker else 0, cpus_per_rank=share)
+
+
+def shard_group(world_size: int, ranks_per_pod: int, scope: str) -> int:
+    """Ranks that share one copy of a sharded model (`training.sharding: fsdp`): a pod's, where the job has
+    several pods of several ranks and `shardingScope` is pod (hybrid sharding: replicas across pods), else all."""
+    if scope == "pod" and 1 < ranks_per_pod < world_size and world_size % ranks_per_pod == 0:
+        return ranks_per_pod
+    return world_size

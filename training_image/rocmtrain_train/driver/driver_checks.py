@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
-from rocmtrain.api.contract import is_local
+from rocmtrain.api.contract import HUB_SCHEME, is_local, is_object_store
+from rocmtrain.api.gpu_memory import GpuMemory, job_gpu_memory
+from rocmtrain.api.memory_fit import JobPlan, plan_job
+from rocmtrain.api.model_shapes import ModelConfigError
 from rocmtrain_train.config import ConfigError, RunSettings
 from rocmtrain_train.data.records import read_table, sample_order
-from rocmtrain_train.model.pretrained import resolve_model
+from rocmtrain_train.model.pretrained import packaged_model, resolve_model
+from rocmtrain_train.storage import filesystem
 from rocmtrain_train.tasks import task_for
 
 # Training records the pre-flight tokenises to check that they fit the job (a language model's responses
@@ -64,9 +69,60 @@ def check_storage(settings: RunSettings) -> None:
         raise ConfigError(f"checkpoint storage {settings.storage} is not writable")
 
 
-def preflight(settings: RunSettings, *, available_gpus: int | None = None) -> None:
-    """Raise ConfigError naming the problem if the job cannot run; `available_gpus` is checked when given."""
+def model_config(settings: RunSettings) -> dict[str, Any] | None:
+    """The model's config.json, read without its weights (from its folder, object store or the hub's cache, or the
+    hub); None where it cannot be read, which `check_model` then reports."""
+    source = settings.job.spec.model.source
+    try:
+        if is_local(source) or is_object_store(source):
+            fs, path = filesystem(source, settings.base_dir)
+            with fs.open_input_stream(f"{path.rstrip('/')}/config.json") as stream:
+                text = stream.read().decode()
+        else:
+            hub_id = source.removeprefix(HUB_SCHEME)
+            folder = packaged_model(hub_id)
+            text = (folder / "config.json").read_text() if folder else Path(_hub_config(hub_id)).read_text()
+        found = json.loads(text)
+    except (OSError, ValueError):  # `check_model` reports a model it cannot find or read
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _hub_config(hub_id: str) -> str:
+    """The path of a hub model's config.json: from the cache, else downloaded (HF_HUB_OFFLINE respected)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        return hf_hub_download(hub_id, "config.json")
+    except HfHubHTTPError as exc:
+        raise OSError(str(exc)) from exc
+
+
+def check_memory(settings: RunSettings, local_gpu: GpuMemory | None = None) -> JobPlan | None:
+    """The job's memory plan (`rocmtrain plan`) from the model's config.json, before any weight loads; ConfigError
+    with the numbers and the cheapest change that fits where the job's GPUs are too small. GPU jobs only, and only
+    those of a model family the plan knows; the GPUs' memory is the job's GPU model's, else `local_gpu`'s."""
+    if not settings.use_gpu or (config := model_config(settings)) is None:
+        return None
+    spec = settings.job.spec
+    try:
+        planned = plan_job(spec, config, job_gpu_memory(spec) or local_gpu)
+    except ModelConfigError:  # a model the plan does not know, or targets `check_model` refuses with the choices
+        return None
+    if (why := planned.refusal()) is not None:
+        raise ConfigError(f"memory plan: {why}")
+    return planned
+
+
+def preflight(
+    settings: RunSettings, *, available_gpus: int | None = None, local_gpu: GpuMemory | None = None
+) -> JobPlan | None:
+    """Raise ConfigError naming the problem if the job cannot run; `available_gpus` is checked when given.
+    Returns the job's memory plan where it has one (a GPU job of a model family the plan knows)."""
     if available_gpus is not None:
         check_gpus(settings, available_gpus)
     check_storage(settings)
+    planned = check_memory(settings, local_gpu)
     check_data(settings, check_model(settings))
+    return planned

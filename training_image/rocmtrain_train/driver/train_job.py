@@ -7,12 +7,13 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rocmtrain.api.gpu_memory import GpuMemory
 from rocmtrain_train.config import RunSettings
 from rocmtrain_train.driver.driver_checks import preflight
 from rocmtrain_train.driver.torch_trainer import RunOutcome, run
 from rocmtrain_train.reporting import operator_sink
 from rocmtrain_train.reporting.console_sink import ConsoleSink
-from rocmtrain_train.reporting.driver_report import Sink
+from rocmtrain_train.reporting.driver_report import Sink, with_planned_memory
 from rocmtrain_train.reporting.jsonl_sink import JsonlSink
 
 if TYPE_CHECKING:
@@ -32,6 +33,14 @@ def available_gpus() -> int:
     import torch
 
     return torch.cuda.device_count()
+
+
+def local_gpu_memory() -> GpuMemory | None:
+    """The memory of this machine's smallest GPU, as PyTorch sees it."""
+    import torch
+
+    sizes = [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]
+    return GpuMemory(min(sizes), "this machine's smallest GPU") if sizes else None
 
 
 def embedded_ray_options(settings: RunSettings) -> dict[str, Any]:
@@ -57,7 +66,10 @@ def run_local(settings: RunSettings, *, console: bool = True) -> RunOutcome | Se
     """Check the job, start an embedded Ray unless one is running, and train (or search)."""
     import ray
 
-    preflight(settings, available_gpus=available_gpus() if settings.use_gpu else None)
+    gpus = settings.use_gpu
+    planned = preflight(
+        settings, available_gpus=available_gpus() if gpus else None, local_gpu=local_gpu_memory() if gpus else None
+    )
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(**embedded_ray_options(settings))
@@ -67,7 +79,7 @@ def run_local(settings: RunSettings, *, console: bool = True) -> RunOutcome | Se
     if (progress := operator_sink.from_env()) is not None:  # report into a cluster job's status, if asked to
         sinks.append(progress)
     try:
-        return train(settings, sinks, echo_log=False)
+        return train(settings, with_planned_memory(sinks, planned), echo_log=False)
     finally:
         if started_ray:
             ray.shutdown()

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rocmtrain.api.model_shapes import training_dtype
 from rocmtrain.api.models import ALL_LINEAR, AdapterSpec, RocmTrainingJobSpec
 from rocmtrain_train.config import ConfigError
 from rocmtrain_train.model.pretrained import check_model_config, set_pad_token
@@ -117,13 +118,11 @@ def with_adapter(model: PreTrainedModel, adapter: AdapterSpec) -> PreTrainedMode
 
 
 def weights_dtype(spec: RocmTrainingJobSpec, *, gpu: bool) -> torch.dtype:
-    """The dtype the model's weights load in: fp32 where they train (the master weights that autocast or FSDP
-    compute in bf16 from), bf16 for a LoRA adapter's frozen base on GPUs with `precision: bf16` (half the memory;
-    the adapter itself stays fp32)."""
+    """The dtype the model's weights load in: the contract's rule, which the memory plan counts by."""
     import torch
 
-    frozen_in_bf16 = spec.adapter is not None and gpu and spec.training.precision == "bf16"
-    return torch.bfloat16 if frozen_in_bf16 else torch.float32
+    name = training_dtype(adapter=spec.adapter is not None, on_gpu=gpu, precision=spec.training.precision)
+    return getattr(torch, name)
 
 
 def load_causal_lm(path: Path, spec: RocmTrainingJobSpec, *, gpu: bool) -> tuple[Any, Any]:

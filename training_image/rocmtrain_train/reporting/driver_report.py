@@ -3,6 +3,8 @@
 Each `ray.train.report` call gives the driver one RankReport per rank (see `relay`).
 Sums over ranks: throughput and CPU use. Maxima: the seconds spent (ranks run in lockstep).
 Evaluation metrics are identical on every rank (all-reduced) and taken from rank 0.
+The driver's own number, the memory plan's bytes per GPU, joins every report on its way to the
+sinks (`with_planned_memory`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from rocmtrain.api.memory_fit import JobPlan
 from rocmtrain.api.models import EVAL_METRICS, Metrics, Progress, ProgressReport
 from rocmtrain_train.reporting.rank_report import Evaluation, RankReport
 
@@ -23,6 +26,34 @@ class Sink(Protocol):
     def emit(self, report: ProgressReport) -> None: ...
 
     def close(self) -> None: ...
+
+
+class PlannedMemory:
+    """A sink that passes every report on with the memory plan's bytes per GPU (`gpuMemoryPlannedBytes`), beside
+    the peak the ranks measure."""
+
+    def __init__(self, sink: Sink, planned: Metrics) -> None:
+        self._sink = sink
+        self._planned = planned.dump()
+
+    def emit(self, report: ProgressReport) -> None:
+        metrics = Metrics.model_validate({**report.metrics.dump(), **self._planned})
+        self._sink.emit(report.model_copy(update={"metrics": metrics}))
+
+    def close(self) -> None:
+        self._sink.close()
+
+
+def with_planned_memory(sinks: list[Sink], plan: JobPlan | None) -> list[Sink]:
+    """`sinks`, each passing the plan's bytes per GPU on with every report; unchanged without a plan (or with one
+    beyond what the status takes)."""
+    if plan is None:
+        return sinks
+    try:
+        planned = Metrics(gpu_memory_planned_bytes=plan.plan.total)
+    except ValueError:
+        return sinks
+    return [PlannedMemory(sink, planned) for sink in sinks]
 
 
 def _finite(value: float | None) -> float | None:

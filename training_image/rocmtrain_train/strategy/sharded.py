@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from rocmtrain.api.ranks import shard_group
 from rocmtrain_train.checkpoint.model_export import is_adapter, merged_location, save_folder
 from rocmtrain_train.config import ConfigError
 
@@ -42,13 +43,6 @@ SHARDED_DIR = "sharded"
 # Largest safetensors file of an export (Hugging Face's own default shard size).
 EXPORT_SHARD_BYTES = 5 * 1024**3
 WEIGHTS_FILE, WEIGHTS_INDEX = "model.safetensors", "model.safetensors.index.json"
-
-
-def shard_group(world_size: int, ranks_per_pod: int, scope: str) -> int:
-    """Ranks that share one copy of the model: a pod's (hybrid sharding, where pods have several ranks) or all."""
-    if scope == "pod" and 1 < ranks_per_pod < world_size and world_size % ranks_per_pod == 0:
-        return ranks_per_pod
-    return world_size
 
 
 def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -1,0 +1,157 @@
+"""`rocmtrain plan`: the memory plan per GPU of each job in a file, from the model's config.json alone.
+
+Exit 0 when every job fits (or cannot be told: no GPU memory known, or a CPU job), 1 when one does not,
+2 on a bad job or a config.json it cannot find or read.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rocmtrain import cli
+from unit.samples import EXAMPLES
+
+EXAMPLE = EXAMPLES / "cluster-llama-70b-lora-fsdp-mi300x.yaml"
+CONFIG_70B = EXAMPLES / "models" / "llama-3.1-70b" / "config.json"
+CONFIG_8B = EXAMPLES / "models" / "llama-3.1-8b" / "config.json"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(["plan", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def edited(tmp_path: Path, source: Path = EXAMPLE, **spec: dict) -> Path:
+    """The example job with parts of its spec replaced."""
+    raw = yaml.safe_load(source.read_text())
+    raw["spec"].update(spec)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_the_70b_lora_example_fits_eight_mi300x(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, str(EXAMPLE), "--config", str(CONFIG_70B))
+    assert (code, err) == (0, "")
+    assert "model:  llama, 70,619,242,496 parameters (bfloat16), 65,536,000 train, a LoRA adapter of rank 16" in out
+    assert "ranks:  8 (1 x 8 GPUs), fsdp over 8 GPUs, a LoRA adapter, bf16, micro-batch 1 x 8192 tokens" in out
+    assert "GPU:    192.0 GiB (AMD_Instinct_MI300X_OAM, AMD's data sheet)" in out
+    total = json.loads(run(capsys, str(EXAMPLE), "--config", str(CONFIG_70B), "-o", "json")[1])["perGpuBytes"]["total"]
+    assert f"total             {total / (1 << 30):.1f}   per GPU" in out
+    assert out.splitlines()[-1] == f"fits:   yes, {(192 << 30) / (1 << 30) - total / (1 << 30):.1f} GiB to spare"
+
+
+def test_json_carries_the_bytes_of_every_part(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, str(EXAMPLE), "--config", str(CONFIG_70B), "-o", "json")
+    plan = json.loads(out)
+    parts = plan["perGpuBytes"]
+    assert code == 0 and plan["fits"] is True and plan["changesThatFit"] == []
+    assert parts["total"] == sum(v for k, v in parts.items() if k not in ("total", "logits"))
+    assert plan["gpuMemory"] == {"bytes": 192 << 30, "source": "AMD_Instinct_MI300X_OAM, AMD's data sheet"}
+    assert plan["ranks"]["shardGroup"] == 8 and plan["model"]["trainableParameters"] == 65_536_000
+
+
+def test_a_job_that_does_not_fit_exits_1_with_the_cheapest_changes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    del raw["spec"]["adapter"]
+    raw["spec"]["training"].update(sharding="none", gradientCheckpointing=False)
+    (tmp_path / "full.yaml").write_text(yaml.safe_dump(raw))
+    code, out, err = run(capsys, str(tmp_path / "full.yaml"), "--config", str(CONFIG_8B), "--gpu", "MI250X")
+    assert (code, err) == (1, "")
+    verdict = out.splitlines()[-1]
+    assert verdict.startswith("fits:   no: needs ")
+    assert (
+        "per GPU with sharding none, full fine-tuning, but a GPU has 64.0 GiB (MI250X, AMD's data sheet); " in verdict
+    )
+    assert "fits with fsdp over 8 GPUs and gradientCheckpointing (" in verdict
+    code, out, _ = run(capsys, str(tmp_path / "full.yaml"), "--config", str(CONFIG_8B), "--gpu", "MI250X", "-o", "json")
+    assert code == 1 and json.loads(out)["fits"] is False
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--config", "missing.json"], "missing.json: No such file or directory"),
+        ([], "/models/Llama-3.1-70B-Instruct/config.json: No such file or directory"),
+        (["--config", str(EXAMPLE)], "not JSON"),
+        (["--config", str(CONFIG_70B), "--gpu", "H100"], "--gpu H100: not an AMD Instinct model the plan knows"),
+    ],
+)
+def test_a_config_it_cannot_read_exits_2(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    code, out, err = run(capsys, str(EXAMPLE), *argv)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"{EXAMPLE}: reports-llama-70b-lora: ") and message in err
+
+
+def test_a_bad_job_exits_2_with_every_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = edited(tmp_path, training={"sharding": "zero3"})
+    code, out, err = run(capsys, str(path), "--config", str(CONFIG_70B))
+    assert (code, out) == (2, "")
+    assert "spec.training.sharding" in err
+
+
+def test_a_model_type_the_plan_does_not_know_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    code, _, err = run(capsys, str(EXAMPLE), "--config", str(tmp_path / "config.json"))
+    assert code == 2 and "model_type 'bert' is not one the memory plan knows" in err
+
+
+def test_the_nodes_labels_give_the_gpu_memory(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """`kubectl get nodes -o json`: the MI300X nodes are partitioned (CPX: 24 GiB per GPU), and the plan says so."""
+    node = {
+        "metadata": {
+            "name": "mi300x-cpx",
+            "labels": {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM", "amd.com/gpu.vram": "24G"},
+        },
+        "status": {"allocatable": {"amd.com/gpu": "64"}},
+    }
+    (tmp_path / "nodes.json").write_text(json.dumps({"kind": "List", "items": [node]}))
+    code, out, _ = run(capsys, str(EXAMPLE), "--config", str(CONFIG_70B), "--nodes", str(tmp_path / "nodes.json"))
+    assert "GPU:    24.0 GiB (amd.com/gpu.vram 24G on node mi300x-cpx)" in out
+    assert code == 1 and "fits:   no: needs " in out
+
+
+def test_a_hub_model_is_read_from_the_hugging_face_cache(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--meta-llama--Llama-3.1-8B" / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(CONFIG_8B.read_text())
+    (cache / "models--meta-llama--Llama-3.1-8B" / "refs").mkdir()
+    (cache / "models--meta-llama--Llama-3.1-8B" / "refs" / "main").write_text("0123abc")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    path = edited(tmp_path, model={"source": "hf://meta-llama/Llama-3.1-8B", "task": "causal-lm", "maxSeqLength": 512})
+    code, out, _ = run(capsys, str(path))
+    assert code == 0 and "model:  llama, 8,043,892,736 parameters (bfloat16), 13,631,488 train" in out
+    missing = edited(tmp_path, model={"source": "meta-llama/Llama-3.1-70B", "task": "causal-lm"})
+    code, _, err = run(capsys, str(missing))
+    assert code == 2 and f"meta-llama/Llama-3.1-70B is not in the Hugging Face cache ({cache})" in err
+
+
+def test_a_cpu_job_is_planned_with_nothing_to_fit(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    resources = {"workers": 2, "gpusPerWorker": 0}
+    code, out, _ = run(capsys, str(edited(tmp_path, resources=resources)), "--config", str(CONFIG_8B))
+    assert code == 0 and out.splitlines()[-1] == "fits:   a CPU job has no GPU memory to fit"
+
+
+def test_plan_imports_no_heavy_modules() -> None:
+    """The operator image has no torch, transformers or hub client: `plan` needs none."""
+    code = (
+        "import sys; from rocmtrain import cli; cli.main(['plan', sys.argv[1], '--config', sys.argv[2]]); "
+        "heavy = {'torch', 'ray', 'kopf', 'kubernetes', 'kubernetes_asyncio', 'transformers', 'huggingface_hub'}; "
+        "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(EXAMPLE), str(CONFIG_70B)], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.splitlines()[-1] == "[]"
