@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rocmtrain.api.memory_plan import DEFAULT_TARGETS, Setup, plan_memory
@@ -162,6 +163,19 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
+class CudaCasts(TorchFunctionMode):
+    """Casts as CUDA's autocast does where the CPU's does not (the GPU is faked here): the ops on CUDA's float32 list
+    that these models call on half-precision tensors, gelu_new's pow and LayerNorm, run in float32."""
+
+    FLOAT32 = frozenset({torch.pow, torch.Tensor.pow, torch.Tensor.__pow__, torch.nn.functional.layer_norm})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.FLOAT32 and torch.is_autocast_enabled("cpu"):
+            half = (torch.bfloat16, torch.float16)
+            args, kwargs = tree_map(lambda a: a.float() if getattr(a, "dtype", None) in half else a, (args, kwargs))
+        return func(*args, **(kwargs or {}))
+
+
 def peak_activations(
     family: str,
     size: dict[str, int],
@@ -174,7 +188,7 @@ def peak_activations(
     """The most bytes a forward and backward pass hold at once, besides the weights (one batch of `rows` rows of
     `tokens` tokens, the first of them padded, as padded batches are), as a GPU job with bf16 autocast trains: the
     weights as the training image loads them there (`training_dtype`), the pass under autocast to bf16 (the CPU's,
-    which casts what CUDA's does)."""
+    made to cast what CUDA's does)."""
     config = AutoConfig.for_model(family, vocab_size=VOCABULARY, **size)
     torch.manual_seed(0)
     dtype = getattr(torch, training_dtype(adapter=adapter is not None, on_gpu=True, precision="bf16"))
@@ -192,7 +206,7 @@ def peak_activations(
     mask[0, -3:] = 0
     live = LiveBytes({p.untyped_storage().data_ptr() for p in model.parameters()})
     with live:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with CudaCasts(), torch.autocast("cpu", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids, attention_mask=mask).loss
         loss.backward()
     return live.peak

@@ -8,12 +8,16 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from transformers import AutoConfig, AutoTokenizer, ViTConfig
 
 from rocmtrain.api.contract import JOB_ENV
+from rocmtrain.api.gpu_memory import job_gpu_memory
+from rocmtrain.api.memory_fit import plan_job
 from rocmtrain_train.cli import run as cli
 from rocmtrain_train.config import ConfigError
 from rocmtrain_train.driver import train_job as local
@@ -269,15 +273,28 @@ def config_only(tmp_path, name: str = "llama-3.1-70b"):
     return folder
 
 
+def planned_refusal(job_: Any, folder: Path) -> str:
+    """What the memory plan says of a job too large for its GPUs."""
+    spec = job_.spec
+    refusal = plan_job(spec, json.loads((folder / "config.json").read_text()), job_gpu_memory(spec)).refusal()
+    assert refusal is not None
+    return f"memory plan: {refusal}"
+
+
 def test_a_gpu_job_too_large_for_its_gpus_is_refused_with_the_numbers_and_the_cheapest_changes(tmp_path):
-    big = lm_job("too-big", config_only(tmp_path), {"resources": MI300X_NODE, "training": {"batchSizePerWorker": 1}})
+    folder = config_only(tmp_path)
+    big = lm_job("too-big", folder, {"resources": MI300X_NODE, "training": {"batchSizePerWorker": 1}})
     with pytest.raises(ConfigError) as refused:
         preflight(settings(big, tmp_path / "runs"))
-    assert str(refused.value) == (
-        "memory plan: needs 582.0 GiB per GPU with sharding none, full fine-tuning, but a GPU has 192.0 GiB "
-        "(AMD_Instinct_MI300X_OAM, AMD's data sheet); fits with fsdp over 8 GPUs (89.9 GiB) or with a LoRA "
-        "adapter (148.7 GiB)"
-    )
+    said = str(refused.value)
+    assert said == planned_refusal(big, folder)
+    assert said.startswith("memory plan: needs ")
+    assert (
+        " per GPU with sharding none, full fine-tuning, but a GPU has 192.0 GiB (AMD_Instinct_MI300X_OAM, AMD's data "
+        "sheet); fits with fsdp over 8 GPUs ("
+    ) in said
+    # 16 bytes per parameter (fp32 master weights, fp32 gradients, AdamW's two moments) are over a TiB for 70B
+    assert float(said.split()[3]) > 16 * 70_553_706_496 / (1 << 30) > 1024
     fitting = lm_job("sharded", config_only(tmp_path, "llama-3.1-8b"), {"resources": MI300X_NODE})
     with pytest.raises(ConfigError, match=r"tokenizer"):  # past the plan, to the next check
         preflight(settings(fitting, tmp_path / "runs"))
@@ -310,18 +327,17 @@ def test_the_cluster_driver_exits_2_on_a_job_too_large_for_its_gpus(tmp_path, mo
     from rocmtrain_train import __main__ as driver
 
     monkeypatch.setattr(ray, "init", lambda *args, **kwargs: pytest.fail("Ray must not start"))
-    monkeypatch.setenv(JOB_ENV, cluster_lm_job("too-big", config_only(tmp_path), MI300X_NODE))
+    folder = config_only(tmp_path)
+    monkeypatch.setenv(JOB_ENV, cluster_lm_job("too-big", folder, MI300X_NODE))
     assert driver.main() == 2
     line = capsys.readouterr().err.splitlines()[-1]
-    assert line.startswith(f"{DRIVER_ERROR_PREFIX}memory plan: needs 608.3 GiB per GPU with sharding none")
+    assert line == DRIVER_ERROR_PREFIX + planned_refusal(lm_job("too-big", folder, {"resources": MI300X_NODE}), folder)
 
 
 def test_the_cluster_driver_reports_the_planned_bytes_beside_the_measured_peak(tiny_lm, tmp_path, monkeypatch):
     """Every report the driver's sinks get carries the plan's bytes per GPU (`gpuMemoryPlannedBytes`)."""
     import ray
 
-    from rocmtrain.api.gpu_memory import job_gpu_memory
-    from rocmtrain.api.memory_fit import plan_job
     from rocmtrain.api.models import Metrics, Progress, ProgressReport
     from rocmtrain_train import __main__ as driver
     from rocmtrain_train import config

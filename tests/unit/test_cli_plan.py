@@ -40,7 +40,10 @@ def edited(tmp_path: Path, source: Path = EXAMPLE, **spec: dict) -> Path:
 def test_the_70b_lora_example_fits_eight_mi300x(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, str(EXAMPLE), "--config", str(CONFIG_70B))
     assert (code, err) == (0, "")
-    assert "model:  llama, 70,619,242,496 parameters (bfloat16), 65,536,000 train, a LoRA adapter of rank 16" in out
+    assert (
+        "model:  llama, 70,619,242,496 parameters (saved as bfloat16, trained from bfloat16), 65,536,000 train, "
+        "a LoRA adapter of rank 16"
+    ) in out
     assert "ranks:  8 (1 x 8 GPUs), fsdp over 8 GPUs, a LoRA adapter, bf16, micro-batch 1 x 8192 tokens" in out
     assert "GPU:    192.0 GiB (AMD_Instinct_MI300X_OAM, AMD's data sheet)" in out
     total = json.loads(run(capsys, str(EXAMPLE), "--config", str(CONFIG_70B), "-o", "json")[1])["perGpuBytes"]["total"]
@@ -132,7 +135,11 @@ def test_a_hub_model_is_read_from_the_hugging_face_cache(
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     path = edited(tmp_path, model={"source": "hf://meta-llama/Llama-3.1-8B", "task": "causal-lm", "maxSeqLength": 512})
     code, out, _ = run(capsys, str(path))
-    assert code == 0 and "model:  llama, 8,043,892,736 parameters (bfloat16), 13,631,488 train" in out
+    assert (
+        code == 0
+        and ("model:  llama, 8,043,892,736 parameters (saved as bfloat16, trained from bfloat16), 13,631,488 train")
+        in out
+    )
     missing = edited(tmp_path, model={"source": "meta-llama/Llama-3.1-70B", "task": "causal-lm"})
     code, _, err = run(capsys, str(missing))
     assert code == 2 and f"meta-llama/Llama-3.1-70B is not in the Hugging Face cache ({cache})" in err

@@ -59,6 +59,7 @@ def test_llama_3_1_has_the_parameters_meta_publishes():
         ({"model_type": "llama", "torch_dtype": "float64"}, "dtype must be one of float32, bfloat16, float16"),
         ({"model_type": "gpt2", "resid_pdrop": 2}, "resid_pdrop must be a number from 0 to below 1, not 2"),
         ({"model_type": "qwen2", "tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false"),
+        ({"model_type": "gpt_neox", "rotary_pct": 0}, "partial_rotary_factor must be above 0 and at most 1, not 0"),
     ],
 )
 def test_a_config_the_plan_cannot_read_is_refused_by_field(config, message):
@@ -72,6 +73,10 @@ def test_fields_a_config_leaves_out_take_the_family_s_defaults():
     assert model_shape({"model_type": "llama", "hidden_size": 1024, "num_attention_heads": 16}).kv_heads == 16
     assert model_shape({"model_type": "gpt2"}).head == ()  # tied to the embeddings
     assert model_shape({"model_type": "llama", "dtype": None}).dtype == "float32"
+    neox = {"model_type": "gpt_neox", "hidden_size": 512, "num_attention_heads": 4}  # heads of 128
+    assert model_shape(neox).rotary == 32  # a quarter of each head rotates by default
+    assert model_shape({**neox, "rotary_pct": 1.0}).rotary == 128  # as configs before transformers 5 say it
+    assert model_shape({**neox, "rope_parameters": {"partial_rotary_factor": 0.5}}).rotary == 64
 
 
 def setup(**changes: Any) -> Setup:
@@ -83,10 +88,10 @@ def setup(**changes: Any) -> Setup:
 def test_an_fsdp_rank_holds_its_share_of_the_whole_within_a_row_per_tensor(group):
     shape = model_shape(LLAMA_70B)
     whole, sharded = plan_memory(shape, setup()), plan_memory(shape, setup(shard_group=group, world_size=16))
-    rows = sum(math.prod(t[1:]) for t in shape.tensors()) * 2
+    rows = sum(math.prod(t[1:]) for t in shape.tensors()) * 4  # a padding row per tensor, of float32 masters
     for part in ("parameters", "gradients"):
         assert 0 <= getattr(sharded, part) - getattr(whole, part) / group <= rows
-    assert whole.parameters == 70_553_706_496 * 2
+    assert whole.parameters == 70_553_706_496 * 4
 
 
 @pytest.mark.parametrize(
@@ -99,22 +104,19 @@ def test_the_shard_group_is_a_pod_s_ranks_or_the_job_s(workers, gpus, scope, gro
     assert Setup.of(spec).shard_group == group == shard_group(workers * gpus, gpus, scope)
 
 
-def test_full_fine_tuning_holds_two_bytes_of_weights_gradients_and_four_of_adam_per_bf16_parameter():
-    plan = plan_memory(model_shape(LLAMA_8B), setup())
-    count = 8_030_261_248
-    assert (plan.parameters, plan.gradients) == (2 * count, 2 * count)
-    assert plan.optimizer == 4 * count + 4 * len(list(model_shape(LLAMA_8B).tensors()))
-    assert plan.working == 0  # bf16 weights: autocast casts nothing
-
-
-def test_float32_weights_under_autocast_keep_bf16_copies_of_the_linear_weights():
-    config = {**LLAMA_8B, "torch_dtype": "float32"}
-    shape = model_shape(config)
-    linear = sum(math.prod(t) for t in shape.tensors() if len(t) == 2) - shape.vocabulary * shape.hidden
-    assert plan_memory(shape, setup()).working == 2 * linear
-    assert plan_memory(shape, setup(precision="fp32")).working == 0
-    sharded = plan_memory(shape, setup(shard_group=8))  # FSDP2's bf16 policy replaces autocast
-    assert sharded.working < plan_memory(shape, setup()).working
+def test_full_fine_tuning_holds_sixteen_bytes_per_parameter_whatever_dtype_the_config_saved():
+    """fp32 master weights (4 bytes), fp32 gradients (4) and AdamW's two fp32 moments (8), and a 4-byte step per
+    tensor; under autocast, a bf16 copy of every linear weight (the head's too, not the embeddings' or the norms')."""
+    count, tensors = 8_030_261_248, 32 * 9 + 3  # per block 7 linear weights and 2 norms; embeddings, norm, head
+    embeddings, norms = 128_256 * 4096, (2 * 32 + 1) * 4096
+    for dtype in ("bfloat16", "float32"):
+        plan = plan_memory(model_shape({**LLAMA_8B, "torch_dtype": dtype}), setup())
+        assert (plan.parameters, plan.gradients, plan.optimizer) == (4 * count, 4 * count, 8 * count + 4 * tensors)
+        assert plan.parameters + plan.gradients + plan.optimizer == 16 * count + 4 * tensors
+        assert plan.working == 2 * (count - embeddings - norms)
+    assert plan_memory(model_shape(LLAMA_8B), setup(precision="fp32")).working == 0  # no autocast, no copies
+    sharded = plan_memory(model_shape(LLAMA_8B), setup(shard_group=8))  # FSDP2's bf16 policy replaces autocast
+    assert sharded.working < plan.working
 
 
 def test_a_lora_adapter_trains_its_matrices_in_float32_and_nothing_else():
@@ -158,11 +160,15 @@ def test_a_job_too_large_for_its_gpus_is_told_the_cheapest_changes_that_fit():
         "fsdp over 8 GPUs and gradientCheckpointing",
         "gradientCheckpointing and a LoRA adapter",
     ]
+    sharded, adapted = (f"{c.plan.total / GIB:.1f}" for c in planned.changes)
     assert planned.refusal() == (
-        "needs 208.8 GiB per GPU with sharding none, full fine-tuning, but a GPU has 64.0 GiB (MI250X, AMD's data "
-        "sheet); fits with fsdp over 8 GPUs and gradientCheckpointing (46.8 GiB) or with gradientCheckpointing and "
-        "a LoRA adapter (49.2 GiB)"
+        f"needs {planned.plan.total / GIB:.1f} GiB per GPU with sharding none, full fine-tuning, but a GPU has 64.0 "
+        f"GiB (MI250X, AMD's data sheet); fits with fsdp over 8 GPUs and gradientCheckpointing ({sharded} GiB) or "
+        f"with gradientCheckpointing and a LoRA adapter ({adapted} GiB)"
     )
+    # 16 bytes per parameter alone (fp32 masters, gradients and AdamW) are 120 GiB, beyond the GPU's 64
+    assert planned.plan.total > 16 * 8_030_261_248 > 64 * GIB
+    assert all(c.plan.total <= 64 * GIB for c in planned.changes)
 
 
 def test_one_change_is_offered_where_one_suffices_cheapest_first():

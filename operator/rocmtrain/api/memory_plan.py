@@ -1,6 +1,6 @@
 """The memory plan: the bytes each GPU of a job needs, from the model's config alone (pure, no torch).
 
-`plan_memory(shape, setup)` adds up what one rank holds at its peak, the start of a backward pass,
+`plan_memory(shape, setup)` adds up what one rank holds at its peak in a step,
 as the training image allocates it (transformers 5, peft, PyTorch's AdamW, DDP or FSDP2):
 
 - **parameters**: every weight, in the dtype the training image loads it in (`training_dtype`): float32
@@ -20,10 +20,13 @@ as the training image allocates it (transformers 5, peft, PyTorch's AdamW, DDP o
   attention matrix (flash or memory-efficient kernels keep the output and a log-sum-exp per row); eager
   attention (`attentionImplementation: eager`) keeps its softmax's weights, heads x sequence² per row.
   Keys and values count at the full head count: with padding or packing transformers repeats them
-  before SDPA (copies, but views of a single key/value head). Every block is counted as if its input
-  needed a gradient: with a frozen base the first one's does not, and keeps less (GPT-NeoX's first MLP,
-  a parallel branch, nothing), so an adapter's plan errs a little high for models of few blocks. With
-  gradient checkpointing each block keeps only its input, and one block is recomputed at a time;
+  before SDPA (copies, but views of a single key/value head). Autocast casts as on GPUs: ops on CUDA's
+  float32 list run in float32 (GPT-2's gelu_new from its pow on). Under an adapter the first block's
+  input needs no gradient (the embeddings are frozen), so its first norm keeps nothing; the rest of that
+  block is counted as kept, which errs a little high where the adapter targets no attention projection.
+  With gradient checkpointing each block keeps only its input, and one block is recomputed at a time.
+  The peak is the loss's backward (the final norm's and the head's inputs kept) or a block's (its
+  output's gradient and its MLP's), whichever is larger;
 - **logits**: the loss upcasts the logits to float32 and keeps its log-softmax; in the backward pass its
   gradient and the log-softmax's make 12 bytes per token and vocabulary entry, before any block's;
 - **margin**: the allocator's fragmentation (`FRAGMENTATION` of the rest) and what lives outside it, the
@@ -82,6 +85,7 @@ class Setup:
     checkpointing: bool
     task: str
     eager: bool = False  # attention in the model's own code, not SDPA: it keeps its sequence x sequence weights
+    packed: bool = False  # rows packed with several records (`training.packing`), each with positions of its own
 
     @property
     def sharded(self) -> bool:
@@ -120,6 +124,7 @@ class Setup:
             checkpointing=training.gradient_checkpointing,
             task=spec.model.task,
             eager=training.attention_implementation == "eager",
+            packed=training.packing,
         )
 
 
@@ -220,104 +225,164 @@ def _held(weight: Weight, setup: Setup) -> int:
     return weight.shard(setup.shard_group) if setup.sharded else weight.numel
 
 
-def compute_bytes(shape: ModelShape, setup: Setup) -> int:
-    """Bytes per element of the activations: bfloat16/float16 where the weights or autocast are, else float32."""
-    return 2 if setup.weights_bytes == 2 or (setup.on_gpu and setup.precision != "fp32") else 4
-
-
 def mixed_precision(setup: Setup) -> bool:
     """FSDP2 computes in bfloat16 itself (a MixedPrecisionPolicy) in place of autocast: bf16 on GPUs."""
     return setup.sharded and setup.on_gpu and setup.precision == "bf16"
 
 
-def autocast_copies(shape: ModelShape, setup: Setup) -> bool:
-    """Whether autocast casts float32 weights to half precision (and keeps the casts)."""
-    return setup.on_gpu and setup.precision != "fp32" and setup.weights_bytes == 4 and not mixed_precision(setup)
+@dataclass(frozen=True)
+class Precision:
+    """The bytes per element a pass computes in, where (the training image's precision, see the module's docstring)."""
+
+    autocast: bool  # autocast casts to half precision: GPUs with bf16 or fp16, but under FSDP2's bf16 policy
+    compute: int  # the linear layers' outputs, attention and the MLP
+    stream: int  # the residual stream: the embeddings, the blocks' sums, RMSNorm's output, rotary's cos and sin
+
+    @classmethod
+    def of(cls, setup: Setup) -> Precision:
+        if mixed_precision(setup):  # FSDP2 gathers the weights in bfloat16 and casts the inputs: all bfloat16
+            return cls(False, 2, 2)
+        autocast = setup.on_gpu and setup.precision != "fp32"
+        return cls(autocast, 2 if autocast else setup.weights_bytes, setup.weights_bytes)
+
+
+def _autocast_copies(setup: Setup, found: list[Weight]) -> int:
+    """Autocast's half-precision casts of float32 linear weights, which the linear layers keep for the backward pass:
+    a trained weight's once (autocast caches it), a frozen one's at each use (with gradient checkpointing, those of
+    the root and the block being recomputed)."""
+    if not Precision.of(setup).autocast:
+        return 0
+    cast = [w for w in found if w.linear and w.size == 4]
+    kept = [w for w in cast if w.trainable or not setup.checkpointing or w.block in (None, 0)]
+    return 2 * sum(w.numel for w in kept)
 
 
 def _working(shape: ModelShape, setup: Setup, found: list[Weight]) -> int:
-    """Weights and gradients held beyond each rank's own: FSDP2's gathered ones, or autocast's copies."""
-    if setup.sharded:
-        compute = 2 if mixed_precision(setup) else None
+    """Weights and gradients held beyond each rank's own: FSDP2's gathered ones, and autocast's copies."""
+    if not setup.sharded:
+        return _autocast_copies(setup, found)
+    compute = 2 if mixed_precision(setup) else None
 
-        def gathered(ws: Iterable[Weight], trainable_only: bool = False) -> int:
-            return sum(w.numel * (compute or w.size) for w in ws if w.trainable or not trainable_only)
+    def gathered(ws: Iterable[Weight], trainable_only: bool = False) -> int:
+        return sum(w.numel * (compute or w.size) for w in ws if w.trainable or not trainable_only)
 
-        root = [w for w in found if w.block is None]
-        blocks = sorted((sum(gathered([w]) for w in found if w.block == b), b) for b in range(shape.layers))[-2:]
-        largest = [w for w in found if w.block == blocks[-1][1]]
-        return gathered(root) + sum(size for size, _ in blocks) + gathered(root, True) + gathered(largest, True)
-    if not autocast_copies(shape, setup):
-        return 0
-    trained = sum(w.numel for w in found if w.linear and w.trainable)
-    frozen = [w for w in found if w.linear and not w.trainable]
-    kept = frozen if not setup.checkpointing else [w for w in frozen if w.block in (None, 0)]
-    return 2 * (trained + sum(w.numel for w in kept))
+    root = [w for w in found if w.block is None]
+    blocks = sorted((sum(gathered([w]) for w in found if w.block == b), b) for b in range(shape.layers))[-2:]
+    largest = [w for w in found if w.block == blocks[-1][1]]
+    held = gathered(root) + sum(size for size, _ in blocks) + gathered(root, True) + gathered(largest, True)
+    return held + _autocast_copies(setup, found)
 
 
 @dataclass(frozen=True)
 class _Activations:
-    """The activations of one block, of the rest of the model, and the logits' share."""
+    """What the pass keeps: per block, for the largest block being recomputed from its checkpointed input, of the
+    rest of the model for the whole pass, of the final norm and the head, and of the loss."""
 
-    block: list[int]  # per block
+    block: list[int]
+    recomputed: int
     model: int
+    head: int
     logits: int
 
 
-def _norm(shape: ModelShape, setup: Setup, dim: int, consumers: int, weight_trains: bool, saved_by: bool) -> int:
-    """What a norm and its output keep, per token: RMSNorm its float32 input and 1/rms (and the normalised input
-    for its weight's gradient), LayerNorm its input, mean and 1/std; a trained consumer keeps the output
-    (autocast: a half-precision cast per consumer)."""
-    e = compute_bytes(shape, setup)
-    residual = 4 if autocast_copies(shape, setup) else e
-    rms = 4 * dim + 4 + (residual * dim if weight_trains else 0)
-    kept = rms if shape.norm == "rms" else residual * dim + 8
-    if saved_by:
-        kept += 2 * dim * consumers if autocast_copies(shape, setup) else residual * dim
-    return kept
+def _norm(
+    shape: ModelShape, p: Precision, dim: int, weight_trains: bool, input_grad: bool = True, input_held: bool = False
+) -> tuple[int, int]:
+    """What a norm keeps per token, and the bytes per element of its output. RMSNorm: its input in float32 (a copy
+    of a half-precision one), 1/rms, and for its weight's gradient the normalised input in the stream's dtype; its
+    output in the stream's dtype. LayerNorm: its input, mean and 1/std; autocast runs it in float32 (a copy of a
+    half-precision input) and its output is float32. An input `input_held` elsewhere, uncast, costs nothing; a norm
+    whose input needs no gradient (`input_grad`) and whose weight is frozen keeps nothing."""
+    size = 4 if shape.norm == "rms" or p.autocast else p.stream
+    output = p.stream if shape.norm == "rms" else size
+    if not input_grad and not weight_trains:
+        return 0, output
+    kept = 0 if input_held and size == p.stream else size * dim
+    if shape.norm == "rms":
+        return kept + 4 + (p.stream * dim if weight_trains else 0), output
+    return kept + 8, output
 
 
-def _block_activations(shape: ModelShape, setup: Setup, adapters: list[Linear]) -> int:
-    """Bytes one block keeps for the backward pass, per token (steady state: its input needs a gradient)."""
-    e, full = compute_bytes(shape, setup), setup.adapter is None
-    h, q, k = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    attention_readers, mlp_readers = shape.norm_readers
-    per_token = _norm(shape, setup, h, attention_readers, full, full)
-    per_token += _norm(shape, setup, h, mlp_readers, full, full)
-    # keys and values repeated to every query head are copies, but views of a single key/value head
-    single = 2 * e * (q - k) if shape.kv_heads == 1 < shape.heads else 0
-    if setup.eager:  # the softmax's float32 weights (and their half-precision cast), not SDPA's output and log-sum-exp
-        per_token += (shape.attention_saved - 1) * e * q - single + shape.heads * setup.sequence * (4 + e % 4)
+def _readers(p: Precision, size: int, trained: int, adapters: int, kept: bool, dropout: bool) -> int:
+    """Bytes per element of one input that the linear layers reading it keep: `trained` layers whose weights train,
+    and `adapters` LoRA adapters. Layers that take the input as it is share it (nothing more where `kept` already);
+    autocast casts a float32 input for each trained layer, and for each adapter in any case (peft casts the input
+    to the adapter's float32, autocast back to half precision); adapter dropout keeps a mask and its own output."""
+    own, shared = 0, trained > 0
+    if p.autocast:
+        own = adapters * (p.compute + dropout)
+        if size != p.compute:
+            own, shared = own + trained * p.compute, False
+    elif dropout:
+        own = adapters * (size + 1)
     else:
-        per_token += shape.attention_saved * e * q - single + 4 * shape.heads
+        shared = shared or adapters > 0
+    return own + (size if shared and not kept else 0)
+
+
+def _block_activations(
+    shape: ModelShape, setup: Setup, adapters: list[Linear], input_grad: bool, input_held: bool = False
+) -> int:
+    """Bytes one block keeps for the backward pass, per token. `input_grad`: its input needs a gradient (all but the
+    first block's, under an adapter: the frozen embeddings' output needs none); `input_held`: its input is held
+    already (gradient checkpointing's)."""
+    p, full = Precision.of(setup), setup.adapter is None
+    e, h, q, k = p.compute, shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    dropout = setup.adapter is not None and setup.adapter.dropout > 0
+    first, second = shape.norm_readers
+    # the linear layers by the input they read: the attention's norm, attention's output, the MLP's norm, the MLP's
+    linears = shape.linears
+    groups = (linears[:first], linears[first : first + 1], linears[first + 1 : -1], linears[-1:])
+    assert len(groups[2]) == second
+
+    def read(group: tuple[Linear, ...], size: int, kept: bool) -> int:
+        trained, adapted = (len(group) if full else 0), sum(linear in adapters for linear in group)
+        return group[0].inputs * _readers(p, size, trained, adapted, kept, dropout)
+
+    norm, out = _norm(shape, p, h, full, input_grad, input_held)
+    per_token = norm + read(groups[0], out, kept=False)
+    # keys repeated to every query head are copies, but views of a single key/value head; so are the values, and the
+    # keys where rotary leaves them in the compute dtype (autocast casts float32 ones, copying each repeat)
+    views = (1 + (p.stream == e)) * e * (q - k) if shape.kv_heads == 1 < shape.heads else 0
+    per_token += shape.attention_saved * e * q - views
+    if setup.eager:  # the softmax's float32 weights (and their half-precision cast), not SDPA's log-sum-exp and mask
+        per_token += shape.heads * setup.sequence * (4 + e % 4)
+    else:  # a log-sum-exp per head, and the additive mask SDPA makes of the boolean one (per row, in every block)
+        per_token += 4 * shape.heads + setup.sequence * e
     if shape.qk_norm:
         per_token += 4 * q + 4 * shape.heads + 4 * k + 4 * shape.kv_heads + (e * (q + k) if full else 0)
-    per_token += (shape.mlp_saved + (1 if full else 0)) * e * shape.intermediate
+    per_token += read(groups[1], e, kept=True)
+    # a parallel block's MLP norm reads the block's input, held by the attention's norm; a sequential one's, the sum
+    norm, out = _norm(shape, p, h, full, input_grad or not shape.parallel, input_held=shape.parallel)
+    per_token += norm + read(groups[2], out, kept=False)
+    float32 = shape.mlp_float32 if p.autocast else 0
+    per_token += ((shape.mlp_saved - float32) * e + 4 * float32) * shape.intermediate
+    per_token += read(groups[3], 4 if float32 else e, kept=False)
     if shape.dropout:
         per_token += 2 * h  # the masks of the dropouts after attention and after the MLP
-    adapter_bytes = 2 if autocast_copies(shape, setup) else ADAPTER_BYTES
-    for linear in adapters:
-        assert setup.adapter is not None
-        mask = 1 if setup.adapter.dropout else 0
-        per_token += (adapter_bytes + mask) * linear.inputs + adapter_bytes * setup.adapter.rank
-    return per_token
+    return per_token + len(adapters) * e * (setup.adapter.rank if setup.adapter is not None else 0)
 
 
 def _activations(shape: ModelShape, setup: Setup) -> _Activations:
-    tokens = setup.batch * setup.sequence
-    e, full = compute_bytes(shape, setup), setup.adapter is None
+    tokens, p, full = setup.batch * setup.sequence, Precision.of(setup), setup.adapter is None
     by_block: list[list[Linear]] = [[] for _ in range(shape.layers)]
     for block, linear in adapted(shape, setup.adapter) if setup.adapter is not None else []:
         by_block[block].append(linear)
-    blocks = [tokens * _block_activations(shape, setup, adapters) for adapters in by_block]
-    outputs = shape.vocabulary if setup.task == "causal-lm" else shape.head[0][0]
-    model = (
-        tokens * _norm(shape, setup, shape.hidden, 1, full, full)  # the final norm
-        + setup.batch * setup.sequence**2 * e  # the attention mask SDPA takes for padded or packed rows
-        + tokens * (16 + 2 * shape.head_dim * e)  # token ids, labels, positions, rotary cos and sin
-        + (tokens * shape.hidden if shape.dropout else 0)  # the embeddings' dropout mask
+    blocks = [tokens * _block_activations(shape, setup, a, full or b > 0) for b, a in enumerate(by_block)]
+    recomputed = max(
+        tokens * _block_activations(shape, setup, a, full or b > 0, input_held=True) for b, a in enumerate(by_block)
     )
-    return _Activations(blocks, model, LOGIT_BYTES * tokens * outputs)
+    outputs = shape.vocabulary if setup.task == "causal-lm" else shape.head[0][0]
+    norm, out = _norm(shape, p, shape.hidden, full)
+    rows = setup.batch if setup.packed else 1  # packed rows have positions of their own; others share one row's
+    model = (
+        tokens * 16  # token ids and labels
+        + rows * setup.sequence * 2 * shape.rotary * p.stream  # rotary's cos and sin
+        + (tokens * shape.hidden if shape.dropout else 0)  # the embeddings' dropout mask
+        + (setup.batch * setup.sequence**2 if setup.checkpointing else 0)  # the boolean mask every checkpoint holds
+    )
+    head = tokens * (norm + shape.hidden * _readers(p, out, int(full), 0, kept=False, dropout=False))
+    return _Activations(blocks, recomputed, model, head, LOGIT_BYTES * tokens * outputs)
 
 
 def plan_memory(shape: ModelShape, setup: Setup) -> MemoryPlan:
@@ -328,15 +393,17 @@ def plan_memory(shape: ModelShape, setup: Setup) -> MemoryPlan:
     gradients = sum(_held(w, setup) * w.size for w in trained)
     optimizer = sum(2 * _held(w, setup) * w.size + STEP_BYTES for w in trained)
     working = _working(shape, setup, found)
-    kept = _activations(shape, setup)
-    tokens, e = setup.batch * setup.sequence, compute_bytes(shape, setup)
-    backward = BACKWARD_GRADIENTS * tokens * shape.intermediate * e  # a block's MLP gradients, in its backward
-    if setup.checkpointing:
-        residual = 4 if autocast_copies(shape, setup) else e
-        inputs = shape.layers * tokens * shape.hidden * residual  # each block's input, kept by the checkpoint
-        activations = inputs + kept.model + max(kept.logits, max(kept.block) + backward)
+    kept, p = _activations(shape, setup), Precision.of(setup)
+    tokens = setup.batch * setup.sequence
+    # in a block's backward: the gradient of its output, and its MLP's gradients (in float32 where the MLP computes so)
+    mlp = 4 if p.autocast and shape.mlp_float32 else p.compute
+    backward = tokens * (shape.hidden * p.stream + BACKWARD_GRADIENTS * shape.intermediate * mlp)
+    # the peak: the loss's backward (the final norm's and the head's kept), or a block's (both freed)
+    if setup.checkpointing:  # each block's input, held by its checkpoint; one block recomputed at a time
+        inputs = shape.layers * tokens * shape.hidden * p.stream
+        activations = inputs + kept.model + max(kept.head + kept.logits, kept.recomputed + backward)
     else:
-        activations = sum(kept.block) + kept.model + max(kept.logits, backward)
+        activations = sum(kept.block) + kept.model + max(kept.head + kept.logits, backward)
     rest = parameters + gradients + optimizer + working + activations
     margin = (math.ceil(rest * FRAGMENTATION) + RUNTIME_BYTES) if setup.on_gpu else 0
     return MemoryPlan(

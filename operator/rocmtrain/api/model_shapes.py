@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-# The weights' dtype as transformers loads them (`dtype="auto"`: the config's `dtype`, or `torch_dtype` in
-# configs written before transformers 4.56); a config without either is taken as float32.
+# The weights' dtypes: as saved, the config's `dtype` (or `torch_dtype` in configs written before transformers
+# 4.56), float32 where it names neither; as trained, `training_dtype`'s.
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_DTYPE = "float32"
 # Bounds on what a config may say, so that a corrupt file cannot make the plan's arithmetic absurd.
@@ -64,7 +64,7 @@ class ModelShape:
     """What the memory plan needs to know of a model: every weight's shape, and how a block computes."""
 
     model_type: str
-    dtype: str  # the weights' dtype as loaded
+    dtype: str  # the weights' dtype as saved (the training image trains them in `training_dtype`'s)
     layers: int
     hidden: int
     heads: int
@@ -82,11 +82,10 @@ class ModelShape:
     attention_saved: int  # tensors of heads x head_dim per token that attention keeps for the backward pass
     qk_norm: bool  # an RMSNorm on each query and key head (Qwen3)
     mlp_saved: int  # tensors of intermediate_size per token the MLP keeps, the down projection's input aside
+    mlp_float32: int  # of those, the ones CUDA's autocast computes in float32 (ops on its float32 list, and after)
     dropout: float  # dropout after attention and after the MLP (GPT-2's resid_pdrop)
-
-    @property
-    def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
+    rotary: int  # the width of rotary's cos and sin per position (0: no rotary embedding)
+    parallel: bool  # attention and the MLP both read the block's input (GPT-NeoX's parallel residual)
 
     @property
     def block_tensors(self) -> Shapes:
@@ -133,6 +132,17 @@ def _probability(config: Mapping[str, Any], key: str, default: float) -> float:
     value = config.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
         raise ModelConfigError(f"config.json: {key} must be a number from 0 to below 1, not {value!r}")
+    return float(value)
+
+
+def _rotary_fraction(config: Mapping[str, Any]) -> float:
+    """The share of each head GPT-NeoX rotates: `partial_rotary_factor` of `rope_parameters` (transformers 5), or
+    `rotary_pct` in older configs (0.25 by default)."""
+    rope = config.get("rope_parameters")
+    value = rope.get("partial_rotary_factor") if isinstance(rope, Mapping) else None
+    value = config.get("rotary_pct", 0.25) if value is None else value
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise ModelConfigError(f"config.json: partial_rotary_factor must be above 0 and at most 1, not {value!r}")
     return float(value)
 
 
@@ -231,7 +241,10 @@ def _llama(config: Mapping[str, Any], model_type: str, task: str, labels: int) -
         attention_saved=4,  # rotated queries and keys, values (keys and values repeated to every head), output
         qk_norm=family.qk_norm,
         mlp_saved=3,  # the gate's and up projection's outputs and the SiLU's
+        mlp_float32=0,
         dropout=0.0,
+        rotary=head_dim,
+        parallel=False,
     )
 
 
@@ -266,7 +279,10 @@ def _gpt_neox(config: Mapping[str, Any], model_type: str, task: str, labels: int
         block_path="gpt_neox.layers.{}",
         attention_saved=6,  # the fused projection's output (values are a view of it), rotated queries, keys, output
         mlp_saved=1,  # the GELU's input
+        mlp_float32=0,
         dropout=_probability(config, "hidden_dropout", 0.0),
+        rotary=int(h // sizes.heads * _rotary_fraction(config)),
+        parallel=_flag(config, "use_parallel_residual", True),
     )
 
 
@@ -288,7 +304,10 @@ def _gpt2(config: Mapping[str, Any], model_type: str, task: str, labels: int) ->
         block_path="transformer.h.{}",
         attention_saved=4,  # the fused projection's output (queries, keys and values are views of it), output
         mlp_saved=4,  # gelu_new, written as tensor operations: its input, 0.5 x, tanh(...), 1 + tanh(...)
+        mlp_float32=3,  # pow casts its input to float32 under autocast, and tanh(...) and 1 + tanh(...) follow
         dropout=_probability(config, "resid_pdrop", 0.1),
+        rotary=0,  # learned position embeddings
+        parallel=False,
     )
 
 

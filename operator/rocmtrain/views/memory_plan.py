@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rocmtrain.api.memory_fit import JobPlan, describe_setup, gib
-from rocmtrain.api.memory_plan import FRAGMENTATION, RUNTIME_BYTES, compute_bytes, mixed_precision
+from rocmtrain.api.memory_plan import FRAGMENTATION, RUNTIME_BYTES, Precision, mixed_precision
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.views.table import table
 
@@ -17,13 +17,13 @@ def _gib(count: int) -> str:
 
 
 def _rows(planned: JobPlan) -> list[tuple[str, str, str]]:
-    plan, shape, setup = planned.plan, planned.shape, planned.plan.setup
+    plan, setup = planned.plan, planned.plan.setup
     share = f"1/{setup.shard_group} of " if setup.sharded else ""
     dtype = setup.weights_dtype
     trains = "the adapter (fp32)" if setup.adapter is not None else f"every weight ({dtype})"
     weights = f"the model ({dtype}) and the adapter (fp32)" if setup.adapter is not None else "every weight"
     if setup.sharded:
-        gathered = "dtype" if not mixed_precision(setup) else "bf16"
+        gathered = "bf16" if mixed_precision(setup) else dtype
         working = f"FSDP's gathered weights ({gathered}): embeddings, head and two blocks; their gradients"
     else:
         working = "autocast's bf16 copies of the fp32 weights" if plan.working else "-"
@@ -36,7 +36,7 @@ def _rows(planned: JobPlan) -> list[tuple[str, str, str]]:
         (
             "activations",
             _gib(plan.activations),
-            f"{DTYPES[compute_bytes(shape, setup)]}{checkpointing}; the loss's logits {_gib(plan.logits)}",
+            f"{DTYPES[Precision.of(setup).compute]}{checkpointing}; the loss's logits {_gib(plan.logits)}",
         ),
         (
             "margin",
