@@ -695,3 +695,79 @@ def test_a_namespace_s_default_queue_set_by_kueue_counts_as_the_job_s_queue():
     assert status["phase"] == "Queued"
     assert conditions(status)[ConditionType.ADMITTED] == ("False", Reason.QUEUED_BY_KUEUE)
     assert "queue default" in next(c for c in status["conditions"] if c["type"] == ConditionType.ADMITTED)["message"]
+
+
+# ---- a job's own code (spec.code) --------------------------------------------------------------
+
+CODE = spec(model=None, data=None, code={"command": ["python", "/code/train.py"]})
+
+
+def test_own_code_that_never_reports_runs_without_stalling_and_succeeds_saying_so():
+    rj = running_rayjob(T0)
+    running = observe(rj=rj, spec=CODE, now=T0 + dt.timedelta(seconds=5000))
+    assert running["phase"] == "Running" and ConditionType.STALLED not in conditions(running), "no report, no stall"
+    waiting = next(c for c in running["conditions"] if c["type"] == ConditionType.PROGRESS_REPORTED)
+    assert (waiting["status"], waiting["reason"]) == ("False", Reason.NO_PROGRESS_REPORTED)
+    assert "stall detection starts with its first report" in waiting["message"]
+    done = rayjob("Complete", "SUCCEEDED", **RUN)
+    succeeded = observe(running, done, spec=CODE, now=T0 + dt.timedelta(seconds=5001))
+    assert succeeded["phase"] == "Succeeded"
+    said = next(c for c in succeeded["conditions"] if c["type"] == ConditionType.PROGRESS_REPORTED)
+    assert (said["status"], said["reason"]) == ("False", Reason.NO_PROGRESS_REPORTED)
+    assert said["message"].startswith("your code reported no progress")
+    assert ConditionType.PROGRESS_REPORTED not in conditions(observe(rj=rj)), "the built-in driver always reports"
+
+
+def test_once_own_code_reports_its_reports_alone_key_stall_detection():
+    rj = running_rayjob(T0 + dt.timedelta(seconds=4000))  # the RayJob changed lately: it does not count
+    reported = {"phase": "Running", "lastProgressTime": rfc3339(T0)}
+    stalled = observe(reported, rj, spec=CODE, now=T0 + dt.timedelta(seconds=1000))
+    assert conditions(stalled)[ConditionType.STALLED] == ("True", Reason.NO_PROGRESS)
+    message = next(c for c in stalled["conditions"] if c["type"] == ConditionType.STALLED)["message"]
+    assert message == "no progress report from your code since 2026-01-02T03:04:05Z (limit 900s)"
+    assert conditions(stalled)[ConditionType.PROGRESS_REPORTED] == ("True", Reason.PROGRESS_REPORTED)
+    fresh = observe({**stalled, "lastProgressTime": rfc3339(T0 + dt.timedelta(seconds=990))}, rj, spec=CODE,
+                    now=T0 + dt.timedelta(seconds=1000))  # fmt: skip
+    assert conditions(fresh)[ConditionType.STALLED] == ("False", Reason.PROGRESSING)
+
+
+# What Ray's job supervisor says of a Ray Train script that raised in a worker (its driver's output, abridged).
+RAY_TRAIN_FAILURE = (
+    "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):\n"
+    "\x1b[36m(RayTrainWorker pid=31960)\x1b[0m Traceback (most recent call last):\n"
+    '\x1b[36m(RayTrainWorker pid=31960)\x1b[0m   File "/code/train.py", line 6, in check\n'
+    "\x1b[36m(RayTrainWorker pid=31960)\x1b[0m ValueError: label 7 out of range\n"
+    "Traceback (most recent call last):\n"
+    '  File "/code/train.py", line 11, in <module>\n'
+    "    TorchTrainer(train_func, scaling_config=sdk.scaling_config()).fit()\n"
+    '  File "/usr/lib/python3.12/site-packages/ray/train/v2/api/data_parallel_trainer.py", line 195, in fit\n'
+    "    raise result.error\n"
+    "ray.train.WorkerGroupError: Training failed due to worker errors:\n"
+    "[Rank 0 Error Snippet]:\n"
+    "Traceback (most recent call last):\n"
+    '  File "/usr/lib/python3.12/site-packages/ray/train/v2/_internal/execution/worker_group/thread_runner.py", '
+    "line 28, in run\n"
+    "    result = target()\n"
+    '  File "/code/train.py", line 9, in train_func\n'
+    "    check(7)\n"
+    '  File "/code/train.py", line 6, in check\n'
+    '    raise ValueError(f"label {labels} out of range")\n'
+    "ValueError: label 7 out of range\n"
+    "\n"
+    "\x1b[36m(TrainController pid=31816)\x1b[0m ValueError: label 7 out of range\x1b[32m [repeated 2x across cluster]\n"
+)
+
+
+def test_own_code_that_fails_shows_its_error_line_and_frame_first():
+    final = rayjob("Failed", "FAILED", **RUN, reason="AppFailed", message=RAY_TRAIN_FAILURE, failed=1)
+    statuses = run([rayjob("Running", "RUNNING", **RUN), final], CODE)
+    failed = next(c for c in statuses[-1]["conditions"] if c["type"] == ConditionType.FAILED)
+    lines = failed["message"].splitlines()
+    assert lines[:3] == [
+        "ValueError: label 7 out of range",
+        '  File "/code/train.py", line 6, in check',
+        '    raise ValueError(f"label {labels} out of range")',
+    ]
+    assert lines[3].startswith("Job entrypoint command failed with exit code 1"), "Ray's own words follow"
+    (event,) = transition_events(statuses[0], statuses[1])
+    assert event.message.startswith("Running → Failed: ValueError: label 7 out of range")
