@@ -10,6 +10,8 @@ import json
 import shlex
 import subprocess
 import sys
+import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +36,17 @@ from rocmtrain.api.validate import validate_job
 from rocmtrain.render import ENTRYPOINT, RenderOptions, render_rayjob
 from rocmtrain_testworld import rayjob_schema
 from unit.edits import drop, put
-from unit.samples import minimal_job
+from unit.samples import EXAMPLES, minimal_job
 
 OPTIONS = RenderOptions(
     progress_base_url="https://rocmtrain-progress.rocmtrain-system.svc:443", progress_ca_configmap="ca"
 )
-# Argument values a shell would act on if it read them as shell text.
+# Argument values a shell would act on if it read them as shell text; the file is made only if one does.
+PWNED = Path(tempfile.gettempdir()) / f"pwned-by-rocmtrain-{uuid.uuid4().hex}"
 HOSTILE = [
     "it's",
     '"double" \\back\\slash',
-    "$(touch /tmp/pwned-by-rocmtrain)",
+    f"$(touch {PWNED})",
     "`id`",
     "; rm -rf / #",
     "a\nb\n",
@@ -158,6 +161,14 @@ def test_rocmtrain_validate_explains_a_bad_code_block(capsys: pytest.CaptureFixt
     ]
 
 
+def test_the_example_is_a_local_job_running_the_recipe() -> None:
+    path = EXAMPLES / "own-code" / "job.yaml"
+    job, errors = validate_job(yaml.safe_load(path.read_text()), context="local")
+    assert job is not None, errors
+    assert job.spec.code is not None and job.spec.code.argv() == ["python", "recipe.py"]
+    assert (path.parent / "recipe.py").is_file() and (path.parent / "data" / "train.jsonl").is_file()
+
+
 # ---- the entrypoint ----------------------------------------------------------------------
 
 RECORDER = "import json, sys; json.dump(sys.argv[1:], sys.stdout)"
@@ -187,7 +198,7 @@ def test_hostile_arguments_reach_the_command_as_written_through_both_shells(tmp_
     rendered = render_rayjob(job)["spec"]["entrypoint"]
     assert rendered == shlex.join(argv)
     assert through_both_shells(rendered) == HOSTILE
-    assert not Path("/tmp/pwned-by-rocmtrain").exists()
+    assert not PWNED.exists()
 
 
 def test_module_args_and_working_folder_stay_data(tmp_path: Path) -> None:

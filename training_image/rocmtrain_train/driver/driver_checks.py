@@ -11,6 +11,13 @@ from rocmtrain_train.data.records import read_table
 from rocmtrain_train.model.pretrained import check_model_files, resolve_model
 
 
+def available_gpus() -> int:
+    """GPUs this machine has (ROCm's count them through torch.cuda)."""
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def check_gpus(settings: RunSettings, available: int) -> None:
     needed = settings.total_gpus
     if needed > available:
