@@ -731,30 +731,25 @@ def test_once_own_code_reports_its_reports_alone_key_stall_detection():
     assert conditions(fresh)[ConditionType.STALLED] == ("False", Reason.PROGRESSING)
 
 
-# What Ray's job supervisor says of a Ray Train script that raised in a worker (its driver's output, abridged).
+# What Ray's job supervisor says of a Ray Train script that raised in a worker: the last 10 lines of the driver's
+# log (as the test world's e2e run had it): the end of the traceback Ray Train re-raised, then Ray's repeats.
 RAY_TRAIN_FAILURE = (
     "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):\n"
-    "\x1b[36m(RayTrainWorker pid=31960)\x1b[0m Traceback (most recent call last):\n"
-    '\x1b[36m(RayTrainWorker pid=31960)\x1b[0m   File "/code/train.py", line 6, in check\n'
-    "\x1b[36m(RayTrainWorker pid=31960)\x1b[0m ValueError: label 7 out of range\n"
-    "Traceback (most recent call last):\n"
-    '  File "/code/train.py", line 11, in <module>\n'
-    "    TorchTrainer(train_func, scaling_config=sdk.scaling_config()).fit()\n"
-    '  File "/usr/lib/python3.12/site-packages/ray/train/v2/api/data_parallel_trainer.py", line 195, in fit\n'
-    "    raise result.error\n"
-    "ray.train.WorkerGroupError: Training failed due to worker errors:\n"
-    "[Rank 0 Error Snippet]:\n"
-    "Traceback (most recent call last):\n"
-    '  File "/usr/lib/python3.12/site-packages/ray/train/v2/_internal/execution/worker_group/thread_runner.py", '
-    "line 28, in run\n"
-    "    result = target()\n"
-    '  File "/code/train.py", line 9, in train_func\n'
-    "    check(7)\n"
-    '  File "/code/train.py", line 6, in check\n'
-    '    raise ValueError(f"label {labels} out of range")\n'
-    "ValueError: label 7 out of range\n"
+    '  File "/code/train.py", line 10, in check\n'
+    '    raise ValueError(f"label {label} out of range 0..2")\n'
+    "ValueError: label 7 out of range 0..2\n"
     "\n"
-    "\x1b[36m(TrainController pid=31816)\x1b[0m ValueError: label 7 out of range\x1b[32m [repeated 2x across cluster]\n"
+    "\x1b[36m(TrainController pid=568)\x1b[0m Traceback (most recent call last):\x1b[32m [repeated 2x across cluster] "
+    "(Ray deduplicates logs by default. Set RAY_DEDUP_LOGS=0 to disable log deduplication.)\x1b[0m\n"
+    '\x1b[36m(TrainController pid=568)\x1b[0m   File "/code/train.py", line 15, in train_func'
+    "\x1b[32m [repeated 2x across cluster]\x1b[0m\n"
+    "\x1b[36m(TrainController pid=568)\x1b[0m     check(label)\x1b[32m [repeated 2x across cluster]\x1b[0m\n"
+    '\x1b[36m(TrainController pid=568)\x1b[0m   File "/code/train.py", line 10, in check'
+    "\x1b[32m [repeated 2x across cluster]\x1b[0m\n"
+    '\x1b[36m(TrainController pid=568)\x1b[0m     raise ValueError(f"label {label} out of range 0..2")'
+    "\x1b[32m [repeated 2x across cluster]\x1b[0m\n"
+    "\x1b[36m(TrainController pid=568)\x1b[0m ValueError: label 7 out of range 0..2"
+    "\x1b[32m [repeated 2x across cluster]\x1b[0m\n"
 )
 
 
@@ -764,10 +759,10 @@ def test_own_code_that_fails_shows_its_error_line_and_frame_first():
     failed = next(c for c in statuses[-1]["conditions"] if c["type"] == ConditionType.FAILED)
     lines = failed["message"].splitlines()
     assert lines[:3] == [
-        "ValueError: label 7 out of range",
-        '  File "/code/train.py", line 6, in check',
-        '    raise ValueError(f"label {labels} out of range")',
+        "ValueError: label 7 out of range 0..2",
+        '  File "/code/train.py", line 10, in check',
+        '    raise ValueError(f"label {label} out of range 0..2")',
     ]
     assert lines[3].startswith("Job entrypoint command failed with exit code 1"), "Ray's own words follow"
     (event,) = transition_events(statuses[0], statuses[1])
-    assert event.message.startswith("Running → Failed: ValueError: label 7 out of range")
+    assert event.message.startswith("Running → Failed: ValueError: label 7 out of range 0..2\n  File")

@@ -5,13 +5,18 @@ from __future__ import annotations
 from rocmtrain.api.tracebacks import MAX_LINE, Failure, Frame, last_failure
 from unit.test_status import RAY_TRAIN_FAILURE
 
+FRAME = Frame("/code/train.py", 10, "check", 'raise ValueError(f"label {label} out of range 0..2")')
 
-def test_a_ray_train_workers_error_and_the_users_innermost_frame():
+
+def test_a_ray_train_workers_error_and_the_users_innermost_frame_from_the_last_ten_lines():
     failure = last_failure(RAY_TRAIN_FAILURE.partition("\n")[2])
-    assert failure == Failure(
-        "ValueError: label 7 out of range",
-        Frame("/code/train.py", 6, "check", 'raise ValueError(f"label {labels} out of range")'),
-    )
+    assert failure == Failure("ValueError: label 7 out of range 0..2", FRAME)
+
+
+def test_rays_repeats_of_a_workers_traceback_serve_when_the_drivers_lines_were_cut_off():
+    repeats = [line for line in RAY_TRAIN_FAILURE.splitlines() if "TrainController" in line]
+    assert len(repeats) == 6
+    assert last_failure("\n".join(repeats)) == Failure("ValueError: label 7 out of range 0..2", FRAME)
 
 
 def test_a_driver_error_with_library_frames_only_keeps_the_error_line():
@@ -25,7 +30,7 @@ def test_a_driver_error_with_library_frames_only_keeps_the_error_line():
     assert last_failure(output) == Failure("ray.exceptions.RaySystemError: System error: out of memory")
 
 
-def test_chained_exceptions_and_carets_read_the_last_one():
+def test_a_whole_traceback_chained_exceptions_and_carets_read_the_last_one():
     output = (
         "Traceback (most recent call last):\n"
         '  File "/code/a.py", line 1, in <module>\n'
