@@ -18,7 +18,7 @@ from transformers.integrations.integration_utils import KubeflowCallback
 from rocmtrain.api.contract import KUBEFLOW_TOKEN_ENV, KUBEFLOW_URL_ENV
 from rocmtrain.api.models import MAX_CUSTOM_METRICS, ProgressReport
 from rocmtrain.api.progress_body import MAX_BODY_BYTES, MAX_KEYS, BodyError, parse_report, parse_trainer_status
-from rocmtrain.api.trainer_status import KUBEFLOW_METRICS
+from rocmtrain.api.trainer_status import KUBEFLOW_FIELDS, KUBEFLOW_METRICS
 
 URL = "https://rocmtrain-progress.ops:443/v1/namespaces/ml/rocmtrainingjobs/bert/trainerstatus"
 
@@ -164,3 +164,12 @@ def test_the_largest_reports_either_protocol_sends_parse() -> None:
     theirs = kep(*((name, "1") for name in KUBEFLOW_METRICS), *((f"m{i}", "1") for i in range(MAX_CUSTOM_METRICS)))
     assert len(parse_trainer_status(theirs).metrics.custom or []) == MAX_CUSTOM_METRICS
     assert MAX_KEYS >= 2 * 64 + 5
+
+
+def test_the_guide_shows_every_mapping() -> None:
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "own-code.md").read_text()
+    rows = [line for line in guide.splitlines() if line.startswith("| `")]
+    for name, (section, field) in KUBEFLOW_METRICS.items():
+        assert any(f"`{name}`" in row and f"`{section}.{field}`" in row for row in rows), name
+    for wire, field in KUBEFLOW_FIELDS.items():
+        assert any(f"`{wire}`" in row and f"`progress.{field}`" in row for row in rows), wire
