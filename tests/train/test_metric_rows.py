@@ -32,6 +32,17 @@ def test_every_metrics_field_has_one_row_in_field_order():
     assert {row.heading for row in rows} >= {"GPU utilisation (%)", "GPU memory peak (bytes)", "samples/s"}
 
 
+def test_status_and_the_run_summary_show_a_codes_own_metrics_too():
+    metrics = Metrics(
+        train_loss=0.5, custom=[{"name": "grad_norm", "value": 1.25}, {"name": "eval/bleu", "value": 31.0}]
+    )
+    job = {"metadata": {"namespace": "ml", "name": "own"}, "status": {"phase": "Running", "metrics": metrics.dump()}}
+    status = job_text(job, [], [], {}, dt.datetime(2026, 1, 2, tzinfo=dt.UTC))
+    summary = summary_table(ProgressReport(progress=Progress(step=4, total_steps=4), metrics=metrics, final=True))
+    for text in (status, summary):
+        assert re.search(r"grad_norm +1\.25", text) and re.search(r"eval/bleu +31\b", text), text
+
+
 def test_status_and_the_run_summary_show_every_metric_alike():
     metrics = every_metric()
     job = {"metadata": {"namespace": "ml", "name": "bert"}, "status": {"phase": "Succeeded", "metrics": metrics.dump()}}
