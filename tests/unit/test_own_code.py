@@ -36,7 +36,7 @@ from rocmtrain.api.validate import validate_job
 from rocmtrain.render import ENTRYPOINT, RenderOptions, render_rayjob
 from rocmtrain_testworld import rayjob_schema
 from unit.edits import drop, put
-from unit.samples import EXAMPLES, minimal_job
+from unit.samples import EXAMPLES, full_job, minimal_job
 
 OPTIONS = RenderOptions(
     progress_base_url="https://rocmtrain-progress.rocmtrain-system.svc:443", progress_ca_configmap="ca"
@@ -280,3 +280,29 @@ def test_without_model_and_data_the_code_gets_no_such_variables_and_without_an_e
     assert MODEL_ENV not in values and DATA_ENV not in values and TRAINING_ENV in values
     assert PROGRESS_URL_ENV not in values and KUBEFLOW_URL_ENV not in values
     assert rayjob["spec"]["entrypoint"] == "python -m team.train --fast"
+
+
+def test_everything_but_the_entrypoint_and_the_contract_renders_as_for_a_built_in_job() -> None:
+    """Resources, GPU model, scheduling, Kueue, images, env, volumes, fault tolerance, lifecycle and suspend:
+    the RayJob of a job with code differs from the same job's without only where code needs it."""
+    manifest = full_job()
+    manifest["spec"]["scheduling"]["queueName"] = "team-a"
+    manifest["spec"]["scheduling"]["kueuePriorityClass"] = "high"
+    built_in = render_rayjob(job_of(manifest), options=OPTIONS)
+    manifest["spec"]["code"] = {"module": "team.train"}
+    own = render_rayjob(job_of(manifest), options=OPTIONS)
+    assert own["spec"]["entrypoint"] == "python -m team.train" != built_in["spec"]["entrypoint"]
+
+    def without_the_codes_parts(rayjob: dict[str, Any]) -> dict[str, Any]:
+        rayjob = json.loads(json.dumps(rayjob))
+        del rayjob["spec"]["entrypoint"]
+        cluster = rayjob["spec"]["rayClusterSpec"]
+        for pod in (cluster["headGroupSpec"]["template"]["spec"], cluster["workerGroupSpecs"][0]["template"]["spec"]):
+            container = pod["containers"][0]
+            container["env"] = [v for v in container["env"] if not v["name"].startswith(("ROCMTRAIN_", "KUBEFLOW_"))]
+            container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "rocmtrain-progress"]
+            pod["volumes"] = [v for v in pod["volumes"] if v["name"] != "rocmtrain-progress"]
+        return rayjob
+
+    assert without_the_codes_parts(own) == without_the_codes_parts(built_in)
+    assert own["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a" and own["spec"]["suspend"] is True
