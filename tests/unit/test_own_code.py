@@ -266,6 +266,14 @@ def test_head_and_workers_get_the_contract_and_the_progress_channel_under_both_n
         assert "rocmtrain-progress" in {v["name"] for v in pod["volumes"]}
 
 
+@pytest.mark.parametrize(("cpus", "gpus", "share"), [("1", 3, "0.3333"), ("12", 2, "6"), ("1000127m", 1, "1000.127")])
+def test_a_ranks_cpu_share_is_written_exactly_never_rounded_up(cpus: str, gpus: int, share: str) -> None:
+    resources = {"workers": 1, "gpusPerWorker": gpus, "cpusPerWorker": cpus, "memoryPerWorker": "64Gi"}
+    manifest = code_job({"command": ["python", "t.py"]}, resources=resources)
+    head = render_rayjob(job_of(manifest))["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert env(head["containers"][0])["ROCMTRAIN_CPUS_PER_RANK"] == share
+
+
 def test_a_built_in_jobs_workers_get_neither_contract_nor_token() -> None:
     rayjob = render_rayjob(job_of(minimal_job()), options=OPTIONS)
     worker = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]

@@ -79,6 +79,11 @@ class CodeRun:
     token_file: str | None = None
 
 
+def _exact(number: float) -> str:
+    """A number as written, never rounded (a share of CPUs rounded up would not fit its pod): 6, 0.3333."""
+    return str(int(number)) if number.is_integer() else repr(number)
+
+
 def _compact(model: ApiModel) -> str:
     return json.dumps(model.dump(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
@@ -93,7 +98,7 @@ def code_environment(job: RocmTrainingJob, run: CodeRun) -> dict[str, str]:
         WORLD_SIZE_ENV: str(layout.world_size),
         WORKERS_ENV: str(layout.pods),
         GPUS_PER_WORKER_ENV: str(run.gpus_per_worker),
-        CPUS_PER_RANK_ENV: f"{layout.cpus_per_rank:g}",
+        CPUS_PER_RANK_ENV: _exact(layout.cpus_per_rank),
         STORAGE_PATH_ENV: run.run_path,
         MAX_WORKER_FAILURES_ENV: str(spec.fault_tolerance.max_worker_failures),
         CHECKPOINTS_TO_KEEP_ENV: str(spec.checkpoint.keep_last),

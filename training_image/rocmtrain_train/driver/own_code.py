@@ -35,6 +35,7 @@ from rocmtrain_train.reporting.local_endpoint import LocalEndpoint
 
 # The end of the command's error output kept to explain a failure (a traceback and what follows it).
 TAIL_BYTES = 64 * 1024
+LINE_BYTES = 8 * 1024  # a longer line is relayed in pieces
 
 
 class CodeFailed(RuntimeError):
@@ -83,7 +84,7 @@ def local_job(job: RocmTrainingJob, base_dir: str | None) -> RocmTrainingJob:
 def _relay(stream: IO[bytes], out: IO[bytes], tail: collections.deque[bytes]) -> None:
     """Copy the command's error output through, keeping its last TAIL_BYTES."""
     kept = 0
-    for line in iter(stream.readline, b""):
+    for line in iter(lambda: stream.readline(LINE_BYTES), b""):
         out.write(line)
         out.flush()
         tail.append(line)
