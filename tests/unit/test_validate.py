@@ -398,6 +398,8 @@ INVALID: list[tuple[str, Edit, str, str]] = [
         "spec.tuning.metric",
         "set spec.evaluation.generate",
     ),
+    # The rules between a model and its data hold where a job with code gives both.
+    ("code-lm-fields", both(CODE, put("spec.data.messagesField", "m")), "spec.data", "for task causal-lm"),
 ]
 
 
@@ -872,7 +874,7 @@ CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
         "spec.adapter.targetModules",
     ),
     **{
-        ("spec", rule): (edit, path)
+        ("spec", f"!has(self.model) || !has(self.data) || ({rule})"): (edit, path)
         for rule, edit, path in (
             (
                 "self.model.task == 'causal-lm' || !(has(self.data.promptField) || has(self.data.messagesField))",
@@ -906,13 +908,12 @@ CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
                 put("spec.evaluation.generate", {}),
                 "spec.evaluation.generate",
             ),
-            (
-                "!has(self.tuning) || !has(self.tuning.searchSpace.adapterRank) || has(self.adapter)",
-                both(lm(), tuning(put(f"{TS}.adapterRank", [4]))),
-                f"{TS}.adapterRank",
-            ),
         )
     },
+    ("spec", "!has(self.tuning) || !has(self.tuning.searchSpace.adapterRank) || has(self.adapter)"): (
+        both(lm(), tuning(put(f"{TS}.adapterRank", [4]))),
+        f"{TS}.adapterRank",
+    ),
     ("spec", "has(self.code) || has(self.model)"): (drop("spec.model"), "spec.model"),
     ("spec", "has(self.code) || has(self.data)"): (drop("spec.data"), "spec.data"),
     ("spec", "!has(self.code) || !has(self.tuning)"): (both(CODE, tuning()), "spec.tuning"),

@@ -27,6 +27,8 @@ pytestmark = pytest.mark.cluster
 
 Edit = Callable[[dict[str, Any]], None]
 CODE = put("spec.code", {"command": ["python", "/code/train.py"]})
+# language_model_job() running its own code, without the fields only the built-in loop reads.
+CODE_LM = both(CODE, drop("spec.adapter"), drop("spec.training"), drop("spec.evaluation"))
 
 
 def _in(namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -169,6 +171,7 @@ REFUSED: list[tuple[str, Edit, str]] = [
     ("code-nul", put("spec.code", {"command": ["python", "a\x00b"]}), "command[1]"),
     ("code-module-not-a-module", put("spec.code", {"module": "team.train; rm -rf /"}), "module"),
     ("code-dir-traversal", put("spec.code", {"module": "t", "workingDir": "/code/../etc"}), "'..'"),
+    ("code-lm-fields", both(CODE, put("spec.data.messagesField", "m")), "for task causal-lm"),
 ]
 # The same for a causal-lm job (language_model_job()).
 REFUSED_LANGUAGE_MODEL: list[tuple[str, Edit, str]] = [
@@ -270,6 +273,14 @@ def test_a_job_running_its_own_code_is_stored_as_the_models_read_it_and_renders_
     assert job is not None, errors
     assert stored["spec"] == job.spec.dump() and stored["spec"]["code"]["args"] == hostile
     kube.create(render_rayjob(job), dry_run=True)
+
+
+def test_a_job_running_its_own_code_may_pass_it_a_language_model(kube: KubeCluster, namespace: str) -> None:
+    manifest = _in(namespace, language_model_job())
+    CODE_LM(manifest)
+    job, errors = validate_job(manifest)
+    assert job is not None, errors
+    assert kube.create(manifest, dry_run=True)["spec"]["model"]["task"] == "causal-lm"
 
 
 def test_server_defaults_of_a_search_equal_model_defaults(kube: KubeCluster, namespace: str) -> None:

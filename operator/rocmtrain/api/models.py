@@ -51,6 +51,13 @@ def _cel(rule: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"rule": rule, "message": message, **extra}
 
 
+def _cel_with_model_and_data(rule: str, message: str, **extra: Any) -> dict[str, Any]:
+    """A rule reading spec.model and spec.data, checked only where both are given (a job with code may lack them).
+
+    CEL fails on a missing key, and `||` absorbs that error only when another operand is true: the guards do.
+    """
+    return _cel(f"!has(self.model) || !has(self.data) || ({rule})", message, **extra)
+
 
 class ApiModel(BaseModel):
     """Base for API objects: camelCase on the wire, unknown fields refused."""
@@ -1156,29 +1163,31 @@ class RocmTrainingJobSpec(ApiModel):
                     fieldPath=".suspend",
                 ),
                 _cel("!self.suspend || !has(self.scheduling.queueName)", SUSPEND_QUEUED, fieldPath=".suspend"),
-                _cel(
+                _cel_with_model_and_data(
                     "self.model.task == 'causal-lm' || !(has(self.data.promptField) || has(self.data.messagesField))",
                     LM_FIELDS,
                     fieldPath=".data",
                 ),
-                _cel(
+                _cel_with_model_and_data(
                     "self.model.task == 'causal-lm' || (!has(self.training.lossOn) && !self.training.packing)",
                     LM_TRAINING,
                     fieldPath=".training",
                 ),
-                _cel("self.model.task == 'causal-lm' || !has(self.adapter)", ADAPTER_LM, fieldPath=".adapter"),
-                _cel(
+                _cel_with_model_and_data(
+                    "self.model.task == 'causal-lm' || !has(self.adapter)", ADAPTER_LM, fieldPath=".adapter"
+                ),
+                _cel_with_model_and_data(
                     "self.model.task != 'causal-lm' || !has(self.data.textPairField)",
                     TEXT_PAIRS_NOT_LM,
                     fieldPath=".data.textPairField",
                 ),
-                _cel(
+                _cel_with_model_and_data(
                     "!has(self.training.lossOn) || self.training.lossOn == 'all' || has(self.data.promptField) "
                     "|| has(self.data.messagesField)",
                     RESPONSE_LOSS_NEEDS_RESPONSES,
                     fieldPath=".training.lossOn",
                 ),
-                _cel(
+                _cel_with_model_and_data(
                     "!has(self.evaluation.generate) || (self.model.task == 'causal-lm' && has(self.data.eval) "
                     "&& (has(self.data.promptField) || has(self.data.messagesField)))",
                     GENERATE_NEEDS_PROMPTS,
@@ -1321,9 +1330,17 @@ class RocmTrainingJobSpec(ApiModel):
         return self
 
     def _check_language_model(self) -> None:
-        """The causal-lm fields appear only on causal-lm jobs, and fit their records."""
-        data, training = self.data, self.training
-        language_model = self.model.task == "causal-lm"
+        """The causal-lm fields appear only on causal-lm jobs, and fit their records.
+
+        A job with code may lack model or data: the rules that read them are then skipped, as in CEL
+        (`_cel_with_model_and_data`).
+        """
+        if self.tuning is not None and self.tuning.search_space.adapter_rank and self.adapter is None:
+            raise ValueError(RANK_SEARCH_NEEDS_ADAPTER)
+        model, data, training = self.model_spec, self.data_spec, self.training
+        if model is None or data is None:
+            return
+        language_model = model.task == "causal-lm"
         if not language_model and (data.prompt_field or data.messages_field):
             raise ValueError(LM_FIELDS)
         if not language_model and (training.loss_on is not None or training.packing):
@@ -1337,8 +1354,6 @@ class RocmTrainingJobSpec(ApiModel):
         has_prompts = language_model and data.eval is not None and data.record_shape != "text"
         if self.evaluation.generate is not None and not has_prompts:
             raise ValueError(GENERATE_NEEDS_PROMPTS)
-        if self.tuning is not None and self.tuning.search_space.adapter_rank and self.adapter is None:
-            raise ValueError(RANK_SEARCH_NEEDS_ADAPTER)
 
     @property
     def loss_on(self) -> Literal["response", "all"]:
