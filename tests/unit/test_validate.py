@@ -398,6 +398,23 @@ INVALID: list[tuple[str, Edit, str, str]] = [
         "spec.tuning.metric",
         "set spec.evaluation.generate",
     ),
+    # With spec.code, the built-in loop's fields are refused even where the job's model would take them.
+    ("code-tuning", both(CODE, tuning()), "spec.tuning", "runs the built-in loop, not your own code"),
+    ("code-adapter", both(CODE, lm(put("spec.adapter", {}))), "spec.adapter", "adapter is the built-in loop's"),
+    ("code-packing", both(CODE, lm(put("spec.training.packing", True))), "spec.training.packing", "built-in loop's"),
+    ("code-loss-on", both(CODE, lm(put("spec.training.lossOn", "all"))), "spec.training.lossOn", "built-in loop's"),
+    (
+        "code-generate",
+        both(CODE, lm(put("spec.evaluation.generate", {}))),
+        "spec.evaluation.generate",
+        "your code evaluates its own model",
+    ),
+    (
+        "code-fsdp",
+        both(CODE, put("spec.training.sharding", "fsdp")),
+        "spec.training.sharding",
+        "your code chooses its own strategy",
+    ),
     # The rules between a model and its data hold where a job with code gives both.
     ("code-lm-fields", both(CODE, put("spec.data.messagesField", "m")), "spec.data", "for task causal-lm"),
 ]
@@ -924,6 +941,23 @@ CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
     ("spec", "!has(self.code) || self.checkpoint.resume == 'auto'"): (
         both(CODE, put("spec.checkpoint.resume", "never")),
         "spec.checkpoint.resume",
+    ),
+    ("spec", "!has(self.code) || !has(self.adapter)"): (both(CODE, lm(put("spec.adapter", {}))), "spec.adapter"),
+    ("spec", "!has(self.code) || !self.training.packing"): (
+        both(CODE, lm(put("spec.training.packing", True))),
+        "spec.training.packing",
+    ),
+    ("spec", "!has(self.code) || !has(self.training.lossOn)"): (
+        both(CODE, lm(put("spec.training.lossOn", "all"))),
+        "spec.training.lossOn",
+    ),
+    ("spec", "!has(self.code) || !has(self.evaluation.generate)"): (
+        both(CODE, lm(put("spec.evaluation.generate", {}))),
+        "spec.evaluation.generate",
+    ),
+    ("spec", "!has(self.code) || self.training.sharding != 'fsdp'"): (
+        both(CODE, put("spec.training.sharding", "fsdp")),
+        "spec.training.sharding",
     ),
     ("spec.code.workingDir", TRAVERSAL): (
         put("spec.code", {"command": ["python"], "workingDir": "/code/../etc"}),

@@ -172,6 +172,7 @@ REFUSED: list[tuple[str, Edit, str]] = [
     ("code-module-not-a-module", put("spec.code", {"module": "team.train; rm -rf /"}), "module"),
     ("code-dir-traversal", put("spec.code", {"module": "t", "workingDir": "/code/../etc"}), "'..'"),
     ("code-lm-fields", both(CODE, put("spec.data.messagesField", "m")), "for task causal-lm"),
+    ("code-fsdp", both(CODE, put("spec.training.sharding", "fsdp")), "your code chooses its own strategy"),
 ]
 # The same for a causal-lm job (language_model_job()).
 REFUSED_LANGUAGE_MODEL: list[tuple[str, Edit, str]] = [
@@ -198,6 +199,11 @@ REFUSED_LANGUAGE_MODEL: list[tuple[str, Edit, str]] = [
         both(drop("spec.adapter"), put("spec.tuning", {"searchSpace": {"adapterRank": [4]}})),
         "needs spec.adapter",
     ),
+    # With code, each of the built-in loop's language-model fields alone (CODE_LM keeps none of them).
+    ("code-adapter", both(CODE_LM, put("spec.adapter", {})), "adapter is the built-in loop's"),
+    ("code-packing", both(CODE_LM, put("spec.training.packing", True)), "training.packing is the built-in loop's"),
+    ("code-loss-on", both(CODE_LM, put("spec.training.lossOn", "all")), "training.lossOn is the built-in loop's"),
+    ("code-generate", both(CODE_LM, put("spec.evaluation.generate", {})), "evaluation.generate is the built-in"),
 ]
 
 

@@ -1133,6 +1133,14 @@ RESUME_WITH_CODE = (
     "checkpoint.resume: never is the built-in loop's: with code, Ray Train resumes the run of the same name "
     "from its checkpoints"
 )
+ADAPTER_WITH_CODE = "adapter is the built-in loop's: with code, your code builds its own model (peft for LoRA)"
+PACKING_WITH_CODE = "training.packing is the built-in loop's: with code, your code makes its own batches"
+LOSS_ON_WITH_CODE = "training.lossOn is the built-in loop's: with code, your code computes its own loss"
+GENERATE_WITH_CODE = "evaluation.generate is the built-in loop's: with code, your code evaluates its own model"
+SHARDING_WITH_CODE = (
+    "training.sharding: fsdp is the built-in loop's: with code, your code chooses its own strategy "
+    "(Ray Train's prepare_model, FSDP or DeepSpeed)"
+)
 STORAGE_REQUIRED = (
     "checkpoint.storagePath is required for a cluster job: every worker pod uploads its own checkpoints, "
     "and checkpoints and the trained model must outlive the pods; set an object-store URI "
@@ -1213,6 +1221,19 @@ class RocmTrainingJobSpec(ApiModel):
                     "!has(self.code) || self.checkpoint.resume == 'auto'",
                     RESUME_WITH_CODE,
                     fieldPath=".checkpoint.resume",
+                ),
+                _cel("!has(self.code) || !has(self.adapter)", ADAPTER_WITH_CODE, fieldPath=".adapter"),
+                _cel("!has(self.code) || !self.training.packing", PACKING_WITH_CODE, fieldPath=".training.packing"),
+                _cel("!has(self.code) || !has(self.training.lossOn)", LOSS_ON_WITH_CODE, fieldPath=".training.lossOn"),
+                _cel(
+                    "!has(self.code) || !has(self.evaluation.generate)",
+                    GENERATE_WITH_CODE,
+                    fieldPath=".evaluation.generate",
+                ),
+                _cel(
+                    "!has(self.code) || self.training.sharding != 'fsdp'",
+                    SHARDING_WITH_CODE,
+                    fieldPath=".training.sharding",
                 ),
             ]
         }
@@ -1320,14 +1341,30 @@ class RocmTrainingJobSpec(ApiModel):
                 raise ValueError(MODEL_REQUIRED)
             if self.data_spec is None:
                 raise ValueError(DATA_REQUIRED)
-        elif self.tuning is not None:
-            raise ValueError(TUNING_WITH_CODE)
-        elif self.checkpoint.every_steps != 0:
-            raise ValueError(EVERY_STEPS_WITH_CODE)
-        elif self.checkpoint.resume != "auto":
-            raise ValueError(RESUME_WITH_CODE)
+        else:
+            self._check_code()
         self._check_language_model()
         return self
+
+    def _check_code(self) -> None:
+        """Fields that only the built-in loop reads are refused with spec.code."""
+        training = self.training
+        if self.tuning is not None:
+            raise ValueError(TUNING_WITH_CODE)
+        if self.checkpoint.every_steps != 0:
+            raise ValueError(EVERY_STEPS_WITH_CODE)
+        if self.checkpoint.resume != "auto":
+            raise ValueError(RESUME_WITH_CODE)
+        if self.adapter is not None:
+            raise ValueError(ADAPTER_WITH_CODE)
+        if training.packing:
+            raise ValueError(PACKING_WITH_CODE)
+        if training.loss_on is not None:
+            raise ValueError(LOSS_ON_WITH_CODE)
+        if self.evaluation.generate is not None:
+            raise ValueError(GENERATE_WITH_CODE)
+        if training.sharding == "fsdp":
+            raise ValueError(SHARDING_WITH_CODE)
 
     def _check_language_model(self) -> None:
         """The causal-lm fields appear only on causal-lm jobs, and fit their records.
