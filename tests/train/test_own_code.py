@@ -4,7 +4,7 @@ on this machine.
 Real parts: `rocmtrain run` as a command, the scripts of tests/own_code as child processes, a plain Hugging Face
 `Trainer` with transformers' own KubeflowCallback, `rocmtrain_train.sdk`, a tiny BERT built from a config. The
 scripts run their training in the driver (`--in-driver`): Ray Train runs them on the test world
-(tests/e2e/test_own_code.py), and these tests start no Ray.
+(tests/e2e/test_training.py), and these tests start no Ray.
 """
 
 from __future__ import annotations
