@@ -57,6 +57,7 @@ from lm_throughput import encoded_records, sft_script
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain_train.config import local_settings
 from rocmtrain_train.data.lm_tokens import collate_lm
+from rocmtrain_train.model.causal_lm import weights_dtype
 from train_throughput import read_jsonl, table
 
 # Llama 3.2 1B's and 3B's shapes; `smoke` is tiny, for a check on a CPU.
@@ -216,7 +217,12 @@ def reference(model_dir: str, mode: str, work: LmGpuWorkload) -> LmRun:
     encoded = encoded_records(model_dir, work.data, work.max_length)
     lengths = [int(n) for n in encoded.lengths]
     batches = _batches(len(lengths), lengths, work.batch_size)[: work.steps]
-    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa", device_map=str(device))
+    # The weights as ours loads them (`weights_dtype`): fp32 masters under bf16 autocast for full fine-tuning (as the
+    # Hugging Face Trainer's bf16 mode trains an fp32 model), a frozen bf16 base for LoRA.
+    dtype = weights_dtype(lm_gpu_job(model_dir, mode, work, "reference").spec, gpu=work.use_gpu)
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        model_dir, attn_implementation="sdpa", device_map=str(device), dtype=dtype
+    )
     model.config.use_cache = False
     if mode == "lora":
         adapter = LoraConfig(
@@ -319,10 +325,11 @@ def lm_gpu_job(model_dir: str, mode: str, work: LmGpuWorkload, name: str) -> Roc
 
 
 def disk_needed(model_dir: str, mode: str) -> int:
-    """Bytes our loop writes in a run: with full fine-tuning, a checkpoint of the weights and AdamW's two states
-    (in the weights' dtype) twice (written, then copied to the storage by Ray Train) and the exported model."""
+    """Bytes our loop writes in a run: with full fine-tuning, a checkpoint of the fp32 master weights and AdamW's two
+    fp32 states (6 times the bf16 checkpoint) twice (written, then copied to the storage by Ray Train) and the
+    exported fp32 model (twice the bf16 checkpoint)."""
     weights = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
-    return 8 * weights if mode == "full" else weights // 10
+    return 14 * weights if mode == "full" else weights // 10
 
 
 def ours(model_dir: str, mode: str, work: LmGpuWorkload, folder: Path) -> LmRun:
