@@ -12,7 +12,7 @@ JOB ?= examples/quickstart.yaml
 MYPY_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/rocm-train-operator/mypy
 
 .PHONY: install lock quickstart run test test-unit lint format crds docs manifests render validate \
-        deps cluster-binaries cluster-up cluster-down demo run-operator bench bench-train bench-operator bench-world clean
+        deps cluster-binaries cluster-up cluster-down demo run-operator bench bench-train bench-lm bench-operator bench-world clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -109,10 +109,13 @@ run-operator: install
 	$(PY) -m rocmtrain_testworld.kubecluster operator
 
 # Side-by-side benchmarks; figures in docs/benchmarks.md.
-bench: bench-train bench-operator bench-world
+bench: bench-train bench-lm bench-operator bench-world
 
 bench-train: install
 	$(PY) bench/train_throughput.py --out runs/bench-train.json
+
+bench-lm: install
+	$(PY) bench/lm_throughput.py --runs 5 --out runs/bench-lm.json
 
 bench-operator: install cluster-binaries
 	$(PY) bench/operator_bench.py --out runs/bench-operator.json

@@ -15,8 +15,14 @@ Without `--model`, the model is bert-base's architecture with random weights and
 tokenizer (no network is needed): throughput, MFU and memory are those of bert-base-cased (its
 vocabulary is 5% smaller), accuracy means nothing then.
 
+With `--lm`, the language-model case instead (`gpu_lm.py` says what it measures): Llama 3.2 1B- and
+3B-shaped models with random weights, bf16, full fine-tuning and LoRA, our loop next to a minimal
+PyTorch loop, on one GPU; `--lm --smoke` runs it on a tiny model, on a CPU too.
+
     python bench/gpu_throughput.py                                # 1 GPU and all GPUs, 3 runs each
     python bench/gpu_throughput.py --model /models/bert-base-cased --runs 1 --arms recipe,ours
+    python bench/gpu_throughput.py --lm                           # the language-model case, one GPU
+    python bench/gpu_throughput.py --lm --smoke                   # the same, tiny, on any device
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import ray
 import torch
 from transformers import AutoConfig, AutoTokenizer, BertConfig, BertModel
 
+from gpu_lm import GPU, MODES, SIZES, SMOKE, run_lm_case
 from rocmtrain_train.model.pretrained import resolve_model
 from train_throughput import (
     ARMS,
@@ -50,7 +57,8 @@ from train_throughput import (
     table,
 )
 
-# Peak dense bf16 FLOP/s per device (vendor data sheets); an MI250X shows up as two devices (GCDs).
+# Peak dense bf16 FLOP/s per device (vendor data sheets); an MI250X shows up as two devices (GCDs). The NVIDIA
+# entries are proxies: the GPU lent to this project's checks is an H200 (989 TFLOP/s), standing in for an MI300X.
 PEAK_BF16_FLOPS = {
     "MI355X": 2516.6e12,
     "MI325X": 1307.4e12,
@@ -70,6 +78,8 @@ LEARNING_RATE = 2e-5
 def peak_flops(override_tflops: float | None) -> float | None:
     if override_tflops:
         return override_tflops * 1e12
+    if not torch.cuda.is_available():
+        return None
     name = torch.cuda.get_device_name(0)
     return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name.replace(" ", "")), None)
 
@@ -106,6 +116,25 @@ def median_or_nan(values: Iterable[float | None]) -> float:
     return statistics.median(found) if found else float("nan")
 
 
+def language_model(args: argparse.Namespace) -> int:
+    """The language-model case (`gpu_lm.py`): needs a GPU unless `--smoke`."""
+    found = torch.cuda.is_available()
+    device = torch.cuda.get_device_name(0) if found else "cpu"
+    print(f"torch {torch.__version__} (hip {torch.version.hip}, cuda {torch.version.cuda}); device: {device}")
+    if not found and not args.smoke:
+        raise SystemExit("no GPU: torch.cuda (ROCm's HIP or CUDA) sees none; --smoke runs the case on a CPU")
+    plan = SMOKE if args.smoke else GPU
+    changes: dict[str, Any] = {"modes": tuple(m for m in args.modes.split(",") if m in MODES)}
+    if args.sizes:
+        changes["sizes"] = tuple(s for s in args.sizes.split(",") if s in SIZES)
+    if args.budget_s is not None:
+        changes["budget_s"] = args.budget_s
+    with tempfile.TemporaryDirectory(prefix="rocmtrain-gpu-lm-") as tmp:
+        report = run_lm_case(replace(plan, **changes), Path(tmp), args.out, peak_flops(args.peak_tflops), device)
+    print(f"results written to {args.out}")
+    return 1 if report["errors"] else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="a local folder of bert-base-cased (default: its architecture, random init)")
@@ -114,7 +143,15 @@ def main() -> int:
     parser.add_argument("--gpus", default="", help="comma-separated GPU counts (default: 1 and all)")
     parser.add_argument("--peak-tflops", type=float, help="peak dense bf16 TFLOP/s per GPU, for MFU")
     parser.add_argument("--out", type=Path, default=Path("gpu_throughput.json"), help="JSON results file")
+    lm = parser.add_argument_group("the language-model case")
+    lm.add_argument("--lm", action="store_true", help="run the language-model case (gpu_lm.py) instead")
+    lm.add_argument("--smoke", action="store_true", help="tiny model and records, on whatever device there is")
+    lm.add_argument("--sizes", help="comma-separated model sizes (default: 1b,3b; with --smoke: smoke)")
+    lm.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
+    lm.add_argument("--budget-s", type=float, help="start no case after this many seconds (default: 400)")
     args = parser.parse_args()
+    if args.lm:
+        return language_model(args)
     if not torch.cuda.is_available():
         raise SystemExit("no GPU: torch.cuda (ROCm's HIP or CUDA) sees none")
     arms = tuple(a for a in ARMS if a in args.arms.split(","))

@@ -239,23 +239,30 @@ def hf_worker(config: dict[str, Any]) -> None:
         Path(config["measured"]).write_text(json.dumps(measured))
 
 
-def hf_arm(arm: str, work: Workload, folder: Path) -> Measured:
-    measured = folder / "measured.json"
+def fit_on_workers(
+    worker: Callable[[dict[str, Any]], None], config: dict[str, Any], ranks: int, use_gpu: bool, folder: Path, name: str
+) -> float:
+    """Run `worker(config)` on `ranks` Ray Train workers (a CPU, or a GPU, each), checkpoints under `folder`; return
+    the seconds `fit` took."""
     trainer = TorchTrainer(
-        hf_worker,
-        train_loop_config={"arm": arm, "workload": work, "output": str(folder / "hf"), "measured": str(measured)},
+        worker,
+        train_loop_config=config,
         scaling_config=ScalingConfig(
-            num_workers=work.ranks,
-            use_gpu=work.use_gpu,
-            resources_per_worker={"CPU": 1, "GPU": 1} if work.use_gpu else {"CPU": 1},
+            num_workers=ranks, use_gpu=use_gpu, resources_per_worker={"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
         ),
         run_config=RunConfig(
-            name=f"bench-{arm}", storage_path=str(folder / "ray"), checkpoint_config=CheckpointConfig(num_to_keep=1)
+            name=name, storage_path=str(folder / "ray"), checkpoint_config=CheckpointConfig(num_to_keep=1)
         ),
     )
     started = time.perf_counter()
     trainer.fit()
-    wall = time.perf_counter() - started
+    return time.perf_counter() - started
+
+
+def hf_arm(arm: str, work: Workload, folder: Path) -> Measured:
+    measured = folder / "measured.json"
+    config = {"arm": arm, "workload": work, "output": str(folder / "hf"), "measured": str(measured)}
+    wall = fit_on_workers(hf_worker, config, work.ranks, work.use_gpu, folder, f"bench-{arm}")
     found = json.loads(measured.read_text())
     samples = len(read_jsonl(Path(work.data) / "train.jsonl")) * work.epochs
     return Measured(wall_seconds=wall, samples=samples, **found)

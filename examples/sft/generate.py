@@ -5,10 +5,13 @@ those, in one of several phrasings, and the answer is one word. The held-out (ev
 pair creatures and phrasings that training never shows together, so a model answers them only by
 learning what each creature is and what each phrasing asks, not by recalling whole questions.
 Records are instruction pairs (`prompt`, `response`); `--chat` writes the same as chats (`messages`).
-The output is deterministic for a given seed.
+`--context N` opens each prompt with 0 to N facts about random creatures (words the vocabulary has
+already), for records of realistic, varied lengths: about 7 tokens a fact (the language-model
+benchmark, bench/lm_throughput.py). The output is deterministic for a given seed.
 
     python examples/sft/generate.py examples/sft/data            # the committed files
     python examples/sft/generate.py /tmp/chats --chat
+    python examples/sft/generate.py /tmp/long --context 40 --repeat 8
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ QUESTIONS = {
     ),
 }
 SYSTEM = "answer with one word ."
+# How a fact of the context names what a question asks.
+NOUNS = {"colour": "colour", "home": "home", "food": "food"}
 
 
 def world(seed: int) -> dict[str, dict[str, str]]:
@@ -72,15 +77,24 @@ def questions(seed: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     return train, held_out
 
 
-def record(prompt: str, answer: str, *, chat: bool) -> dict[str, object]:
+def context(facts: dict[str, dict[str, str]], rng: random.Random, most: int) -> str:
+    """0 to `most` facts about random creatures, each like "the home of the zorb is cave ." (with a space after)."""
+    said = []
+    for _ in range(rng.randint(0, most)):
+        creature, kind = rng.choice(CREATURES), rng.choice(list(NOUNS))
+        said.append(f"the {NOUNS[kind]} of the {creature} is {facts[creature][kind]} . ")
+    return "".join(said)
+
+
+def record(prompt: str, answer: str, *, chat: bool, opening: str = "") -> dict[str, object]:
     if chat:
         messages = [
             {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": prompt},
+            {"role": "user", "content": opening + prompt},
             {"role": "assistant", "content": answer},
         ]
         return {"messages": messages}
-    return {"prompt": f"question : {prompt} answer :", "response": answer}
+    return {"prompt": f"{opening}question : {prompt} answer :", "response": answer}
 
 
 def vocabulary() -> list[str]:
@@ -93,12 +107,17 @@ def vocabulary() -> list[str]:
     return sorted(words)
 
 
-def write(folder: Path, *, seed: int = 7, chat: bool = False, repeat: int = 4) -> None:
-    """train.jsonl (every training question `repeat` times) and eval.jsonl (the held-out questions)."""
+def write(folder: Path, *, seed: int = 7, chat: bool = False, repeat: int = 4, most_facts: int = 0) -> None:
+    """train.jsonl (every training question `repeat` times) and eval.jsonl (the held-out questions), each
+    prompt opened by up to `most_facts` facts."""
     train, held_out = questions(seed)
+    facts, rng = world(seed), random.Random(seed + 2)  # noqa: S311 - reproducible data, not cryptography
     folder.mkdir(parents=True, exist_ok=True)
     for name, pairs in (("train", train * repeat), ("eval", held_out)):
-        lines = (json.dumps(record(prompt, answer, chat=chat)) + "\n" for prompt, answer in pairs)
+        lines = (
+            json.dumps(record(prompt, answer, chat=chat, opening=context(facts, rng, most_facts))) + "\n"
+            for prompt, answer in pairs
+        )
         (folder / f"{name}.jsonl").write_text("".join(lines))
 
 
@@ -107,8 +126,10 @@ def main() -> None:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--chat", action="store_true", help="chat records (messages) instead of pairs")
+    parser.add_argument("--repeat", type=int, default=4, help="times each training question appears")
+    parser.add_argument("--context", type=int, default=0, metavar="N", help="open each prompt with 0 to N facts")
     args = parser.parse_args()
-    write(args.folder, seed=args.seed, chat=args.chat)
+    write(args.folder, seed=args.seed, chat=args.chat, repeat=args.repeat, most_facts=args.context)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,13 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% if m['role'] == 'assistant' %}</s> "
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|> {% endif %}"
 )
-SIZE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+SIZE = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 256,
+}
 
 
 def tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
@@ -51,12 +57,12 @@ def tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
 
 
 def build(folder: Path, words: list[str] | None = None, *, seed: int = 0, **size: int) -> Path:
-    """Save a randomly initialised Llama and its tokenizer of `words` (the example's vocabulary) in `folder`."""
+    """Save a randomly initialised Llama and its tokenizer of `words` (the example's vocabulary) in `folder`;
+    `size` overrides the config's sizes (`SIZE`, or any other LlamaConfig field)."""
     made = tokenizer(vocabulary() if words is None else words)
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(made),
-        max_position_embeddings=256,
         bos_token_id=made.bos_token_id,
         eos_token_id=made.eos_token_id,
         pad_token_id=made.pad_token_id,

@@ -117,6 +117,26 @@ def test_no_rayjob_before_its_network_policy_which_the_job_owns(kube: KubeCluste
     wait_until(lambda: _count(api, ns, "fenced", Reason.NETWORK_POLICY_REFUSED) == 1, what="one refusal event")
 
 
+def test_with_job_network_policies_off_the_rayjob_comes_without_one(
+    kube: KubeCluster, api: Api, ns: str, operator: Operator, operator_kubeconfig: Path
+):
+    """`ROCMTRAIN_JOB_NETWORK_POLICIES=false` (clusters whose network plugin enforces none): no policy is made,
+    so a quota refusing them holds nothing."""
+    kube.create(_none_of("networkpolicies.networking.k8s.io", "no-policies", ns))
+    operator.stop()
+    unfenced = Operator(operator_kubeconfig, env={**operator.extra_env, "ROCMTRAIN_JOB_NETWORK_POLICIES": "false"})
+    unfenced.start()
+    try:
+        kube.create(job_manifest("open", ns))
+        wait_until(lambda: api.rayjob(ns, "open"), timeout=30, interval=0.2, what="the RayJob without a policy")
+    finally:
+        unfenced.stop()
+        operator.start()
+    policies = kube.request("GET", f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies")
+    assert policies["items"] == []
+    assert api.condition(ns, "open", ConditionType.BLOCKED).get("status") != "True"
+
+
 def test_an_admission_policy_refusing_the_rayjob_shows_its_message(kube: KubeCluster, api: Api, ns: str):
     name = f"deny-rayjobs-{ns}"
     policy = {

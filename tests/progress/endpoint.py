@@ -99,7 +99,10 @@ class Client:
         self.context = ssl.create_default_context(cadata=ca_crt.decode())
         self._conn: http.client.HTTPSConnection | None = None
 
-    def post(self, namespace: str, name: str, body: bytes | dict, token: str | None) -> Post:
+    def post(
+        self, namespace: str, name: str, body: bytes | dict, token: str | None, *, path: str | None = None
+    ) -> Post:
+        """POST to the job's progress path (or `path`, such as its KEP-2779 one)."""
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"}
         if token is not None:
@@ -107,7 +110,7 @@ class Client:
         if self._conn is None:
             self._conn = http.client.HTTPSConnection("localhost", self.port, context=self.context, timeout=30)
         try:
-            self._conn.request("POST", progress_path(namespace, name), body=data, headers=headers)
+            self._conn.request("POST", path or progress_path(namespace, name), body=data, headers=headers)
             resp = self._conn.getresponse()
             return Post(resp.status, dict(resp.headers), resp.read())
         except (http.client.HTTPException, OSError):

@@ -363,3 +363,65 @@ async def test_events_from_reports_are_limited_per_job_and_reason(jobs: Jobs):
         assert (await client.post(URL, json=body, headers=bearer("good"))).status == 204
     assert len(jobs.events) == 4
     assert jobs.objects["team-a", "job1"]["status"]["tuning"]["bestTrialId"] == "t_9", "the status still follows"
+
+
+# ---- Kubeflow Trainer's protocol (KEP-2779): the same admission and limits, on its own path ----------------
+
+KEP_URL = "/v1/namespaces/team-a/rocmtrainingjobs/job1/trainerstatus"
+KEP = {
+    "trainerStatus": {
+        "progressPercentage": 30,
+        "estimatedRemainingSeconds": 70,
+        "metrics": [{"name": "loss", "value": "0.7"}, {"name": "current_step", "value": "12"}],
+        "lastUpdatedTime": "2025-03-01T00:00:00+00:00",
+    }
+}
+
+
+async def test_a_kubeflow_report_updates_the_status_like_ours(http: TestClient, jobs: Jobs):
+    resp = await http.post(KEP_URL, json=KEP, headers=bearer("good"))
+    assert resp.status == 204
+    status = jobs.objects["team-a", "job1"]["status"]
+    assert status["progress"] == {"step": 12, "percent": 30, "etaSeconds": 70}
+    assert status["metrics"] == {"trainLoss": 0.7} and status["history"] == [{"step": 12, "trainLoss": 0.7}]
+    assert status["lastProgressTime"] == "2025-03-01T00:00:00Z"
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "status"),
+    [
+        ({}, json.dumps(KEP).encode(), 401),
+        (bearer("forged"), json.dumps(KEP).encode(), 401),
+        (bearer("other-ns"), json.dumps(KEP).encode(), 403),
+        (bearer("good"), b'{"trainerStatus": {"progressPercentage": NaN}}', 400),
+        (bearer("good"), json.dumps({"trainerStatus": {"metrics": [{"name": "loss", "value": "nan"}]}}).encode(), 400),
+        (
+            bearer("good"),
+            json.dumps({"trainerStatus": {"metrics": [{"name": f"m{i}", "value": "1"} for i in range(33)]}}).encode(),
+            400,
+        ),
+        (bearer("good"), json.dumps(REPORT).encode(), 400),
+        (bearer("good"), json.dumps({**KEP, "pad": "x" * MAX_BODY_BYTES}).encode(), 413),
+    ],
+    ids=["no-token", "forged", "other-namespace", "nan", "nan-string", "too-many-metrics", "our-body", "too-large"],
+)
+async def test_the_kubeflow_path_refuses_what_ours_refuses(
+    http: TestClient, jobs: Jobs, headers: dict, body: bytes, status: int
+):
+    resp = await http.post(KEP_URL, data=body, headers={**headers, "Content-Type": "application/json"})
+    assert resp.status == status and "error" in await resp.json()
+    assert jobs.patches == []
+
+
+async def test_an_ended_job_takes_no_kubeflow_report_either(http: TestClient, jobs: Jobs):
+    jobs.objects["team-a", "job1"]["status"] = {"phase": "Succeeded"}
+    resp = await http.post(KEP_URL, json=KEP, headers=bearer("good"))
+    assert resp.status == 409 and not jobs.patches
+
+
+async def test_both_paths_share_the_jobs_rate(http: TestClient, jobs: Jobs):
+    codes = [
+        (await http.post(url, json=body, headers=bearer("good"))).status
+        for url, body in [(URL, REPORT), (KEP_URL, KEP)] * 8
+    ]
+    assert codes[:10] == [204] * 10 and codes.count(429) >= 4, codes

@@ -16,8 +16,8 @@ from rocmtrain.progress.auth import (
     POD_UID_EXTRA,
     RAY_NODE_TYPE_LABEL,
     Identity,
-    head_of_job,
     identity_from_review,
+    ray_pod_of_job,
     token_claims,
 )
 from rocmtrain.progress.errors import Forbidden, Unauthenticated
@@ -151,9 +151,9 @@ def _with(obj: dict, **meta: object) -> dict:
 
 
 def test_the_jobs_head_pod_may_report():
-    assert head_of_job(HEAD, RAYCLUSTER, RAYJOB, JOB) is None
+    assert ray_pod_of_job(HEAD, RAYCLUSTER, RAYJOB, JOB) is None
     unnamed = {**JOB, "status": {}}  # before the operator has copied the names into the status
-    assert head_of_job(HEAD, RAYCLUSTER, RAYJOB, unnamed) is None
+    assert ray_pod_of_job(HEAD, RAYCLUSTER, RAYJOB, unnamed) is None
 
 
 FORGED_LABELS = _with(HEAD, ownerReferences=[])
@@ -186,8 +186,22 @@ OTHER_CLUSTER_LABEL = _with(HEAD, labels={**HEAD["metadata"]["labels"], RAY_CLUS
     ],
 )  # fmt: skip
 def test_only_the_head_of_the_jobs_own_ray_cluster_may_report(pod, raycluster, rayjob, job, words: str):
-    why = head_of_job(pod, raycluster, rayjob, job)
+    why = ray_pod_of_job(pod, raycluster, rayjob, job)
     assert why is not None and words in why
+
+
+CODE_JOB = {**JOB, "spec": {"code": {"command": ["python", "/code/train.py"]}}}
+
+
+def test_a_job_running_its_own_code_takes_reports_from_its_workers_too():
+    """Ray Train's rank 0, where transformers' KubeflowCallback reports from, runs on a worker pod."""
+    assert ray_pod_of_job(WORKER, RAYCLUSTER, RAYJOB, CODE_JOB) is None
+    assert ray_pod_of_job(HEAD, RAYCLUSTER, RAYJOB, CODE_JOB) is None
+    no_node_type = _with(HEAD, labels={RAY_CLUSTER_LABEL: "job1-abcde"})  # the submitter, or any pod at all
+    assert "not a Ray pod of the job" in (ray_pod_of_job(no_node_type, RAYCLUSTER, RAYJOB, CODE_JOB) or "")
+    forged_worker = _with(WORKER, ownerReferences=[])
+    assert "not controlled" in (ray_pod_of_job(forged_worker, RAYCLUSTER, RAYJOB, CODE_JOB) or "")
+    assert ray_pod_of_job(WORKER, RAYCLUSTER, RAYJOB, _with(CODE_JOB, uid="x")) == "the RayJob is not this job's"
 
 
 def test_ttl_cache_expires_and_stays_bounded():

@@ -30,6 +30,7 @@ from kubernetes_asyncio import config as async_config
 
 from progress.endpoint import (
     OPERATOR_NAMESPACE,
+    SMALL_SPEC,
     Client,
     RayHead,
     ServerThread,
@@ -39,7 +40,7 @@ from progress.endpoint import (
     create_ray_head,
     create_ray_pod,
 )
-from rocmtrain.api.contract import PROGRESS_BURST, PROGRESS_RATE_PER_SECOND
+from rocmtrain.api.contract import PROGRESS_BURST, PROGRESS_RATE_PER_SECOND, trainer_status_path
 from rocmtrain.api.models import HISTORY_LENGTH, RocmTrainingJobStatus
 from rocmtrain.progress import tls
 from rocmtrain.progress.limits import MAX_BODY_BYTES
@@ -345,3 +346,84 @@ def _read_only_secret(kube: KubeCluster, loop: ServerThread, admin: Any, namespa
     # The managing path would have rewritten the Secret (for the names it serves); this one left it alone.
     after = kube.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{tls.SECRET_NAME}")
     assert after["metadata"]["resourceVersion"] == version and "ca.key" not in after["data"]
+
+
+# ---- a job running its own code, reporting in Kubeflow Trainer's protocol (KEP-2779) ----------------------
+
+CODE_SPEC = {"code": {"command": ["python", "/code/train.py"]}, "checkpoint": SMALL_SPEC["checkpoint"]}
+KEP = {
+    "trainerStatus": {
+        "progressPercentage": 25,
+        "estimatedRemainingSeconds": 60,
+        "metrics": [
+            {"name": "loss", "value": "0.61"},
+            {"name": "current_step", "value": "20"},
+            {"name": "total_steps", "value": "80"},
+            {"name": "grad_norm", "value": "1.5"},
+        ],
+        "lastUpdatedTime": "2026-01-02T03:04:05+00:00",
+    }
+}
+
+
+def new_code_job(kube: KubeCluster, namespace: str) -> RayHead:
+    name = f"code-{uuid.uuid4().hex[:6]}"
+    create_job(kube, namespace, name, f"{name}-q7x2k", CODE_SPEC)
+    return create_ray_head(kube, namespace, name, f"{name}-q7x2k")
+
+
+def post_kep(client: Client, head: RayHead, body: bytes | dict, token: str | None) -> int:
+    return client.post(head.namespace, head.job, body, token, path=trainer_status_path(head.namespace, head.job)).status
+
+
+def test_a_code_jobs_worker_reports_in_kubeflows_protocol_into_the_status(
+    kube: KubeCluster, client: Client, namespace: str
+):
+    """KubeflowCallback reports from Ray Train's rank 0, on a worker pod: its token writes the job's status,
+    which `kubectl get` shows; the head's token too."""
+    head = new_code_job(kube, namespace)
+    worker = create_ray_pod(kube, head, "worker")
+    assert post_kep(client, head, KEP, bound_token_for(kube, head.namespace, worker)) == 204
+    status = head.job_object(kube)["status"]
+    assert status["progress"] == {"step": 20, "totalSteps": 80, "percent": 25, "etaSeconds": 60}
+    assert status["metrics"] == {"trainLoss": 0.61, "custom": [{"name": "grad_norm", "value": 1.5}]}
+    RocmTrainingJobStatus.model_validate(status)
+    printed = kube.printed(head.job_path)
+    assert (printed["Progress"], printed["Loss"], printed["ETA"]) == (25, 0.61, 60)
+    assert post_kep(client, head, KEP, bound_token(kube, head)) == 204
+
+
+def test_the_kubeflow_path_refuses_what_ours_refuses(kube: KubeCluster, client: Client, namespace: str):
+    """Wrong pod, another job's token, oversize, NaN, too many metrics, after the end: nothing is written."""
+    head = new_code_job(kube, namespace)
+    other = new_code_job(kube, namespace)
+    worker = create_ray_pod(kube, head, "worker")
+    token = bound_token_for(kube, head.namespace, worker)
+    not_ray = create_ray_pod(kube, head, "submitter")  # controlled by the RayCluster, but not a Ray node
+    unowned = create_ray_pod(kube, head, "worker", owned=False)
+    many = {"trainerStatus": {"metrics": [{"name": f"m{i}", "value": "1"} for i in range(33)]}}
+    cases = [
+        (json.dumps(KEP).encode(), bound_token_for(kube, head.namespace, not_ray), 403),
+        (json.dumps(KEP).encode(), bound_token_for(kube, head.namespace, unowned), 403),
+        (json.dumps(KEP).encode(), bound_token_for(kube, other.namespace, create_ray_pod(kube, other, "worker")), 403),
+        (json.dumps(KEP).encode(), None, 401),
+        (json.dumps({**KEP, "pad": "x" * MAX_BODY_BYTES}).encode(), token, 413),
+        (b'{"trainerStatus": {"progressPercentage": NaN}}', token, 400),
+        (json.dumps({"trainerStatus": {"metrics": [{"name": "loss", "value": "NaN"}]}}).encode(), token, 400),
+        (json.dumps(many).encode(), token, 400),
+    ]
+    before = head.job_object(kube)["metadata"]["resourceVersion"]
+    assert [post_kep(client, head, body, who) for body, who, _ in cases] == [code for *_, code in cases]
+    assert head.job_object(kube)["metadata"]["resourceVersion"] == before, "nothing written"
+    kube.request(
+        "PATCH", f"{head.job_path}/status", body={"status": {"phase": "Succeeded"}},
+        content_type="application/merge-patch+json",
+    )  # fmt: skip
+    assert post_kep(client, head, KEP, token) == 409
+    assert "progress" not in head.job_object(kube)["status"]
+
+
+def test_a_built_in_jobs_worker_may_not_report_in_either_protocol(kube: KubeCluster, client: Client, head: RayHead):
+    worker = bound_token_for(kube, head.namespace, create_ray_pod(kube, head, "worker"))
+    assert post_kep(client, head, KEP, worker) == 403
+    assert post_kep(client, head, KEP, bound_token(kube, head)) == 204, "its head may"

@@ -167,6 +167,12 @@ def test_from_env(pki: dict[str, Path]):
     sink = from_env(env)
     assert isinstance(sink, HttpSink) and sink.url == env[PROGRESS_URL_ENV]
     sink.close()
-    assert from_env({**env, PROGRESS_URL_ENV: "http://localhost/x"}) is None, "never over plain HTTP"
+    assert from_env({**env, PROGRESS_URL_ENV: "http://rocmtrain-progress.ops/x"}) is None, "never over plain HTTP"
     with pytest.raises(ValueError, match="https"):
-        HttpSink("http://localhost/x", pki["ca"], pki["token"])
+        HttpSink("http://rocmtrain-progress.ops/x", pki["ca"], pki["token"])
+    with pytest.raises(ValueError, match="https"):
+        HttpSink(env[PROGRESS_URL_ENV], None, pki["token"])
+    # `rocmtrain run`'s own endpoint: plain HTTP to this machine's loopback address only, without a CA.
+    local = from_env({PROGRESS_URL_ENV: "http://127.0.0.1:9/x", PROGRESS_TOKEN_ENV: str(pki["token"])})
+    assert isinstance(local, HttpSink) and local.ca_file is None
+    local.close()

@@ -63,9 +63,10 @@ def tiny_bert(tmp_path_factory) -> Path:
     return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
-def save_tiny_bert(path: Path) -> Path:
+def save_tiny_bert(path: Path, **sizes: int) -> Path:
     """`path`, holding a randomly initialised 2-layer BERT without dropout and MiniLM's tokenizer: for tests
-    of mechanics (resume, status) rather than of what a model learns, in a fraction of MiniLM's time."""
+    of mechanics (resume, status) rather than of what a model learns, in a fraction of MiniLM's time.
+    `sizes` change TINY's (a wider one takes longer a step)."""
     torch.manual_seed(0)
     config = BertConfig(
         vocab_size=30522,
@@ -73,7 +74,7 @@ def save_tiny_bert(path: Path) -> Path:
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
         classifier_dropout=0.0,
-        **TINY,
+        **(TINY | sizes),
     )
     BertModel(config).save_pretrained(path)
     minilm_tokenizer().save_pretrained(path)

@@ -156,8 +156,15 @@ def test_micro_batches_weigh_in_by_their_tokens_so_the_step_is_the_mean_over_the
 # --- packing ----------------------------------------------------------------------------------
 
 
-def test_packing_fills_rows_first_fit_longest_first():
-    assert pack([0, 1, 2, 3, 4], [5, 3, 4, 2, 6], 8) == [[4, 3], [0, 1], [2]]
+def test_packing_takes_as_few_rows_as_first_fit_decreasing_and_balances_them():
+    # First-fit decreasing packs these 20 tokens into rows of 8, 8 and 4: padded to 8, a forward pass computes on 24.
+    rows = pack([0, 1, 2, 3, 4], [5, 3, 4, 2, 6], 8)
+    assert rows == [[4], [0, 3], [2, 1]]
+    assert [sum([5, 3, 4, 2, 6][r] for r in row) for row in rows] == [6, 7, 7]  # padded to 7: 21
+    # Where balancing cannot place every record in that many rows (6 + 3 and 4 + 4 leave no room for the last 3),
+    # the first-fit rows stand.
+    assert pack([0, 1, 2, 3, 4], [6, 4, 4, 3, 3], 10) == [[0, 1], [2, 3, 4]]
+    assert pack([0, 1], [3, 2], 8) == [[0, 1]]
 
 
 def test_packed_records_equal_unpacked_ones_and_never_attend_to_each_other(tokenizer, model):

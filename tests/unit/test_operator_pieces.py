@@ -41,6 +41,8 @@ def test_config_defaults_and_overrides():
     assert default.liveness_endpoint == "http://127.0.0.1:8081/healthz" and default.metrics_host == "127.0.0.1"
     assert not default.metrics_secure, "no progress endpoint, no certificate: plain HTTP on loopback"
     assert default.policy == Policy() and default.api_timeout_seconds == 15
+    assert default.job_network_policies
+    assert not OperatorConfig.from_env({"ROCMTRAIN_JOB_NETWORK_POLICIES": "false"}).job_network_policies
     custom = OperatorConfig.from_env(
         {"ROCMTRAIN_NAMESPACES": "team-a, team-b", "ROCMTRAIN_STALL_SECONDS": "8", "ROCMTRAIN_HEALTH_PORT": "0"}
     )
@@ -128,6 +130,7 @@ def test_metrics_are_https_where_the_progress_endpoint_runs_and_plain_http_only_
         {"ROCMTRAIN_MAX_WORKER_PODS": "0"},
         {"ROCMTRAIN_MAX_JOB_GPUS": "many"},
         {"ROCMTRAIN_PROTECTED_NAMESPACES": "Kube_System"},
+        {"ROCMTRAIN_JOB_NETWORK_POLICIES": "off"},
     ],
 )
 def test_config_refuses_bad_values(env):

@@ -695,3 +695,74 @@ def test_a_namespace_s_default_queue_set_by_kueue_counts_as_the_job_s_queue():
     assert status["phase"] == "Queued"
     assert conditions(status)[ConditionType.ADMITTED] == ("False", Reason.QUEUED_BY_KUEUE)
     assert "queue default" in next(c for c in status["conditions"] if c["type"] == ConditionType.ADMITTED)["message"]
+
+
+# ---- a job's own code (spec.code) --------------------------------------------------------------
+
+CODE = spec(model=None, data=None, code={"command": ["python", "/code/train.py"]})
+
+
+def test_own_code_that_never_reports_runs_without_stalling_and_succeeds_saying_so():
+    rj = running_rayjob(T0)
+    running = observe(rj=rj, spec=CODE, now=T0 + dt.timedelta(seconds=5000))
+    assert running["phase"] == "Running" and ConditionType.STALLED not in conditions(running), "no report, no stall"
+    waiting = next(c for c in running["conditions"] if c["type"] == ConditionType.PROGRESS_REPORTED)
+    assert (waiting["status"], waiting["reason"]) == ("False", Reason.NO_PROGRESS_REPORTED)
+    assert "stall detection starts with its first report" in waiting["message"]
+    done = rayjob("Complete", "SUCCEEDED", **RUN)
+    succeeded = observe(running, done, spec=CODE, now=T0 + dt.timedelta(seconds=5001))
+    assert succeeded["phase"] == "Succeeded"
+    said = next(c for c in succeeded["conditions"] if c["type"] == ConditionType.PROGRESS_REPORTED)
+    assert (said["status"], said["reason"]) == ("False", Reason.NO_PROGRESS_REPORTED)
+    assert said["message"].startswith("your code reported no progress")
+    assert ConditionType.PROGRESS_REPORTED not in conditions(observe(rj=rj)), "the built-in driver always reports"
+
+
+def test_once_own_code_reports_its_reports_alone_key_stall_detection():
+    rj = running_rayjob(T0 + dt.timedelta(seconds=4000))  # the RayJob changed lately: it does not count
+    reported = {"phase": "Running", "lastProgressTime": rfc3339(T0)}
+    stalled = observe(reported, rj, spec=CODE, now=T0 + dt.timedelta(seconds=1000))
+    assert conditions(stalled)[ConditionType.STALLED] == ("True", Reason.NO_PROGRESS)
+    message = next(c for c in stalled["conditions"] if c["type"] == ConditionType.STALLED)["message"]
+    assert message == "no progress report from your code since 2026-01-02T03:04:05Z (limit 900s)"
+    assert conditions(stalled)[ConditionType.PROGRESS_REPORTED] == ("True", Reason.PROGRESS_REPORTED)
+    fresh = observe({**stalled, "lastProgressTime": rfc3339(T0 + dt.timedelta(seconds=990))}, rj, spec=CODE,
+                    now=T0 + dt.timedelta(seconds=1000))  # fmt: skip
+    assert conditions(fresh)[ConditionType.STALLED] == ("False", Reason.PROGRESSING)
+
+
+# What Ray's job supervisor says of a Ray Train script that raised in a worker: the last 10 lines of the driver's
+# log (as the test world's e2e run had it): the end of the traceback Ray Train re-raised, then Ray's repeats.
+RAY_TRAIN_FAILURE = (
+    "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):\n"
+    '  File "/code/train.py", line 10, in check\n'
+    '    raise ValueError(f"label {label} out of range 0..2")\n'
+    "ValueError: label 7 out of range 0..2\n"
+    "\n"
+    "\x1b[36m(TrainController pid=568)\x1b[0m Traceback (most recent call last):\x1b[32m [repeated 2x across cluster] "
+    "(Ray deduplicates logs by default. Set RAY_DEDUP_LOGS=0 to disable log deduplication.)\x1b[0m\n"
+    '\x1b[36m(TrainController pid=568)\x1b[0m   File "/code/train.py", line 15, in train_func'
+    "\x1b[32m [repeated 2x across cluster]\x1b[0m\n"
+    "\x1b[36m(TrainController pid=568)\x1b[0m     check(label)\x1b[32m [repeated 2x across cluster]\x1b[0m\n"
+    '\x1b[36m(TrainController pid=568)\x1b[0m   File "/code/train.py", line 10, in check'
+    "\x1b[32m [repeated 2x across cluster]\x1b[0m\n"
+    '\x1b[36m(TrainController pid=568)\x1b[0m     raise ValueError(f"label {label} out of range 0..2")'
+    "\x1b[32m [repeated 2x across cluster]\x1b[0m\n"
+    "\x1b[36m(TrainController pid=568)\x1b[0m ValueError: label 7 out of range 0..2"
+    "\x1b[32m [repeated 2x across cluster]\x1b[0m\n"
+)
+
+
+def test_own_code_that_fails_shows_its_error_line_and_frame_first():
+    final = rayjob("Failed", "FAILED", **RUN, reason="AppFailed", message=RAY_TRAIN_FAILURE, failed=1)
+    statuses = run([rayjob("Running", "RUNNING", **RUN), final], CODE)
+    failed = next(c for c in statuses[-1]["conditions"] if c["type"] == ConditionType.FAILED)
+    lines = failed["message"].splitlines()
+    assert lines[:3] == [
+        "ValueError: label 7 out of range 0..2",
+        '  File "/code/train.py", line 10, in check',
+        '    raise ValueError(f"label {label} out of range 0..2")',
+    ]
+    assert lines[3].startswith("Job entrypoint command failed with exit code 1"), "Ray's own words follow"
+    (event,) = transition_events(statuses[0], statuses[1])
+    assert event.message.startswith("Running → Failed: ValueError: label 7 out of range 0..2\n  File")

@@ -47,6 +47,9 @@ def tuning(*edits: Edit) -> Edit:
 
 
 TS = "spec.tuning.searchSpace"
+# Own training code (spec.code) instead of the built-in loop, and an argument as long as one may be.
+CODE = put("spec.code", {"command": ["python", "/code/train.py"]})
+LONGEST_ARGUMENT = "x" * 4096
 
 
 def lm(*edits: Edit) -> Edit:
@@ -76,7 +79,8 @@ INVALID: list[tuple[str, Edit, str, str]] = [
     ("lr-word", put("spec.training.learningRate", "fast"), "spec.training.learningRate", "valid number"),
     ("epochs-null", put("spec.training.epochs", None), "spec.training.epochs", "valid integer"),
     ("pull-policy", put("spec.imagePullPolicy", "Sometimes"), "spec.imagePullPolicy", "'Always'"),
-    ("data-missing", drop("spec.data"), "spec.data", "required field is missing"),
+    ("data-missing", drop("spec.data"), "spec.data", "data is required unless code runs your own training code"),
+    ("model-missing", drop("spec.model"), "spec.model", "model is required unless code runs your own training code"),
     ("train-missing", drop("spec.data.train"), "spec.data.train", "required field is missing"),
     ("source-missing", drop("spec.model.source"), "spec.model.source", "required field is missing"),
     ("uri-traversal", put("spec.data.train.uri", "/data/../etc/passwd"), "spec.data.train.uri", "'..'"),
@@ -394,6 +398,25 @@ INVALID: list[tuple[str, Edit, str, str]] = [
         "spec.tuning.metric",
         "set spec.evaluation.generate",
     ),
+    # With spec.code, the built-in loop's fields are refused even where the job's model would take them.
+    ("code-tuning", both(CODE, tuning()), "spec.tuning", "runs the built-in loop, not your own code"),
+    ("code-adapter", both(CODE, lm(put("spec.adapter", {}))), "spec.adapter", "adapter is the built-in loop's"),
+    ("code-packing", both(CODE, lm(put("spec.training.packing", True))), "spec.training.packing", "built-in loop's"),
+    ("code-loss-on", both(CODE, lm(put("spec.training.lossOn", "all"))), "spec.training.lossOn", "built-in loop's"),
+    (
+        "code-generate",
+        both(CODE, lm(put("spec.evaluation.generate", {}))),
+        "spec.evaluation.generate",
+        "your code evaluates its own model",
+    ),
+    (
+        "code-fsdp",
+        both(CODE, put("spec.training.sharding", "fsdp")),
+        "spec.training.sharding",
+        "your code chooses its own strategy",
+    ),
+    # The rules between a model and its data hold where a job with code gives both.
+    ("code-lm-fields", both(CODE, put("spec.data.messagesField", "m")), "spec.data", "for task causal-lm"),
 ]
 
 
@@ -868,7 +891,7 @@ CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
         "spec.adapter.targetModules",
     ),
     **{
-        ("spec", rule): (edit, path)
+        ("spec", f"!has(self.model) || !has(self.data) || ({rule})"): (edit, path)
         for rule, edit, path in (
             (
                 "self.model.task == 'causal-lm' || !(has(self.data.promptField) || has(self.data.messagesField))",
@@ -902,13 +925,64 @@ CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
                 put("spec.evaluation.generate", {}),
                 "spec.evaluation.generate",
             ),
-            (
-                "!has(self.tuning) || !has(self.tuning.searchSpace.adapterRank) || has(self.adapter)",
-                both(lm(), tuning(put(f"{TS}.adapterRank", [4]))),
-                f"{TS}.adapterRank",
-            ),
         )
     },
+    ("spec", "!has(self.tuning) || !has(self.tuning.searchSpace.adapterRank) || has(self.adapter)"): (
+        both(lm(), tuning(put(f"{TS}.adapterRank", [4]))),
+        f"{TS}.adapterRank",
+    ),
+    ("spec", "has(self.code) || has(self.model)"): (drop("spec.model"), "spec.model"),
+    ("spec", "has(self.code) || has(self.data)"): (drop("spec.data"), "spec.data"),
+    ("spec", "!has(self.code) || !has(self.tuning)"): (both(CODE, tuning()), "spec.tuning"),
+    ("spec", "!has(self.code) || self.checkpoint.everySteps == 0"): (
+        both(CODE, put("spec.checkpoint.everySteps", 100)),
+        "spec.checkpoint.everySteps",
+    ),
+    ("spec", "!has(self.code) || self.checkpoint.resume == 'auto'"): (
+        both(CODE, put("spec.checkpoint.resume", "never")),
+        "spec.checkpoint.resume",
+    ),
+    ("spec", "!has(self.code) || !has(self.adapter)"): (both(CODE, lm(put("spec.adapter", {}))), "spec.adapter"),
+    ("spec", "!has(self.code) || !self.training.packing"): (
+        both(CODE, lm(put("spec.training.packing", True))),
+        "spec.training.packing",
+    ),
+    ("spec", "!has(self.code) || !has(self.training.lossOn)"): (
+        both(CODE, lm(put("spec.training.lossOn", "all"))),
+        "spec.training.lossOn",
+    ),
+    ("spec", "!has(self.code) || !has(self.evaluation.generate)"): (
+        both(CODE, lm(put("spec.evaluation.generate", {}))),
+        "spec.evaluation.generate",
+    ),
+    ("spec", "!has(self.code) || self.training.sharding != 'fsdp'"): (
+        both(CODE, put("spec.training.sharding", "fsdp")),
+        "spec.training.sharding",
+    ),
+    ("spec.code.workingDir", TRAVERSAL): (
+        put("spec.code", {"command": ["python"], "workingDir": "/code/../etc"}),
+        "spec.code.workingDir",
+    ),
+    ("spec.code", "has(self.command) != has(self.module)"): (
+        put("spec.code", {"command": ["python"], "module": "team.train"}),
+        "spec.code",
+    ),
+    ("spec.code", "!has(self.args) || has(self.module)"): (
+        put("spec.code", {"command": ["python"], "args": ["--epochs", "3"]}),
+        "spec.code.args",
+    ),
+    ("spec.code", "!has(self.command) || size(self.command[0]) > 0"): (
+        put("spec.code", {"command": ["", "train.py"]}),
+        "spec.code.command",
+    ),
+    ("spec.code", "!has(self.command) || size(self.command.join(' ')) <= 16384"): (
+        put("spec.code", {"command": ["python", *[LONGEST_ARGUMENT] * 4]}),
+        "spec.code.command",
+    ),
+    ("spec.code", "!has(self.args) || size(self.args.join(' ')) <= 16384"): (
+        put("spec.code", {"module": "team.train", "args": [LONGEST_ARGUMENT] * 5}),
+        "spec.code.args",
+    ),
 }
 
 

@@ -26,6 +26,9 @@ from unit.samples import example, full_job, language_model_job, minimal_job
 pytestmark = pytest.mark.cluster
 
 Edit = Callable[[dict[str, Any]], None]
+CODE = put("spec.code", {"command": ["python", "/code/train.py"]})
+# language_model_job() running its own code, without the fields only the built-in loop reads.
+CODE_LM = both(CODE, drop("spec.adapter"), drop("spec.training"), drop("spec.evaluation"))
 
 
 def _in(namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -150,6 +153,28 @@ REFUSED: list[tuple[str, Edit, str]] = [
     ),
     ("lm-adapter-on-classifier", put("spec.adapter", {}), "adapter (LoRA) is for task causal-lm"),
     ("lm-packing-on-classifier", put("spec.training.packing", True), "lossOn and packing are for task causal-lm"),
+    # A job's own code (spec.code): model and data optional with it only, loop-only fields refused with it.
+    ("model-missing", drop("spec.model"), "model is required unless code runs your own training code"),
+    ("data-missing", drop("spec.data"), "data is required unless code runs your own training code"),
+    ("code-with-tuning", both(CODE, put("spec.tuning", {"searchSpace": {"epochs": [1]}})), "runs the built-in loop"),
+    (
+        "code-every-steps",
+        both(CODE, put("spec.checkpoint.everySteps", 10)),
+        "checkpoint.everySteps is the built-in loop's",
+    ),
+    ("code-resume-never", both(CODE, put("spec.checkpoint.resume", "never")), "checkpoint.resume: never is"),
+    ("code-command-and-module", put("spec.code", {"command": ["python"], "module": "a"}), "exactly one of command"),
+    ("code-neither", put("spec.code", {"workingDir": "/code"}), "exactly one of command or module"),
+    ("code-args-with-command", put("spec.code", {"command": ["python"], "args": ["x"]}), "args go with module"),
+    ("code-empty-program", put("spec.code", {"command": ["", "x"]}), "must not be empty"),
+    ("code-ten-thousand-arguments", put("spec.code", {"command": ["x"] * 10_000}), "256"),
+    ("code-too-long", put("spec.code", {"command": ["python", *["x" * 4096] * 4]}), "16384 characters in all"),
+    ("code-argument-too-long", put("spec.code", {"command": ["python", "x" * 4097]}), "command[1]"),
+    ("code-nul", put("spec.code", {"command": ["python", "a\x00b"]}), "command[1]"),
+    ("code-module-not-a-module", put("spec.code", {"module": "team.train; rm -rf /"}), "module"),
+    ("code-dir-traversal", put("spec.code", {"module": "t", "workingDir": "/code/../etc"}), "'..'"),
+    ("code-lm-fields", both(CODE, put("spec.data.messagesField", "m")), "for task causal-lm"),
+    ("code-fsdp", both(CODE, put("spec.training.sharding", "fsdp")), "your code chooses its own strategy"),
 ]
 # The same for a causal-lm job (language_model_job()).
 REFUSED_LANGUAGE_MODEL: list[tuple[str, Edit, str]] = [
@@ -176,6 +201,11 @@ REFUSED_LANGUAGE_MODEL: list[tuple[str, Edit, str]] = [
         both(drop("spec.adapter"), put("spec.tuning", {"searchSpace": {"adapterRank": [4]}})),
         "needs spec.adapter",
     ),
+    # With code, each of the built-in loop's language-model fields alone (CODE_LM keeps none of them).
+    ("code-adapter", both(CODE_LM, put("spec.adapter", {})), "adapter is the built-in loop's"),
+    ("code-packing", both(CODE_LM, put("spec.training.packing", True)), "training.packing is the built-in loop's"),
+    ("code-loss-on", both(CODE_LM, put("spec.training.lossOn", "all")), "training.lossOn is the built-in loop's"),
+    ("code-generate", both(CODE_LM, put("spec.evaluation.generate", {})), "evaluation.generate is the built-in"),
 ]
 
 
@@ -237,6 +267,28 @@ def test_the_server_prunes_what_the_models_refuse_in_a_volume_source(kube: KubeC
     assert validate_job(manifest)[0] is None
     stored = kube.create(manifest, dry_run=True)
     assert stored["spec"]["volumes"] == [{"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}]
+
+
+def test_a_job_running_its_own_code_is_stored_as_the_models_read_it_and_renders_for_kuberay(
+    kube: KubeCluster, namespace: str
+) -> None:
+    manifest = _in(namespace, minimal_job())
+    del manifest["spec"]["model"], manifest["spec"]["data"]
+    hostile = ["it's", "$(touch /tmp/x)", "a\nb", "`id`", ""]
+    manifest["spec"]["code"] = {"module": "team.train", "args": hostile, "workingDir": "/code"}
+    stored = kube.create(manifest, dry_run=True)
+    job, errors = validate_job(manifest)
+    assert job is not None, errors
+    assert stored["spec"] == job.spec.dump() and stored["spec"]["code"]["args"] == hostile
+    kube.create(render_rayjob(job), dry_run=True)
+
+
+def test_a_job_running_its_own_code_may_pass_it_a_language_model(kube: KubeCluster, namespace: str) -> None:
+    manifest = _in(namespace, language_model_job())
+    CODE_LM(manifest)
+    job, errors = validate_job(manifest)
+    assert job is not None, errors
+    assert kube.create(manifest, dry_run=True)["spec"]["model"]["task"] == "causal-lm"
 
 
 def test_server_defaults_of_a_search_equal_model_defaults(kube: KubeCluster, namespace: str) -> None:

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocmtrain.api.contract import JOB_ENV, RELATIVE_PREFIX
+from rocmtrain.api.contract import JOB_ENV, RELATIVE_PREFIX, join_location
 from rocmtrain.api.models import STORAGE_REQUIRED, RocmTrainingJob
 from rocmtrain.api.quantity import parse_quantity, whole_cpus
 from rocmtrain.api.ranks import RankLayout, rank_layout
@@ -87,11 +87,6 @@ class RunSettings:
     @property
     def model_output(self) -> str:
         return join_location(self.run_path, "model")
-
-
-def join_location(base: str, *parts: str) -> str:
-    """Join path segments onto a local path or a URI."""
-    return "/".join([base.rstrip("/"), *parts])
 
 
 def resolve_relative(location: str, base_dir: str | None) -> str:

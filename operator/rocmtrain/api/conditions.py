@@ -21,6 +21,7 @@ class ConditionType(StrEnum):
     RAY_PODS_UNAVAILABLE = "RayPodsUnavailable"
     KUBERAY_MISSING = "KubeRayMissing"
     BLOCKED = "Blocked"
+    PROGRESS_REPORTED = "ProgressReported"
     STALLED = "Stalled"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
@@ -68,6 +69,9 @@ class Reason(StrEnum):
     CONTAINER_FAILED = "ContainerFailed"
     # Stalled.
     NO_PROGRESS = "NoProgress"
+    # ProgressReported, of a job running its own code (spec.code).
+    NO_PROGRESS_REPORTED = "NoProgressReported"
+    PROGRESS_REPORTED = "ProgressReported"
     # A problem condition once it is over (status False).
     SCHEDULABLE = "Schedulable"
     RAY_PODS_AVAILABLE = "RayPodsAvailable"

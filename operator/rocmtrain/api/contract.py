@@ -13,7 +13,8 @@ both write belongs here. Sections:
 - the training image: its driver module, user, Ray version;
 - where models, data and checkpoints may live;
 - the environment and the volumes of the Ray containers;
-- the progress channel from the training driver to the operator.
+- the progress channel from the training driver to the operator;
+- your own training code (`spec.code`): the environment it is given, the Kubeflow names.
 """
 
 from __future__ import annotations
@@ -122,6 +123,11 @@ def is_object_store(location: str) -> bool:
     return location.startswith(OBJECT_STORE_SCHEMES)
 
 
+def join_location(base: str, *parts: str) -> str:
+    """Join path segments onto a local path or an object-store URI."""
+    return "/".join([base.rstrip("/"), *parts])
+
+
 def is_hub(location: str) -> bool:
     """A Hugging Face hub reference: `hf://...`, or a bare `org/name` (neither a path nor an object store)."""
     return location.startswith(HUB_SCHEME) or not (is_local(location) or is_object_store(location))
@@ -164,3 +170,47 @@ PROGRESS_BURST: Final = 10
 def progress_path(namespace: str, name: str) -> str:
     """The endpoint path of one job's reports."""
     return PROGRESS_PATH.format(namespace=namespace, name=name)
+
+
+# Where the endpoint takes a job's Kubeflow Trainer status (KEP-2779's `{"trainerStatus": ...}`), under the
+# same authentication and limits as PROGRESS_PATH: the URL the Kubeflow variables below point at.
+TRAINER_STATUS_PATH: Final = f"/v1/namespaces/{{namespace}}/{PLURAL}/{{name}}/trainerstatus"
+
+
+def trainer_status_path(namespace: str, name: str) -> str:
+    """The endpoint path of one job's Kubeflow Trainer status reports."""
+    return TRAINER_STATUS_PATH.format(namespace=namespace, name=name)
+
+
+# ---- your own training code (spec.code) ---------------------------------------------------
+#
+# The environment contract of a job with spec.code: what the operator (on the Ray head and every
+# worker) and `rocmtrain run` (for the command and its embedded Ray) give the code, besides
+# PROGRESS_*_ENV. docs/guides/own-code.md documents each; `rocmtrain_train.sdk` reads them.
+
+# The job's name and namespace.
+JOB_NAME_ENV: Final = "ROCMTRAIN_JOB_NAME"
+JOB_NAMESPACE_ENV: Final = "ROCMTRAIN_JOB_NAMESPACE"
+# Ray Train workers (ranks) to start: one per GPU of each worker pod, or one per pod without GPUs.
+WORLD_SIZE_ENV: Final = "ROCMTRAIN_WORLD_SIZE"
+# Worker pods, AMD GPUs per worker pod, and CPUs each rank may reserve (its share of its pod's).
+WORKERS_ENV: Final = "ROCMTRAIN_WORKERS"
+GPUS_PER_WORKER_ENV: Final = "ROCMTRAIN_GPUS_PER_WORKER"
+CPUS_PER_RANK_ENV: Final = "ROCMTRAIN_CPUS_PER_RANK"
+# The job's run folder, `<checkpoint.storagePath>/<namespace>/<name>`: Ray Train's storage_path/name.
+STORAGE_PATH_ENV: Final = "ROCMTRAIN_STORAGE_PATH"
+# Ray Train's FailureConfig(max_failures) and CheckpointConfig(num_to_keep), from the spec.
+MAX_WORKER_FAILURES_ENV: Final = "ROCMTRAIN_MAX_WORKER_FAILURES"
+CHECKPOINTS_TO_KEEP_ENV: Final = "ROCMTRAIN_CHECKPOINTS_TO_KEEP"
+# spec.model, spec.data and spec.training as compact JSON (their wire form), where the job has them.
+MODEL_ENV: Final = "ROCMTRAIN_MODEL"
+DATA_ENV: Final = "ROCMTRAIN_DATA"
+TRAINING_ENV: Final = "ROCMTRAIN_TRAINING"
+# The progress channel under Kubeflow Trainer's names (KEP-2779), which transformers' KubeflowCallback
+# reads: the TRAINER_STATUS_PATH URL, the CA bundle file, the projected token file.
+KUBEFLOW_URL_ENV: Final = "KUBEFLOW_TRAINER_SERVER_URL"
+KUBEFLOW_CA_ENV: Final = "KUBEFLOW_TRAINER_SERVER_CA_CERT"
+KUBEFLOW_TOKEN_ENV: Final = "KUBEFLOW_TRAINER_SERVER_TOKEN"  # noqa: S105 (a variable name, not a secret)
+KUBEFLOW_ENV: Final = (KUBEFLOW_URL_ENV, KUBEFLOW_CA_ENV, KUBEFLOW_TOKEN_ENV)
+# The interpreter that runs `spec.code.module` (`python -m <module> <args>`), found on the image's PATH.
+PYTHON: Final = "python"

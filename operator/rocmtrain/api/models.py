@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel, to_snake
 
-from rocmtrain.api.contract import GPU_NODE_LABELS, GPU_RESOURCE
+from rocmtrain.api.contract import GPU_NODE_LABELS, GPU_RESOURCE, PYTHON
 from rocmtrain.api.patterns import CURRENCY, DNS_SUBDOMAIN, FS_TYPE, TEXT
 from rocmtrain.api.types import (
     AbsPath,
@@ -30,7 +30,9 @@ from rocmtrain.api.types import (
     LabelledName,
     LabelValue,
     Location,
+    MetricName,
     ModuleName,
+    PythonModule,
     Quantity,
     RelPath,
     Text,
@@ -47,6 +49,14 @@ MAX_NAME_LENGTH = 40
 
 def _cel(rule: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"rule": rule, "message": message, **extra}
+
+
+def _cel_with_model_and_data(rule: str, message: str, **extra: Any) -> dict[str, Any]:
+    """A rule reading spec.model and spec.data, checked only where both are given (a job with code may lack them).
+
+    CEL fails on a missing key, and `||` absorbs that error only when another operand is true: the guards do.
+    """
+    return _cel(f"!has(self.model) || !has(self.data) || ({rule})", message, **extra)
 
 
 class ApiModel(BaseModel):
@@ -999,6 +1009,96 @@ class TuningSpec(ApiModel):
         return self.mode or TUNING_METRICS[self.metric_for(task)][0]
 
 
+# --- your own training code -------------------------------------------------------------
+
+# Arguments of spec.code: at most this many, and this many characters in all (joined by spaces), so that
+# the quoted command line stays far below Linux's 128 KiB limit on one argument: KubeRay's submitter runs
+# `ray job submit -- <entrypoint>` as one `bash -c` argument.
+MAX_CODE_ARGS = 256
+MAX_CODE_CHARS = 16384
+CODE_ONE_OF = "set exactly one of command or module"
+ARGS_NEED_MODULE = "args go with module; with command, the arguments are part of command"
+PROGRAM_EMPTY = "the program, command[0], must not be empty"
+COMMAND_TOO_LONG = f"command holds at most {MAX_CODE_CHARS} characters in all"
+ARGS_TOO_LONG = f"args hold at most {MAX_CODE_CHARS} characters in all"
+
+
+def _joined_length(arguments: list[str] | None) -> int:
+    """The characters of `arguments` joined by spaces (CEL's `size(list.join(' '))`)."""
+    return len(" ".join(arguments or []))
+
+
+class CodeSpec(ApiModel):
+    """Your own training code, run instead of the built-in loop: a command in spec.image on the Ray head,
+    where Ray's job API runs it as the Ray job's driver (see docs/guides/own-code.md)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("has(self.command) != has(self.module)", CODE_ONE_OF),
+                _cel("!has(self.args) || has(self.module)", ARGS_NEED_MODULE, fieldPath=".args"),
+                _cel("!has(self.command) || size(self.command[0]) > 0", PROGRAM_EMPTY, fieldPath=".command"),
+                _cel(
+                    f"!has(self.command) || size(self.command.join(' ')) <= {MAX_CODE_CHARS}",
+                    COMMAND_TOO_LONG,
+                    fieldPath=".command",
+                ),
+                _cel(
+                    f"!has(self.args) || size(self.args.join(' ')) <= {MAX_CODE_CHARS}",
+                    ARGS_TOO_LONG,
+                    fieldPath=".args",
+                ),
+            ]
+        }
+    )
+
+    command: list[Text] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_CODE_ARGS,
+        description=(
+            f"The command line as a list: the program, then its arguments (at most {MAX_CODE_ARGS}, "
+            f"{MAX_CODE_CHARS} characters in all), for example [python, /code/train.py, --epochs, '3']. "
+            "Every argument is passed as it is written, quoted: no shell interprets it."
+        ),
+    )
+    module: PythonModule | None = Field(
+        default=None, description=f"A Python module to run as `{PYTHON} -m <module> <args>`, instead of command."
+    )
+    args: list[Text] | None = Field(
+        default=None,
+        max_length=MAX_CODE_ARGS,
+        description=f"The arguments of module (at most {MAX_CODE_ARGS}, {MAX_CODE_CHARS} characters in all).",
+    )
+    working_dir: AbsPath | None = Field(
+        default=None,
+        description=(
+            "The folder the command runs in (in the image or on a volume); Ray's job folder on a cluster and "
+            "the job file's folder with `rocmtrain run` when unset."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _one_command(self) -> CodeSpec:
+        if (self.command is None) == (self.module is None):
+            raise ValueError(CODE_ONE_OF)
+        if self.args is not None and self.module is None:
+            raise ValueError(ARGS_NEED_MODULE)
+        if self.command is not None and not self.command[0]:
+            raise ValueError(PROGRAM_EMPTY)
+        if _joined_length(self.command) > MAX_CODE_CHARS:
+            raise ValueError(COMMAND_TOO_LONG)
+        if _joined_length(self.args) > MAX_CODE_CHARS:
+            raise ValueError(ARGS_TOO_LONG)
+        return self
+
+    def argv(self) -> list[str]:
+        """The command line: `command`, or the interpreter running `module` with `args`."""
+        if self.command is not None:
+            return list(self.command)
+        return [PYTHON, "-m", str(self.module), *(self.args or [])]
+
+
 # --- the job --------------------------------------------------------------------------
 
 # Fields that may change after creation; every other spec field is immutable.
@@ -1024,6 +1124,23 @@ GENERATE_NEEDS_PROMPTS = (
     "or data.messagesField"
 )
 RANK_SEARCH_NEEDS_ADAPTER = "searchSpace.adapterRank needs spec.adapter"
+MODEL_REQUIRED = "model is required unless code runs your own training code"
+DATA_REQUIRED = "data is required unless code runs your own training code"
+# Fields only the built-in loop reads: refused with spec.code (`rocmtrain.api.validate` names their paths).
+TUNING_WITH_CODE = "tuning (a hyper-parameter search) runs the built-in loop, not your own code"
+EVERY_STEPS_WITH_CODE = "checkpoint.everySteps is the built-in loop's: with code, your code decides when to checkpoint"
+RESUME_WITH_CODE = (
+    "checkpoint.resume: never is the built-in loop's: with code, Ray Train resumes the run of the same name "
+    "from its checkpoints"
+)
+ADAPTER_WITH_CODE = "adapter is the built-in loop's: with code, your code builds its own model (peft for LoRA)"
+PACKING_WITH_CODE = "training.packing is the built-in loop's: with code, your code makes its own batches"
+LOSS_ON_WITH_CODE = "training.lossOn is the built-in loop's: with code, your code computes its own loss"
+GENERATE_WITH_CODE = "evaluation.generate is the built-in loop's: with code, your code evaluates its own model"
+SHARDING_WITH_CODE = (
+    "training.sharding: fsdp is the built-in loop's: with code, your code chooses its own strategy "
+    "(Ray Train's prepare_model, FSDP or DeepSpeed)"
+)
 STORAGE_REQUIRED = (
     "checkpoint.storagePath is required for a cluster job: every worker pod uploads its own checkpoints, "
     "and checkpoints and the trained model must outlive the pods; set an object-store URI "
@@ -1054,29 +1171,31 @@ class RocmTrainingJobSpec(ApiModel):
                     fieldPath=".suspend",
                 ),
                 _cel("!self.suspend || !has(self.scheduling.queueName)", SUSPEND_QUEUED, fieldPath=".suspend"),
-                _cel(
+                _cel_with_model_and_data(
                     "self.model.task == 'causal-lm' || !(has(self.data.promptField) || has(self.data.messagesField))",
                     LM_FIELDS,
                     fieldPath=".data",
                 ),
-                _cel(
+                _cel_with_model_and_data(
                     "self.model.task == 'causal-lm' || (!has(self.training.lossOn) && !self.training.packing)",
                     LM_TRAINING,
                     fieldPath=".training",
                 ),
-                _cel("self.model.task == 'causal-lm' || !has(self.adapter)", ADAPTER_LM, fieldPath=".adapter"),
-                _cel(
+                _cel_with_model_and_data(
+                    "self.model.task == 'causal-lm' || !has(self.adapter)", ADAPTER_LM, fieldPath=".adapter"
+                ),
+                _cel_with_model_and_data(
                     "self.model.task != 'causal-lm' || !has(self.data.textPairField)",
                     TEXT_PAIRS_NOT_LM,
                     fieldPath=".data.textPairField",
                 ),
-                _cel(
+                _cel_with_model_and_data(
                     "!has(self.training.lossOn) || self.training.lossOn == 'all' || has(self.data.promptField) "
                     "|| has(self.data.messagesField)",
                     RESPONSE_LOSS_NEEDS_RESPONSES,
                     fieldPath=".training.lossOn",
                 ),
-                _cel(
+                _cel_with_model_and_data(
                     "!has(self.evaluation.generate) || (self.model.task == 'causal-lm' && has(self.data.eval) "
                     "&& (has(self.data.promptField) || has(self.data.messagesField)))",
                     GENERATE_NEEDS_PROMPTS,
@@ -1090,19 +1209,66 @@ class RocmTrainingJobSpec(ApiModel):
                 # Every job the API server holds runs on a cluster; `rocmtrain run` needs no storage path,
                 # so the pydantic side of this rule is `rocmtrain.api.validate`'s, in the cluster context.
                 _cel("has(self.checkpoint.storagePath)", STORAGE_REQUIRED, fieldPath=".checkpoint.storagePath"),
+                _cel("has(self.code) || has(self.model)", MODEL_REQUIRED, fieldPath=".model"),
+                _cel("has(self.code) || has(self.data)", DATA_REQUIRED, fieldPath=".data"),
+                _cel("!has(self.code) || !has(self.tuning)", TUNING_WITH_CODE, fieldPath=".tuning"),
+                _cel(
+                    "!has(self.code) || self.checkpoint.everySteps == 0",
+                    EVERY_STEPS_WITH_CODE,
+                    fieldPath=".checkpoint.everySteps",
+                ),
+                _cel(
+                    "!has(self.code) || self.checkpoint.resume == 'auto'",
+                    RESUME_WITH_CODE,
+                    fieldPath=".checkpoint.resume",
+                ),
+                _cel("!has(self.code) || !has(self.adapter)", ADAPTER_WITH_CODE, fieldPath=".adapter"),
+                _cel("!has(self.code) || !self.training.packing", PACKING_WITH_CODE, fieldPath=".training.packing"),
+                _cel("!has(self.code) || !has(self.training.lossOn)", LOSS_ON_WITH_CODE, fieldPath=".training.lossOn"),
+                _cel(
+                    "!has(self.code) || !has(self.evaluation.generate)",
+                    GENERATE_WITH_CODE,
+                    fieldPath=".evaluation.generate",
+                ),
+                _cel(
+                    "!has(self.code) || self.training.sharding != 'fsdp'",
+                    SHARDING_WITH_CODE,
+                    fieldPath=".training.sharding",
+                ),
             ]
         }
     )
 
-    model: ModelSpec = Field(description="Pretrained model and task.")
-    data: DataSpec = Field(description="Training and evaluation data.")
-    training: TrainingSpec = Field(default_factory=TrainingSpec, description="Hyper-parameters.")
+    # Optional with spec.code: read them as `model` and `data` (the built-in loop's, which a job without code has).
+    model_spec: ModelSpec | None = Field(
+        default=None,
+        alias="model",
+        description="Pretrained model and task; required unless code is set, and then passed to it as ROCMTRAIN_MODEL.",
+    )
+    data_spec: DataSpec | None = Field(
+        default=None,
+        alias="data",
+        description=(
+            "Training and evaluation data; required unless code is set, and then passed to it as ROCMTRAIN_DATA."
+        ),
+    )
+    training: TrainingSpec = Field(
+        default_factory=TrainingSpec,
+        description="Hyper-parameters; a job with code is given them (defaults filled in) as ROCMTRAIN_TRAINING.",
+    )
     adapter: AdapterSpec | None = Field(
         default=None,
         description="causal-lm: train a LoRA adapter instead of every weight (full fine-tuning when unset).",
     )
     evaluation: EvaluationSpec = Field(
         default_factory=EvaluationSpec, description="What evaluation measures beyond the loss."
+    )
+    code: CodeSpec | None = Field(
+        default=None,
+        description=(
+            "Your own training code (a Ray Train script), run instead of the built-in loop; see "
+            "docs/guides/own-code.md for what it is given and how it reports progress."
+        ),
     )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Workers, GPUs and pod resources.")
     scheduling: SchedulingSpec = Field(
@@ -1170,13 +1336,48 @@ class RocmTrainingJobSpec(ApiModel):
             raise ValueError(SUSPEND_NEEDS_SHUTDOWN)
         if self.suspend and self.scheduling.queue_name:
             raise ValueError(SUSPEND_QUEUED)
+        if self.code is None:
+            if self.model_spec is None:
+                raise ValueError(MODEL_REQUIRED)
+            if self.data_spec is None:
+                raise ValueError(DATA_REQUIRED)
+        else:
+            self._check_code()
         self._check_language_model()
         return self
 
+    def _check_code(self) -> None:
+        """Fields that only the built-in loop reads are refused with spec.code."""
+        training = self.training
+        if self.tuning is not None:
+            raise ValueError(TUNING_WITH_CODE)
+        if self.checkpoint.every_steps != 0:
+            raise ValueError(EVERY_STEPS_WITH_CODE)
+        if self.checkpoint.resume != "auto":
+            raise ValueError(RESUME_WITH_CODE)
+        if self.adapter is not None:
+            raise ValueError(ADAPTER_WITH_CODE)
+        if training.packing:
+            raise ValueError(PACKING_WITH_CODE)
+        if training.loss_on is not None:
+            raise ValueError(LOSS_ON_WITH_CODE)
+        if self.evaluation.generate is not None:
+            raise ValueError(GENERATE_WITH_CODE)
+        if training.sharding == "fsdp":
+            raise ValueError(SHARDING_WITH_CODE)
+
     def _check_language_model(self) -> None:
-        """The causal-lm fields appear only on causal-lm jobs, and fit their records."""
-        data, training = self.data, self.training
-        language_model = self.model.task == "causal-lm"
+        """The causal-lm fields appear only on causal-lm jobs, and fit their records.
+
+        A job with code may lack model or data: the rules that read them are then skipped, as in CEL
+        (`_cel_with_model_and_data`).
+        """
+        if self.tuning is not None and self.tuning.search_space.adapter_rank and self.adapter is None:
+            raise ValueError(RANK_SEARCH_NEEDS_ADAPTER)
+        model, data, training = self.model_spec, self.data_spec, self.training
+        if model is None or data is None:
+            return
+        language_model = model.task == "causal-lm"
         if not language_model and (data.prompt_field or data.messages_field):
             raise ValueError(LM_FIELDS)
         if not language_model and (training.loss_on is not None or training.packing):
@@ -1190,8 +1391,6 @@ class RocmTrainingJobSpec(ApiModel):
         has_prompts = language_model and data.eval is not None and data.record_shape != "text"
         if self.evaluation.generate is not None and not has_prompts:
             raise ValueError(GENERATE_NEEDS_PROMPTS)
-        if self.tuning is not None and self.tuning.search_space.adapter_rank and self.adapter is None:
-            raise ValueError(RANK_SEARCH_NEEDS_ADAPTER)
 
     @property
     def loss_on(self) -> Literal["response", "all"]:
@@ -1199,6 +1398,20 @@ class RocmTrainingJobSpec(ApiModel):
         if self.training.loss_on is not None:
             return self.training.loss_on
         return "all" if self.data.record_shape == "text" else "response"
+
+    @property
+    def model(self) -> ModelSpec:
+        """spec.model, which every job of the built-in loop has (a job with code may not)."""
+        if self.model_spec is None:
+            raise ValueError("spec.model is not set: the job runs its own code (spec.code)")
+        return self.model_spec
+
+    @property
+    def data(self) -> DataSpec:
+        """spec.data, which every job of the built-in loop has (a job with code may not)."""
+        if self.data_spec is None:
+            raise ValueError("spec.data is not set: the job runs its own code (spec.code)")
+        return self.data_spec
 
     @property
     def concurrent_runs(self) -> int:
@@ -1261,6 +1474,18 @@ class Shown:
     label: str
     format: str
     unit: str = ""
+
+
+MAX_CUSTOM_METRICS = 32
+
+
+class CustomMetric(ApiModel):
+    """A metric your code reports that has no field of its own in status.metrics."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    name: MetricName = Field(description="Its name as reported, such as grad_norm.")
+    value: float = Field(ge=-1e30, le=1e30, description="Its latest value.")
 
 
 class Metrics(ApiModel):
@@ -1356,8 +1581,18 @@ class Metrics(ApiModel):
     gpu_utilization_percent_max: Annotated[float | None, Shown("GPU utilisation, highest rank", ".0f", "%")] = Field(
         default=None, ge=0, le=100, description="Highest interval-average GPU utilisation of any rank, in percent."
     )
+    custom: list[CustomMetric] | None = Field(
+        default=None,
+        max_length=MAX_CUSTOM_METRICS,
+        description=(
+            f"Metrics of your own code (spec.code) without a field above, as last reported: at most "
+            f"{MAX_CUSTOM_METRICS}, each a name of up to 64 characters and a number."
+        ),
+    )
 
 
+# The field of the metrics without a field of their own: a list, not a row of the display table.
+CUSTOM_METRICS = "custom"
 # Metrics an evaluation produces: identical on every rank, and new only after an evaluation.
 EVAL_METRICS = tuple(name for name, info in Metrics.model_fields.items() if _EVALUATION in info.metadata)
 
@@ -1384,10 +1619,13 @@ class MetricRow:
 
 
 def metric_rows() -> tuple[MetricRow, ...]:
-    """The metric display table, one row per `Metrics` field in field order: `rocmtrain status`, the run
-    summary and the reference show the metrics by it. A field without its `Shown` is an error."""
+    """The metric display table, one row per `Metrics` field in field order (but `custom`, a list):
+    `rocmtrain status`, the run summary and the reference show the metrics by it. A field without its
+    `Shown` is an error."""
     rows = []
     for name, info in Metrics.model_fields.items():
+        if name == CUSTOM_METRICS:
+            continue
         shown = next((m for m in info.metadata if isinstance(m, Shown)), None)
         if shown is None:
             raise TypeError(f"Metrics.{name} has no Shown(label, format, unit) annotation")

@@ -55,8 +55,12 @@ CONFIG_KEY = r"^[-._A-Za-z0-9]+$"
 REL_PATH = r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$"
 # A filesystem type (ext4, xfs).
 FS_TYPE = r"^[a-z0-9]+$"
-# Free text that is only ever data (an env value): no NUL.
+# Free text that is only ever data (an env value, an argument of spec.code): no NUL.
 TEXT = r"^[^\x00]*$"
+# A Python module path (`python -m team.train`): dotted identifiers.
+PYTHON_MODULE = r"^[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)*$"
+# A metric's name in status.metrics.custom (as training code logs it: `grad_norm`, `eval/bleu`).
+METRIC_NAME = r"^[A-Za-z_][A-Za-z0-9_./-]*$"
 
 PATTERN_DESCRIPTIONS = {
     DNS_LABEL: "a DNS-1123 label: lowercase letters, digits and '-', starting and ending with a letter or digit",
@@ -82,6 +86,8 @@ PATTERN_DESCRIPTIONS = {
     REL_PATH: "a relative path of letters, digits, '.', '_' and '-' segments",
     FS_TYPE: "a filesystem type of lowercase letters and digits, such as ext4 or xfs",
     TEXT: "text without NUL characters",
+    PYTHON_MODULE: "a Python module path: identifiers joined by '.', such as team.train",
+    METRIC_NAME: "a metric name: letters, digits, '_', '.', '/' or '-', starting with a letter or '_'",
     CURRENCY: "an ISO 4217 currency code such as USD or EUR",
 }
 

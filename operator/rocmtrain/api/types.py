@@ -19,7 +19,9 @@ from rocmtrain.api.patterns import (
     LABEL_KEY_PREFIX_BOUND,
     LABEL_VALUE,
     LOCATION,
+    METRIC_NAME,
     MODULE_NAME,
+    PYTHON_MODULE,
     QUANTITY,
     REL_PATH,
     TEXT,
@@ -77,8 +79,10 @@ Location = Annotated[str, StringConstraints(pattern=LOCATION, max_length=1024), 
 AbsPath = Annotated[str, StringConstraints(pattern=ABS_PATH, max_length=1024), *_NO_TRAVERSAL]
 FieldName = Annotated[str, StringConstraints(pattern=FIELD_NAME, max_length=128)]
 ModuleName = Annotated[str, StringConstraints(pattern=MODULE_NAME, max_length=128)]
-# Free text that is only ever data (an env value): bounded, no NUL.
+# Free text that is only ever data (an env value, an argument of spec.code): bounded, no NUL.
 Text = Annotated[str, Field(max_length=4096, pattern=TEXT)]
+PythonModule = Annotated[str, StringConstraints(pattern=PYTHON_MODULE, max_length=256)]
+MetricName = Annotated[str, StringConstraints(pattern=METRIC_NAME, max_length=64)]
 # A key inside a Secret or ConfigMap, and a relative path below a volume root.
 ConfigKey = Annotated[str, StringConstraints(pattern=CONFIG_KEY, max_length=253)]
 RelPath = Annotated[str, StringConstraints(pattern=REL_PATH, max_length=1024), *_NO_TRAVERSAL]

@@ -23,6 +23,7 @@ from pydantic_core import ErrorDetails
 
 from rocmtrain.api import crd, names
 from rocmtrain.api.contract import (
+    KUBEFLOW_ENV,
     OWNED_ENV_PREFIX,
     RELATIVE_PREFIX,
     RESERVED_MOUNT_PATHS,
@@ -36,7 +37,8 @@ from rocmtrain.api.quantity import parse_quantity
 
 Context = Literal["cluster", "local"]
 # Variables users may not set besides the operator's own (`OWNED_ENV_PREFIX`): KubeRay sets or
-# checks them (utils/constant.go), and Ray assigns the devices of each worker process itself.
+# checks them (utils/constant.go), Ray assigns the devices of each worker process itself, and the
+# operator gives a job's own code the progress channel under Kubeflow Trainer's names too.
 RESERVED_ENV = frozenset(
     {
         "FQ_RAY_IP",
@@ -56,6 +58,7 @@ RESERVED_ENV = frozenset(
         "CUDA_VISIBLE_DEVICES",
         "HIP_VISIBLE_DEVICES",
         "ROCR_VISIBLE_DEVICES",
+        *KUBEFLOW_ENV,
     }
 )
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -192,10 +195,12 @@ def check_derived_names(name: str, group: str) -> Iterator[FieldError]:
 
 def _locations(job: RocmTrainingJob) -> Iterator[tuple[str, str]]:
     spec = job.spec
-    yield "spec.model.source", spec.model.source
-    yield "spec.data.train.uri", spec.data.train.uri
-    if spec.data.eval is not None:
-        yield "spec.data.eval.uri", spec.data.eval.uri
+    if spec.model_spec is not None:
+        yield "spec.model.source", spec.model_spec.source
+    if spec.data_spec is not None:
+        yield "spec.data.train.uri", spec.data_spec.train.uri
+        if spec.data_spec.eval is not None:
+            yield "spec.data.eval.uri", spec.data_spec.eval.uri
     if spec.checkpoint.storage_path is not None:
         yield "spec.checkpoint.storagePath", spec.checkpoint.storage_path
 
@@ -208,7 +213,8 @@ def _check_locations(job: RocmTrainingJob, context: Context) -> Iterator[FieldEr
                 "a ./relative path is only for `rocmtrain run`; a cluster job needs an absolute path on a "
                 "mounted volume, an object-store URI or a hub id",
             )
-    for field, source in (("train", job.spec.data.train), ("eval", job.spec.data.eval)):
+    data = job.spec.data_spec
+    for field, source in (("train", data.train), ("eval", data.eval)) if data is not None else ():
         if source is not None and source.split is not None and not is_hub(source.uri):
             yield FieldError(f"spec.data.{field}.split", "split applies to hub data sets only")
     storage = job.spec.checkpoint.storage_path

@@ -296,7 +296,7 @@ class Reconciler:
         rendered = await asyncio.to_thread(render_rayjob, valid, options=self._config.render_options)
         rendered["metadata"]["ownerReferences"] = [owner_reference(job)]
         hold = blocked or node_fit.check(valid.spec, nodes)
-        if hold is None:
+        if hold is None and self._config.job_network_policies:
             hold = await self._protect(job, valid)
         if hold is None:
             live = self._known(namespace, name)  # not seen yet: the create below finds out

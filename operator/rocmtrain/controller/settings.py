@@ -20,6 +20,7 @@
 | ROCMTRAIN_MAX_WORKER_PODS                | 1024      | most worker pods of one job (workers × trials)       |
 | ROCMTRAIN_MAX_JOB_GPUS                   | 4096      | most GPUs of one job, trials at once included        |
 | ROCMTRAIN_PROTECTED_NAMESPACES           | see below | comma-separated namespaces where no job may run      |
+| ROCMTRAIN_JOB_NETWORK_POLICIES           | true      | `false`: no NetworkPolicy around a job's Ray pods    |
 | ROCMTRAIN_METRICS_MAX_JOBS               | 500       | jobs with per-job metric series; 0 turns them off    |
 | ROCMTRAIN_GPU_PRICES                     | (none)    | price per GPU-hour by product: `NAME=PRICE,default=` |
 | ROCMTRAIN_COST_CURRENCY                  | USD       | ISO 4217 currency of those prices (`status.cost`)    |
@@ -167,6 +168,7 @@ class OperatorConfig:
     watch_failing_seconds: int = 300
     loop_lag_probe_ms: int = 100
     policy: Policy = field(default_factory=Policy)
+    job_network_policies: bool = True  # a NetworkPolicy per job around its Ray pods, made before them
     metrics_max_jobs: int = 500
     pricing: Pricing | None = None  # None: no prices, no status.cost
     render_options: RenderOptions = field(default_factory=RenderOptions)
@@ -192,6 +194,7 @@ class OperatorConfig:
             watch_failing_seconds=_int(env, "ROCMTRAIN_WATCH_FAILING_SECONDS", 300, 1, 86400),
             loop_lag_probe_ms=_int(env, "ROCMTRAIN_LOOP_LAG_PROBE_MS", 100, 1, 60_000),
             policy=_policy(env),
+            job_network_policies=_flag(env, "ROCMTRAIN_JOB_NETWORK_POLICIES", True),
             metrics_max_jobs=_int(env, "ROCMTRAIN_METRICS_MAX_JOBS", 500, 0, 100_000),
             pricing=_pricing(env),
             render_options=progress.render_options(render) if progress else render,

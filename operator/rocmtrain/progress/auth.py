@@ -13,10 +13,12 @@ and refused ones apart (a flood of refused tokens never evicts an accepted one),
 so a driver's reports cost one review per cache period; tokens themselves are
 never stored or logged.
 
-The pod must then be the head of the very job's Ray cluster (`head_of_job`): a
-chain of controller references from the pod to a RayCluster, from it to the
+The pod must then be the head of the very job's Ray cluster (`ray_pod_of_job`):
+a chain of controller references from the pod to a RayCluster, from it to the
 job's RayJob (by name), and from that to the job (by uid), with KubeRay's head
-label. Labels alone prove nothing: anyone who can create pods in the namespace
+label. A job running its own code (spec.code) also takes reports from its Ray
+workers, where Ray Train's rank 0 reports from (KubeRay's worker label, the same
+chain). Labels alone prove nothing: anyone who can create pods in the namespace
 can set them, on worker, submitter or unrelated pods alike.
 """
 
@@ -55,6 +57,7 @@ SA_PREFIX = "system:serviceaccount:"
 # KubeRay's node-type label and value of a head pod, and the kind that owns Ray pods.
 RAY_NODE_TYPE_LABEL = "ray.io/node-type"
 HEAD_NODE_TYPE = "head"
+WORKER_NODE_TYPE = "worker"
 RAYCLUSTER_KIND = "RayCluster"
 RAYCLUSTER_PLURAL = "rayclusters"
 ACCEPTED_TTL_SECONDS = 60.0
@@ -158,19 +161,21 @@ def _controlled(child: Mapping[str, Any], kind: str, parent: Mapping[str, Any]) 
     return uid is not None and _controller(child, kind).get("uid") == uid
 
 
-def head_of_job(
+def ray_pod_of_job(
     pod: Mapping[str, Any], raycluster: Mapping[str, Any], rayjob: Mapping[str, Any], job: Mapping[str, Any]
 ) -> str | None:
-    """Why `pod` is not the Ray head of `job` (through `raycluster` and `rayjob`), or None when it is.
+    """Why `pod` may not report for `job` (through `raycluster` and `rayjob`), or None when it may: it is the
+    job's Ray head, or for a job running its own code (spec.code), one of its Ray workers.
 
-    The pod carries KubeRay's head label and cluster label, and the RayCluster is its
-    controller (by uid); the RayCluster's controller is the job's RayJob (by name and
-    uid); the RayJob's controller is the job (by uid); the job, once it names its Ray
-    cluster in status, names this one.
+    The pod carries KubeRay's node-type label (head, or worker for a job's own code) and cluster
+    label, and the RayCluster is its controller (by uid); the RayCluster's controller is the job's
+    RayJob (by name and uid); the RayJob's controller is the job (by uid); the job, once it names
+    its Ray cluster in status, names this one.
     """
     labels, cluster, status = _meta(pod).get("labels") or {}, _meta(raycluster).get("name"), job.get("status") or {}
-    if labels.get(RAY_NODE_TYPE_LABEL) != HEAD_NODE_TYPE:
-        return "token's pod is not a Ray head pod"
+    own_code = bool((job.get("spec") or {}).get("code"))
+    if labels.get(RAY_NODE_TYPE_LABEL) not in ((HEAD_NODE_TYPE, WORKER_NODE_TYPE) if own_code else (HEAD_NODE_TYPE,)):
+        return "token's pod is not a Ray pod of the job" if own_code else "token's pod is not a Ray head pod"
     if labels.get(RAY_CLUSTER_LABEL) != cluster or not _controlled(pod, RAYCLUSTER_KIND, raycluster):
         return "token's pod is not controlled by the job's RayCluster"
     if status.get("rayClusterName") not in (None, cluster):
@@ -250,7 +255,8 @@ class TokenReviewAuthenticator:
 
 
 class PodAuthoriser:
-    """Allow a token's pod to report only for the job whose Ray head it is (`head_of_job`)."""
+    """Allow a token's pod to report only for the job whose Ray head (or, running its own code, worker) it is
+    (`ray_pod_of_job`)."""
 
     def __init__(
         self,
@@ -282,7 +288,7 @@ class PodAuthoriser:
         raycluster = await self._read("RayCluster", self._ray(namespace, RAYCLUSTER_PLURAL, cluster))
         rayjob_name = status.get("rayJobName") or rayjob_name_of(name)
         rayjob = await self._read("RayJob", self._ray(namespace, RAYJOB_PLURAL, rayjob_name))
-        if (why := head_of_job(pod, raycluster, rayjob, job)) is not None:
+        if (why := ray_pod_of_job(pod, raycluster, rayjob, job)) is not None:
             raise Forbidden(why)
         self._cache.put(key, True)
 

@@ -1,78 +1,48 @@
 """Bounds on what the progress endpoint accepts: body size, body shape, request rate.
 
 Everything here is pure (no I/O): the server reads at most `MAX_BODY_BYTES`,
-hands the bytes to `parse_report`, and asks a `RateLimiter` before writing.
+hands the bytes to `parse_report` (our reports) or `parse_trainer_status` (KEP-2779's),
+the contract's parsers (`rocmtrain.api.progress_body`) whose refusals are 400s here,
+and asks a `RateLimiter` before writing.
 """
 
 from __future__ import annotations
 
-import json
-import math
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from pydantic import ValidationError
-from pydantic_core import ErrorDetails
-
+from rocmtrain.api import progress_body
 from rocmtrain.api.contract import PROGRESS_BURST, PROGRESS_RATE_PER_SECOND
 from rocmtrain.api.models import ProgressReport
+from rocmtrain.api.progress_body import MAX_BODY_BYTES, MAX_KEYS, BodyError
 from rocmtrain.progress.errors import ReportError
 
-MAX_BODY_BYTES = 16 * 1024
-# ProgressReport has 3 + 5 + 18 fields; anything beyond this many keys is not one.
-MAX_KEYS = 64
+# Re-exported: the body's bounds are the contract's, which `rocmtrain run`'s loopback endpoint reads with too.
+__all__ = ["MAX_BODY_BYTES", "MAX_KEYS", "RateLimiter", "ReportError", "parse_report", "parse_trainer_status"]
 # Idle buckets are forgotten once this many jobs are tracked.
 MAX_TRACKED_KEYS = 4096
 
 
-def _reject_constant(token: str) -> float:
-    raise ReportError(f"non-finite number {token} is not allowed")
-
-
-def _finite_float(token: str) -> float:
-    value = float(token)
-    if not math.isfinite(value):
-        raise ReportError("number out of range")
-    return value
+@contextlib.contextmanager
+def _refused_as_400() -> Iterator[None]:
+    try:
+        yield
+    except BodyError as exc:
+        raise ReportError(str(exc)) from None
 
 
 def parse_report(body: bytes) -> ProgressReport:
-    """Decode and validate one report; raise ReportError with a short reason."""
-    if len(body) > MAX_BODY_BYTES:
-        raise ReportError(f"body larger than {MAX_BODY_BYTES} bytes")
-    keys = 0
-
-    def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
-        nonlocal keys
-        keys += len(items)
-        if keys > MAX_KEYS:
-            raise ReportError(f"more than {MAX_KEYS} fields")
-        out = dict(items)
-        if len(out) != len(items):
-            raise ReportError("duplicate field")
-        return out
-
-    try:
-        data = json.loads(
-            body.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float, object_pairs_hook=pairs
-        )
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise ReportError("body is not valid JSON") from exc
-    if not isinstance(data, dict):
-        raise ReportError("body must be a JSON object")
-    try:
-        return ProgressReport.model_validate(data, strict=True)
-    except ValidationError as exc:
-        raise ReportError(f"invalid fields: {', '.join(sorted({_where(e) for e in exc.errors()})[:8])}") from None
+    """Decode and validate one of our reports; raise ReportError with a short reason."""
+    with _refused_as_400():
+        return progress_body.parse_report(body)
 
 
-def _where(error: ErrorDetails) -> str:
-    """Where a validation error is, naming only schema fields (never a client-chosen key)."""
-    loc = [str(part) for part in error["loc"]]
-    if error["type"] == "extra_forbidden":
-        loc[-1:] = ["(unknown field)"]
-    return ".".join(loc) or "body"
+def parse_trainer_status(body: bytes) -> ProgressReport:
+    """Decode, validate and map one KEP-2779 report; raise ReportError with a short reason."""
+    with _refused_as_400():
+        return progress_body.parse_trainer_status(body)
 
 
 @dataclass

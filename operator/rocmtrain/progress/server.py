@@ -3,7 +3,11 @@
 `POST /v1/namespaces/{namespace}/rocmtrainingjobs/{name}/progress` with a
 `ProgressReport` body and `Authorization: Bearer <projected SA token>` merges the
 report into the job's status, and posts an event on the job when the report
-counts a new worker failure that training recovered from. Answers: 204 written;
+counts a new worker failure that training recovered from.
+`POST .../rocmtrainingjobs/{name}/trainerstatus` takes Kubeflow Trainer's KEP-2779
+body (`{"trainerStatus": ...}`, as transformers' KubeflowCallback sends it) the same
+way, with the same authentication and limits, mapped onto a `ProgressReport`
+(`rocmtrain.api.trainer_status`). Answers: 204 written;
 400 malformed, non-finite or off-schema; 401 no or bad token; 403 the token's pod
 is not this job's Ray head; 404 no such job; 413 body over 16 KiB; 429 over the
 job's rate, the source's rate or the endpoint's TokenReview budget (Retry-After);
@@ -55,7 +59,13 @@ from aiohttp.typedefs import Handler
 from kubernetes_asyncio import client
 
 from rocmtrain import prometheus
-from rocmtrain.api.contract import PROGRESS_AUDIENCE, PROGRESS_BURST, PROGRESS_PATH, PROGRESS_RATE_PER_SECOND
+from rocmtrain.api.contract import (
+    PROGRESS_AUDIENCE,
+    PROGRESS_BURST,
+    PROGRESS_PATH,
+    PROGRESS_RATE_PER_SECOND,
+    TRAINER_STATUS_PATH,
+)
 from rocmtrain.api.models import ProgressReport
 from rocmtrain.api.patterns import DNS_LABEL
 from rocmtrain.kube import new_api_client
@@ -73,7 +83,7 @@ from rocmtrain.progress.errors import (
     TooManyRequests,
     Unauthenticated,
 )
-from rocmtrain.progress.limits import MAX_BODY_BYTES, RateLimiter, parse_report
+from rocmtrain.progress.limits import MAX_BODY_BYTES, RateLimiter, parse_report, parse_trainer_status
 from rocmtrain.progress.status_patch import progress_patch, report_events, takes_reports
 from rocmtrain.progress.store import KubeJobStore
 from rocmtrain.render import RenderOptions
@@ -232,25 +242,31 @@ def make_app(
         await authorise(identity, job)
         return job
 
-    async def progress(request: web.Request) -> web.Response:
-        namespace, name = request.match_info["namespace"], request.match_info["name"]
-        if not (_LABEL.match(namespace) and _LABEL.match(name)):
-            raise NotFound
-        job = await admit(request, namespace, name)
-        wait = limiter.acquire(f"{namespace}/{name}")
-        if wait > 0:
-            raise TooManyRequests(wait)
-        report = parse_report(await _read_bounded(request, MAX_BODY_BYTES, body_timeout))
-        before = await _record(jobs, job, report, now)
-        for event in report_events(report, before.get("status")):
-            if events.acquire(f"{namespace}/{name}/{event.reason}") == 0:
-                await jobs.post_event(before, type=event.type, reason=event.reason, message=event.message)
-        prometheus.PROGRESS_REPORTS.inc()
-        return web.Response(status=204)
+    def receiver(parse: Callable[[bytes], ProgressReport]) -> Handler:
+        """The handler of one protocol: its body, once admitted, read by `parse` into a ProgressReport."""
+
+        async def receive(request: web.Request) -> web.Response:
+            namespace, name = request.match_info["namespace"], request.match_info["name"]
+            if not (_LABEL.match(namespace) and _LABEL.match(name)):
+                raise NotFound
+            job = await admit(request, namespace, name)
+            wait = limiter.acquire(f"{namespace}/{name}")
+            if wait > 0:
+                raise TooManyRequests(wait)
+            report = parse(await _read_bounded(request, MAX_BODY_BYTES, body_timeout))
+            before = await _record(jobs, job, report, now)
+            for event in report_events(report, before.get("status")):
+                if events.acquire(f"{namespace}/{name}/{event.reason}") == 0:
+                    await jobs.post_event(before, type=event.type, reason=event.reason, message=event.message)
+            prometheus.PROGRESS_REPORTS.inc()
+            return web.Response(status=204)
+
+        return receive
 
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_refusals])
     app.router.add_get("/healthz", healthz)
-    app.router.add_post(PROGRESS_PATH, progress)
+    app.router.add_post(PROGRESS_PATH, receiver(parse_report))
+    app.router.add_post(TRAINER_STATUS_PATH, receiver(parse_trainer_status))
     return app
 
 

@@ -1,9 +1,10 @@
 """Environment of the Ray containers, in a fixed order.
 
 Order: runtime defaults (a user variable of the same name replaces its default),
-then the user's `spec.env`, then the variables the operator owns (`ROCMTRAIN_*`,
-head only). Owned variables come last, so they win even over a name that
-validation should have refused. Their names are in `rocmtrain.api.contract`,
+then the user's `spec.env`, then the variables the operator owns (`ROCMTRAIN_*`
+on the head; for a job's own code, its environment contract, `rocmtrain.api.code`,
+on the head and every worker). Owned variables come last, so they win even over a
+name that validation should have refused. Their names are in `rocmtrain.api.contract`,
 where the training image reads them from.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rocmtrain.api.code import CodeRun, code_environment, run_folder
 from rocmtrain.api.contract import (
     JOB_ENV,
     PROGRESS_CA_ENV,
@@ -18,10 +20,11 @@ from rocmtrain.api.contract import (
     PROGRESS_URL_ENV,
     TMP_PATH,
     progress_path,
+    trainer_status_path,
 )
 from rocmtrain.api.job_config import job_config_json
 from rocmtrain.api.models import RocmTrainingJob
-from rocmtrain.api.quantity import whole_cpus
+from rocmtrain.api.quantity import parse_quantity, whole_cpus
 from rocmtrain.render.options import RenderOptions
 from rocmtrain.render.volumes import PROGRESS_CA_PATH, PROGRESS_TOKEN_PATH
 
@@ -65,9 +68,34 @@ def runtime_defaults(cpus: str, gpus: int) -> list[dict[str, Any]]:
     return env
 
 
+def code_env(job: RocmTrainingJob, options: RenderOptions) -> list[dict[str, Any]]:
+    """The environment contract of a job's own code (spec.code), for the head and every worker container."""
+    spec, base = job.spec, options.progress_base_url
+    if spec.checkpoint.storage_path is None:  # a cluster job has one (`rocmtrain.api.validate`)
+        raise ValueError("a cluster job needs spec.checkpoint.storagePath")
+    run = CodeRun(
+        run_path=run_folder(spec.checkpoint.storage_path, job.metadata.namespace, job.metadata.name),
+        gpus_per_worker=spec.resources.gpus_per_worker,
+        cpus_per_worker=float(parse_quantity(spec.resources.cpus_per_worker)),
+        progress_url=progress_url(job, base) if base else None,
+        trainer_status_url=base + trainer_status_path(job.metadata.namespace, job.metadata.name) if base else None,
+        ca_file=PROGRESS_CA_PATH if base and options.progress_ca_configmap else None,
+        token_file=PROGRESS_TOKEN_PATH if base else None,
+    )
+    return [_var(name, value) for name, value in code_environment(job, run).items()]
+
+
+def owned_worker_env(job: RocmTrainingJob, options: RenderOptions) -> list[dict[str, Any]]:
+    """The operator's variables on a worker container: a job's own code's environment contract, else none."""
+    return code_env(job, options) if job.spec.code is not None else []
+
+
 def owned_head_env(job: RocmTrainingJob, options: RenderOptions) -> list[dict[str, Any]]:
-    """The operator's variables on the head container: the job, and where to report progress."""
+    """The operator's variables on the head container: the job, and where to report progress (for a job's own
+    code, its whole environment contract)."""
     env = [_var(JOB_ENV, job_config_json(job))]
+    if job.spec.code is not None:
+        return env + code_env(job, options)
     if options.progress_base_url:
         env.append(_var(PROGRESS_URL_ENV, progress_url(job, options.progress_base_url)))
         env.append(_var(PROGRESS_TOKEN_ENV, PROGRESS_TOKEN_PATH))

@@ -102,19 +102,28 @@ def head_template(job: RocmTrainingJob, options: RenderOptions, labels: dict[str
 
 
 def worker_template(job: RocmTrainingJob, options: RenderOptions, labels: dict[str, str]) -> dict[str, Any]:
-    """A worker pod: one Ray Train worker with its CPUs, memory and AMD GPUs."""
+    """A worker pod: one Ray Train worker per GPU (one without GPUs), with its CPUs, memory and AMD GPUs; for a
+    job's own code also the environment contract and the progress credentials (Ray Train's rank 0, which
+    reports, runs on a worker)."""
     res = job.spec.resources
+    pod_volumes = [volumes.shm_volume(res.shared_memory), volumes.tmp_volume(), *volumes.user_volumes(job)]
+    mounts = [volumes.shm_mount(), volumes.tmp_mount(), *volumes.user_mounts(job)]
+    if options.progress_base_url and job.spec.code is not None:  # rank 0 of the code reports from a worker
+        pod_volumes.append(volumes.progress_volume(options))
+        mounts.append(volumes.progress_mount())
     worker = container.ray_container(
         job,
         name=container.WORKER_CONTAINER,
         resources=container.guaranteed_resources(res.cpus_per_worker, res.memory_per_worker, res.gpus_per_worker),
-        env=env.container_env(job, env.runtime_defaults(res.cpus_per_worker, res.gpus_per_worker), []),
-        mounts=[volumes.shm_mount(), volumes.tmp_mount(), *volumes.user_mounts(job)],
+        env=env.container_env(
+            job, env.runtime_defaults(res.cpus_per_worker, res.gpus_per_worker), env.owned_worker_env(job, options)
+        ),
+        mounts=mounts,
     )
     spec = _pod_spec(
         job,
         [worker],
-        volumes_=[volumes.shm_volume(res.shared_memory), volumes.tmp_volume(), *volumes.user_volumes(job)],
+        volumes_=pod_volumes,
         affinity=gpu_affinity(res.gpu),
         supplemental_groups=options.gpu_device_groups if res.gpus_per_worker else (),
     )

@@ -7,6 +7,8 @@ Design choices (KubeRay v1.5.1, Ray 2.60.0):
   template is ours, so it runs with the same restricted security context.
 - The driver runs on the head (Ray's job supervisor places an entrypoint without
   resource requests there), which is why `ROCMTRAIN_JOB` is set on the head only.
+- A job's own code (spec.code) is the entrypoint instead: its command line with every
+  argument quoted (`rocmtrain.api.code.entrypoint`), as it passes through two shells.
 - Head `num-cpus: "0"`: no Ray Train worker or data task lands on the head; Ray
   Train's controller asks for 0 CPUs and is pinned to the driver's node, so it fits.
 - GPUs: KubeRay turns any limit whose name ends in "gpu" (utils.IsGPUResourceKey), so
@@ -40,6 +42,7 @@ from typing import Any
 import yaml
 
 from rocmtrain.api import names
+from rocmtrain.api.code import entrypoint
 from rocmtrain.api.contract import (
     DRIVER_MODULE,
     JOB_NAME_LABEL,
@@ -118,7 +121,7 @@ def render_rayjob(job: RocmTrainingJob, *, options: RenderOptions | None = None)
     options = options or RenderOptions()
     spec = job.spec
     rayjob_spec: dict[str, Any] = {
-        "entrypoint": ENTRYPOINT,
+        "entrypoint": entrypoint(spec.code) if spec.code is not None else ENTRYPOINT,
         "submissionMode": SUBMISSION_MODE,
         "submitterPodTemplate": pod.submitter_template(job, job_labels(job)),
         "submitterConfig": {"backoffLimit": options.submitter_retries},

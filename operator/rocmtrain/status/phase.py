@@ -29,7 +29,13 @@ KubeRay (v1.5.1) writes `status.jobDeploymentStatus` and `status.jobStatus`
 JobDeploymentStatusTransitionGracePeriodExceeded) and `message` on failures.
 When the Ray job failed, that message is Ray's (the entrypoint's exit code and
 the tail of the driver's log); the driver's own one-line error, found there by
-`DRIVER_ERROR_PREFIX`, goes first in the job's Failed condition.
+`DRIVER_ERROR_PREFIX`, goes first in the job's Failed condition. A job's own code
+(spec.code) prints no such line: its last error and the user's frame of its traceback
+(`rocmtrain.api.tracebacks`) go first instead.
+
+A job's own code need not report progress. Its `ProgressReported` condition says
+whether it has; stall detection follows its reports once it has sent one, and
+waits until then.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from rocmtrain.api.contract import DRIVER_ERROR_PREFIX, GPU_RESOURCE, KUEUE_QUEU
 from rocmtrain.api.kuberay import JobDeploymentStatus, JobStatus
 from rocmtrain.api.models import Phase, RocmTrainingJobSpec, RocmTrainingJobStatus
 from rocmtrain.api.timestamps import parse_time, rfc3339
+from rocmtrain.api.tracebacks import last_failure
 from rocmtrain.status.accounting import Price, account
 from rocmtrain.status.conditions import Condition, find, merge_conditions
 from rocmtrain.status.kueue import Admission, admission
@@ -260,13 +267,22 @@ def _suspended_state(obs: Observation) -> _State:
     return _State("Suspended", Reason.SUSPENDED, "suspended: the Ray cluster is deleted until spec.suspend is false")
 
 
+# How Ray's job supervisor starts the message of an entrypoint that exited non-zero; its logs' tail follows.
+ENTRYPOINT_FAILED = "Job entrypoint command failed with exit code"
+
+
 def driver_error_first(message: str) -> str:
-    """Ray's message with the driver's last `DRIVER_ERROR_PREFIX` line put first (unchanged without one)."""
+    """Ray's message with the driver's own error put first: its last `DRIVER_ERROR_PREFIX` line (the
+    built-in driver's), else, where Ray quotes a failed entrypoint's logs, their last error line and the
+    user's frame (`rocmtrain.api.tracebacks`); unchanged without either."""
     found = [line for line in message.splitlines() if DRIVER_ERROR_PREFIX in line]
-    if not found:
-        return message
-    error = found[-1].split(DRIVER_ERROR_PREFIX, 1)[1].strip()
-    return f"{error}\n{message}"
+    if found:
+        error = found[-1].split(DRIVER_ERROR_PREFIX, 1)[1].strip()
+        return f"{error}\n{message}"
+    header, _, logs = message.partition("\n")
+    if header.startswith(ENTRYPOINT_FAILED) and (failure := last_failure(logs)) is not None:
+        return f"{failure.text()}\n{message}"
+    return message
 
 
 def _failed(reason: str, message: str, default: str) -> _State:
@@ -366,19 +382,43 @@ def _state(obs: Observation) -> _State:
 
 
 def _stall(obs: Observation, phase: str) -> tuple[str, str] | None:
-    """(reason, message) when a running job has shown no progress for too long."""
+    """(reason, message) when a running job has shown no progress for too long.
+
+    The built-in driver reports from its start, and the RayJob's changes count too; a job's own code
+    may never report, so its reports alone count, once it has sent one.
+    """
     if phase != "Running":
         return None
-    signals = [parse_time(obs.current.get("lastProgressTime"))]
-    if obs.rayjob is not None:
-        signals.append(last_rayjob_change(obs.rayjob))
+    reported = parse_time(obs.current.get("lastProgressTime"))
+    if obs.spec.code is not None:
+        signals, what = [reported], "no progress report from your code"
+    else:
+        signals, what = [reported, last_rayjob_change(obs.rayjob) if obs.rayjob is not None else None], "no progress"
     known = [t for t in signals if t is not None]
     if not known:
         return None
     last = max(known)
     if (obs.now - last).total_seconds() > obs.stall_after:
-        return Reason.NO_PROGRESS, f"no progress since {rfc3339(last)} (limit {int(obs.stall_after)}s)"
+        return Reason.NO_PROGRESS, f"{what} since {rfc3339(last)} (limit {int(obs.stall_after)}s)"
     return None
+
+
+NO_REPORT_YET = "your code has reported no progress yet; stall detection starts with its first report"
+NO_REPORT = (
+    "your code reported no progress: status.progress and status.metrics stay empty "
+    "(see docs/guides/own-code.md#reporting-progress)"
+)
+
+
+def _progress_reported(obs: Observation, phase: str) -> Condition | None:
+    """Of a job running its own code, once it runs: whether the code has reported progress (it need not)."""
+    if obs.spec.code is None or phase not in ("Running", *TERMINAL_PHASES):
+        return None
+    kind = ConditionType.PROGRESS_REPORTED
+    if obs.current.get("lastProgressTime"):
+        limit = f"it counts as stalled after {int(obs.stall_after)}s without a report"
+        return Condition(kind, True, Reason.PROGRESS_REPORTED, f"your code reports progress; {limit}")
+    return Condition(kind, False, Reason.NO_PROGRESS_REPORTED, NO_REPORT_YET if phase == "Running" else NO_REPORT)
 
 
 def _failure(state: _State) -> tuple[str, str] | None:
@@ -443,6 +483,7 @@ def _desired_conditions(obs: Observation, state: _State) -> list[Condition]:
         ),
         _alarm(current, ConditionType.KUBERAY_MISSING, held_by(HoldKind.KUBERAY_MISSING), Reason.KUBERAY_INSTALLED),
         _alarm(current, ConditionType.BLOCKED, held_by(HoldKind.BLOCKED), Reason.UNBLOCKED),
+        _progress_reported(obs, phase),
         _alarm(
             current,
             ConditionType.STALLED,

@@ -96,6 +96,7 @@ def job_text(
         headline += f"   {ready['message']}"
     metrics = status.get("metrics") or {}
     shown = [f"{row.heading} {row.text(metrics[row.key])}" for row in metric_rows() if metrics.get(row.key) is not None]
+    shown += [f"{metric.get('name')} {metric.get('value'):g}" for metric in metrics.get("custom") or []]
     sections = [
         headline,
         "progress   " + _progress_line(status),

@@ -6,6 +6,8 @@ offered only where this package is installed (not in the operator image). The jo
 file is read with `rocmtrain.api.manifests.read_jobs` in the local context, so
 `rocmtrain run` refuses exactly what `rocmtrain validate --context local` refuses,
 with the same messages. Torch and Ray are imported only once the job is valid.
+A job with its own code (spec.code) runs that code instead, with the cluster's environment
+contract and the progress endpoints on the loopback address (`rocmtrain_train.driver.own_code`).
 Exit status: 0 trained, 1 training failed, 2 the job cannot run as configured.
 """
 
@@ -17,10 +19,15 @@ import os
 import sys
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rocmtrain.api.manifests import read_jobs
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.api.validate import Context
+
+if TYPE_CHECKING:
+    from rocmtrain_train.driver.torch_trainer import RunOutcome
+    from rocmtrain_train.search.tune_trials import SearchOutcome
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -59,7 +66,7 @@ def main(argv: list[str]) -> int:
         return EXIT_CONFIG
     try:
         from rocmtrain_train.config import ConfigError, local_settings
-        from rocmtrain_train.driver import train_job
+        from rocmtrain_train.driver import own_code
     except ModuleNotFoundError as exc:
         print(
             f"error: rocmtrain run needs the `train` extra (missing {exc.name}): "
@@ -80,15 +87,22 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    outcome: own_code.CodeOutcome | RunOutcome | SearchOutcome
     try:
-        outcome = train_job.run_local(settings)
+        if job.spec.code is not None:  # the job's own code runs in a process of its own, Ray included
+            outcome = own_code.run_code(settings)
+            print(f"done: {outcome.reports} progress reports; run folder {settings.run_path}\nlogs: {settings.log_dir}")
+        else:
+            from rocmtrain_train.driver import train_job
+
+            outcome = train_job.run_local(settings)
+            print(f"model saved to {outcome.summary['model_path']}\nlogs: {settings.log_dir}")
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except Exception as exc:
         print(f"training failed: {exc}\nlogs: {settings.log_dir}", file=sys.stderr)
         return EXIT_FAILED
-    print(f"model saved to {outcome.summary['model_path']}\nlogs: {settings.log_dir}")
     if args.summary:
         args.summary.parent.mkdir(parents=True, exist_ok=True)
         args.summary.write_text(json.dumps(outcome.summary, indent=2) + "\n", encoding="utf-8")

@@ -190,20 +190,38 @@ def collate_lm(
 
 
 def pack(records: Sequence[int], lengths: Sequence[int] | np.ndarray, row_length: int) -> list[list[int]]:
-    """Records in rows of at most `row_length` tokens: each, longest first, into the first row it fits
-    (first-fit decreasing), so that rows are full and few."""
-    rows: list[list[int]] = []
-    room: list[int] = []
-    for record in sorted(records, key=lambda r: (-int(lengths[r]), r)):
+    """Records in as few rows of at most `row_length` tokens as first-fit decreasing finds, balanced: the rows
+    of a forward pass are padded to the longest, so equal rows compute on the least padding.
+
+    First-fit decreasing (each record, longest first, into the first row it fits) gives the number of rows
+    and leaves the last ones part empty; the same records, longest first, each into the emptiest row it fits
+    (of that many rows), fill them evenly. Where that fits them all, the balanced rows are taken."""
+    ordered = sorted(records, key=lambda r: (-int(lengths[r]), r))
+    fitted = _fill(ordered, lengths, row_length, first_fit=True, rows=0)
+    if len(fitted) < 2:
+        return fitted
+    balanced = _fill(ordered, lengths, row_length, first_fit=False, rows=len(fitted))
+    return balanced if len(balanced) == len(fitted) else fitted
+
+
+def _fill(
+    ordered: list[int], lengths: Sequence[int] | np.ndarray, row_length: int, *, first_fit: bool, rows: int
+) -> list[list[int]]:
+    """`ordered` records into `rows` rows (more where they do not fit): each into the first row with room
+    (`first_fit`), else into the emptiest one with room."""
+    filled: list[list[int]] = [[] for _ in range(rows)]
+    room = [row_length] * rows
+    for record in ordered:
         size = int(lengths[record])
-        at = next((i for i, left in enumerate(room) if left >= size), None)
-        if at is None:
-            rows.append([record])
+        fits = [i for i, left in enumerate(room) if left >= size]
+        if not fits:
+            filled.append([record])
             room.append(row_length - size)
-        else:
-            rows[at].append(record)
-            room[at] -= size
-    return rows
+            continue
+        at = fits[0] if first_fit else max(fits, key=lambda i: (room[i], -i))
+        filled[at].append(record)
+        room[at] -= size
+    return filled
 
 
 def collate_packed(

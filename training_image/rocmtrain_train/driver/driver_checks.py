@@ -22,6 +22,13 @@ from rocmtrain_train.tasks import task_for
 SAMPLE_RECORDS = 256
 
 
+def available_gpus() -> int:
+    """GPUs this machine has (ROCm's count them through torch.cuda)."""
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def check_gpus(settings: RunSettings, available: int) -> None:
     needed = settings.total_gpus
     if needed > available:

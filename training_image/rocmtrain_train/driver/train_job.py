@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from rocmtrain.api.gpu_memory import GpuMemory
 from rocmtrain_train.config import RunSettings
-from rocmtrain_train.driver.driver_checks import preflight
+from rocmtrain_train.driver.driver_checks import available_gpus, preflight
 from rocmtrain_train.driver.torch_trainer import RunOutcome, run
 from rocmtrain_train.reporting import operator_sink
 from rocmtrain_train.reporting.console_sink import ConsoleSink
@@ -27,12 +27,6 @@ def train(settings: RunSettings, sinks: list[Sink], *, echo_log: bool) -> RunOut
 
         return run_search(settings, sinks, echo_log=echo_log)
     return run(settings, sinks, echo_log=echo_log)
-
-
-def available_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count()
 
 
 def local_gpu_memory() -> GpuMemory | None:

@@ -21,6 +21,7 @@ def summary_table(report: ProgressReport) -> str:
     rows = [("trials" if report.tuning else "steps", f"{report.progress.step}/{report.progress.total_steps}")]
     values = ((row, getattr(report.metrics, row.name)) for row in metric_rows())
     rows += [(row.heading, row.text(value)) for row, value in values if value is not None]
+    rows += [(metric.name, f"{metric.value:g}") for metric in report.metrics.custom or []]  # a job's own code's
     width = max(len(label) for label, _ in rows)
     rule = "-" * (width + 2 + max(len(value) for _, value in rows))
     return "\n".join([rule, *(f"{label:<{width}}  {value}" for label, value in rows), rule])

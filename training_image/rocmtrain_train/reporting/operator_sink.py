@@ -3,7 +3,9 @@
 The operator sets three variables on the Ray head (where the driver runs), named in
 `rocmtrain.api.contract`: `ROCMTRAIN_PROGRESS_URL`, `ROCMTRAIN_PROGRESS_CA` (CA bundle
 file) and `ROCMTRAIN_PROGRESS_TOKEN` (projected service-account token file, audience
-`rocmtrain.dev/progress`). `from_env` builds the sink from them.
+`rocmtrain.dev/progress`). `from_env` builds the sink from them. `rocmtrain run` serves
+the same endpoint on the loopback address, over plain HTTP with a token of its own and
+no CA: the one place the URL may be http.
 
 Training never waits for the operator: `emit` only appends to a bounded queue
 that drops its oldest reports, and one background thread sends them in order,
@@ -23,6 +25,7 @@ import ssl
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from email.message import Message
@@ -45,6 +48,13 @@ CLOSE_TIMEOUT_SECONDS = 10.0
 # Answers worth another try: the token may be mid-rotation (401), the rate or
 # the API server may be busy (429, 5xx).
 RETRY_STATUSES = frozenset({401, 408, 429, 500, 502, 503, 504})
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+def is_loopback_http(url: str) -> bool:
+    """Whether `url` is plain HTTP to this machine's loopback address (`rocmtrain run`'s endpoint)."""
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme == "http" and parts.hostname in LOOPBACK_HOSTS
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -67,7 +77,7 @@ class HttpSink:
     def __init__(
         self,
         url: str,
-        ca_file: str | Path,
+        ca_file: str | Path | None,
         token_file: str | Path,
         *,
         queue_length: int = QUEUE_LENGTH,
@@ -75,10 +85,10 @@ class HttpSink:
         min_interval: float = MIN_INTERVAL_SECONDS,
         close_timeout: float = CLOSE_TIMEOUT_SECONDS,
     ) -> None:
-        if not url.startswith("https://"):
-            raise ValueError("the progress URL must be https")
+        if not (url.startswith("https://") and ca_file is not None) and not is_loopback_http(url):
+            raise ValueError("the progress URL must be https with a CA bundle (http only to the loopback address)")
         self.url = url
-        self.ca_file = Path(ca_file)
+        self.ca_file = Path(ca_file) if ca_file is not None else None
         self.token_file = Path(token_file)
         self.timeout = timeout
         self.min_interval = min_interval
@@ -86,6 +96,7 @@ class HttpSink:
         self.sent = 0
         self.dropped = 0
         self._queue: collections.deque[bytes] = collections.deque(maxlen=queue_length)
+        self._pending = 0  # reports queued or being sent
         self._cond = threading.Condition()
         self._closed = False
         self._failing = False
@@ -100,14 +111,22 @@ class HttpSink:
                 return
             if len(self._queue) == self._queue.maxlen:
                 self.dropped += 1
+            else:
+                self._pending += 1
             self._queue.append(body)
-            self._cond.notify()
+            self._cond.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait up to `timeout` seconds (`close_timeout` by default) until every queued report is sent or
+        dropped; whether it came to that."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending == 0, self.close_timeout if timeout is None else timeout)
 
     def close(self) -> None:
         """Stop accepting reports and wait up to `close_timeout` seconds for the queue to drain."""
         with self._cond:
             self._closed = True
-            self._cond.notify()
+            self._cond.notify_all()
         self._thread.join(self.close_timeout)
         if self._thread.is_alive():
             log.warning("progress endpoint: reports still undelivered at shutdown")
@@ -123,29 +142,38 @@ class HttpSink:
         failures = 0
         last_send = -self.min_interval
         while (body := self._next()) is not None:
-            for attempt in range(1, ATTEMPTS_PER_REPORT + 1):
-                time.sleep(max(0.0, last_send + self.min_interval - time.monotonic()))
-                last_send = time.monotonic()
-                retry_after = self._send(body)
-                if retry_after is None:
-                    failures = 0
-                    break
-                failures += 1
-                if attempt == ATTEMPTS_PER_REPORT:
-                    self._count_drop()
-                    break
-                backoff = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (failures - 1))
-                time.sleep(max(backoff, retry_after))
+            failures, last_send = self._deliver(body, failures, last_send)
+            with self._cond:
+                self._pending -= 1
+                self._cond.notify_all()
+
+    def _deliver(self, body: bytes, failures: int, last_send: float) -> tuple[int, float]:
+        """Send one report, spaced from the last send and retried; (failures in a row, time of the last send)."""
+        for attempt in range(1, ATTEMPTS_PER_REPORT + 1):
+            time.sleep(max(0.0, last_send + self.min_interval - time.monotonic()))
+            last_send = time.monotonic()
+            retry_after = self._send(body)
+            if retry_after is None:
+                return 0, last_send
+            failures += 1
+            if attempt == ATTEMPTS_PER_REPORT:
+                break
+            backoff = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (failures - 1))
+            time.sleep(max(backoff, retry_after))
+        self._count_drop()
+        return failures, last_send
 
     def _send(self, body: bytes) -> float | None:
         """POST one report: None when done with it (sent, or refused for good), else seconds to wait."""
         try:
             token = self.token_file.read_text().strip()
-            context = ssl.create_default_context(cafile=str(self.ca_file))
-            opener = urllib.request.build_opener(
-                urllib.request.ProxyHandler({}), _NoRedirect(), urllib.request.HTTPSHandler(context=context)
-            )
-            request = urllib.request.Request(  # noqa: S310 - the URL is checked to be https
+            handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({}), _NoRedirect()]
+            if self.ca_file is not None:
+                handlers.append(
+                    urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=str(self.ca_file)))
+                )
+            opener = urllib.request.build_opener(*handlers)
+            request = urllib.request.Request(  # noqa: S310 - the URL is checked: https, or http to the loopback
                 self.url,
                 data=body,
                 method="POST",
@@ -184,7 +212,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> HttpSink | None:
     """The sink configured by the operator's environment variables, or None when they are unset or unusable."""
     env = os.environ if environ is None else environ
     url, ca_file, token_file = env.get(PROGRESS_URL_ENV), env.get(PROGRESS_CA_ENV), env.get(PROGRESS_TOKEN_ENV)
-    if not (url and ca_file and token_file):
+    if not (url and token_file and (ca_file or is_loopback_http(url))):
         return None
     try:
         return HttpSink(url, ca_file, token_file)

@@ -1,0 +1,126 @@
+"""`rocmtrain run` of a job's own code (spec.code): the cluster's environment contract and progress endpoints,
+on this machine.
+
+Real parts: `rocmtrain run` as a command, the scripts of tests/own_code as child processes, a plain Hugging Face
+`Trainer` with transformers' own KubeflowCallback, `rocmtrain_train.sdk`, a tiny BERT built from a config. The
+scripts run their training in the driver (`--in-driver`): Ray Train runs them on the test world
+(tests/e2e/test_training.py), and these tests start no Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from own_code.expected import SDK_STEPS_LAST_METRICS, SDK_STEPS_LAST_PROGRESS
+from rocmtrain.api.contract import KUBEFLOW_URL_ENV, PROGRESS_URL_ENV
+from train.conftest import save_tiny_bert
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "own_code"
+DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
+ROCMTRAIN = Path(sys.executable).parent / "rocmtrain"
+PWNED = Path(tempfile.gettempdir()) / f"pwned-by-rocmtrain-run-{uuid.uuid4().hex}"
+HOSTILE = ["it's", f"$(touch {PWNED})", "a\nb", "`id`", "", "; exit 3"]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+def run_job(folder: Path, command: list[str], model: Path, **spec: Any) -> tuple[subprocess.CompletedProcess, Path]:
+    """`rocmtrain run` of a job running `command`, its runs in `folder`; the finished process and its summary."""
+    job = {
+        "apiVersion": "rocmtrain.dev/v1alpha1",
+        "kind": "RocmTrainingJob",
+        "metadata": {"name": "own", "namespace": "ml"},
+        "spec": {
+            "code": {"command": command},
+            "model": {"source": str(model), "numLabels": 3, "maxSeqLength": 32},
+            "data": {"train": {"uri": str(DATA / "train.jsonl"), "maxSamples": 48}},
+            "training": {"epochs": 1, "batchSizePerWorker": 8, "learningRate": 1e-4},
+            "resources": {
+                "workers": 2,
+                "gpusPerWorker": 0,
+                "cpusPerWorker": "1",
+                "memoryPerWorker": "2Gi",
+                "sharedMemory": "256Mi",
+            },
+            **spec,
+        },
+    }
+    (folder / "job.yaml").write_text(yaml.safe_dump(job))
+    summary = folder / "summary.json"
+    argv = [
+        str(ROCMTRAIN),
+        "run",
+        str(folder / "job.yaml"),
+        "--storage",
+        str(folder / "runs"),
+        "--summary",
+        str(summary),
+    ]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False), summary
+
+
+def test_a_plain_hugging_face_trainer_reports_through_its_own_callback(tmp_path: Path, model: Path) -> None:
+    done, summary = run_job(tmp_path, ["python", str(SCRIPTS / "hf_trainer.py"), "--in-driver"], model)
+    assert done.returncode == 0, done.stderr
+    reported = json.loads(summary.read_text())
+    assert reported["reports"] >= 2 and reported["final"], "the callback's first and last report at least"
+    assert (
+        reported["progress"]["percent"] == 100
+        and reported["progress"]["step"] == 6 == reported["progress"]["totalSteps"]
+    )
+    assert reported["metrics"]["trainLoss"] > 0 and reported["metrics"]["samplesPerSecond"] > 0
+    assert "grad_norm" in {m["name"] for m in reported["metrics"]["custom"]}
+    lines = (tmp_path / "runs" / "own" / "logs" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == reported["reports"]
+    assert "train loss" in done.stderr and f"done: {reported['reports']} progress reports" in done.stdout
+
+
+def test_the_sdk_reports_every_step_and_hostile_arguments_arrive_as_written(tmp_path: Path, model: Path) -> None:
+    command = ["python", str(SCRIPTS / "sdk_steps.py"), "--in-driver", *HOSTILE]
+    done, summary = run_job(tmp_path, command, model, env=[{"name": "STEP_SECONDS", "value": "0.05"}])
+    assert done.returncode == 0, done.stderr
+    run = tmp_path / "runs" / "own"
+    assert json.loads((run / "argv.json").read_text()) == ["--in-driver", *HOSTILE]
+    assert not PWNED.exists()
+    reported = json.loads(summary.read_text())
+    assert reported["reports"] == 8 and reported["final"]
+    assert reported["progress"] == SDK_STEPS_LAST_PROGRESS and reported["metrics"] == SDK_STEPS_LAST_METRICS
+
+
+def test_a_failing_script_fails_the_run_with_its_error_line_and_frame_first(tmp_path: Path, model: Path) -> None:
+    done, _ = run_job(tmp_path, ["python", str(SCRIPTS / "fails.py"), "--in-driver"], model)
+    assert done.returncode == 1
+    explained = done.stderr.split("training failed: ", 1)[1].splitlines()
+    assert explained[:3] == [
+        "ValueError: label 7 out of range 0..2",
+        f'  File "{SCRIPTS / "fails.py"}", line 10, in check',
+        '    raise ValueError(f"label {label} out of range 0..2")',
+    ]
+    assert explained[3] == "(the command exited with 1)"
+
+
+def test_a_script_that_reports_nothing_runs_with_the_contract(tmp_path: Path, model: Path) -> None:
+    done, summary = run_job(tmp_path, ["python", str(SCRIPTS / "silent.py"), "--in-driver"], model)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(summary.read_text()) == {"reports": 0}
+    seen = json.loads((tmp_path / "runs" / "own" / "contract.json").read_text())["driver"]
+    assert seen["ROCMTRAIN_WORLD_SIZE"] == "2" and seen["ROCMTRAIN_GPUS_PER_WORKER"] == "0"
+    assert seen["ROCMTRAIN_STORAGE_PATH"] == str(tmp_path / "runs" / "own")
+    assert (seen["ROCMTRAIN_JOB_NAME"], seen["ROCMTRAIN_JOB_NAMESPACE"]) == ("own", "ml")
+    assert json.loads(seen["ROCMTRAIN_MODEL"])["source"] == str(model)
+    assert seen[PROGRESS_URL_ENV].startswith("http://127.0.0.1:") and seen[PROGRESS_URL_ENV].endswith("/progress")
+    assert seen[KUBEFLOW_URL_ENV].endswith("/v1/namespaces/ml/rocmtrainingjobs/own/trainerstatus")
+    assert Path(seen["ROCMTRAIN_PROGRESS_TOKEN"]).parent.name.startswith("rocmtrain-progress-")
+    assert not Path(seen["ROCMTRAIN_PROGRESS_TOKEN"]).exists(), "the token goes with the run"
