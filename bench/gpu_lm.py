@@ -30,6 +30,13 @@ and the output head's; not the input embedding, a lookup), L layers, H the hidde
 record length; the peak GPU memory allocated; and the whole run's wall time (ours: Ray worker
 start, loading, tokenising, training, a checkpoint, the export).
 
+Our loop also trains in the variants `--variants` names (issue 23's sharding arms): `none` (DDP, as above),
+`fsdp` (`training.sharding: fsdp`: FSDP2 over the one GPU, bf16 compute, fp32 reduction), and either with
+`+gc` (`training.gradientCheckpointing`). Each run records, beside its peak, the job's memory plan
+(`rocmtrain plan`'s, from the model's config.json): the plan's total per GPU and the part the allocator
+itself holds (the total less the margin for fragmentation and the runtime), which the measured peak
+allocated is compared with (`peak/plan`).
+
 `--smoke` runs the same on a tiny model and short records on whatever device there is (a CPU too),
 to check the code without a GPU.
 """
@@ -46,7 +53,7 @@ import statistics
 import time
 import uuid
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +61,7 @@ import numpy as np
 import torch
 
 from lm_throughput import encoded_records, sft_script
+from rocmtrain.api.memory_fit import plan_job
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain_train.config import local_settings
 from rocmtrain_train.data.lm_tokens import collate_lm
@@ -89,6 +97,7 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 MODES = ("lora", "full")
 LOOPS = ("ours", "reference")
+VARIANTS = ("none", "fsdp", "none+gc", "fsdp+gc")  # our loop's sharding, and gradient checkpointing (+gc)
 LEARNING_RATES = {"full": 1e-5, "lora": 2e-4}
 LORA = {"rank": 16, "alpha": 32, "dropout": 0.05}
 RESPONSE_SHARE = 0.25
@@ -104,6 +113,7 @@ class LmGpuWorkload:
     max_length: int
     use_gpu: bool
     cpus: int  # our worker's CPUs (and torch threads)
+    variant: str = "none"  # one of VARIANTS: our loop's sharding, and gradient checkpointing (+gc)
 
 
 @dataclass
@@ -118,13 +128,18 @@ class LmRun:
     peak_memory_bytes: int | None
     wall_seconds: float
     mean_length: float  # real tokens a record
+    planned_bytes: int = 0  # the memory plan's total per GPU
+    planned_allocated_bytes: int = 0  # of it, what the allocator itself holds (the margin left out)
 
     def figures(self, flops_per_token: float, peak_flops: float | None) -> dict[str, float | None]:
         rate = self.tokens / self.seconds
+        peak = self.peak_memory_bytes
         return {
             "tokens_per_second": rate,
             "mfu": rate * flops_per_token / peak_flops if peak_flops else None,
-            "peak_memory_gib": self.peak_memory_bytes / 2**30 if self.peak_memory_bytes else None,
+            "peak_memory_gib": peak / 2**30 if peak else None,
+            "planned_gib": self.planned_bytes / 2**30,
+            "peak_over_plan": peak / self.planned_allocated_bytes if peak and self.planned_allocated_bytes else None,
             "padding_efficiency": self.all_tokens / self.padded_tokens,
             "wall_seconds": self.wall_seconds,
             "steps": self.steps,
@@ -268,6 +283,7 @@ def reference(model_dir: str, mode: str, work: LmGpuWorkload) -> LmRun:
         peak_memory_bytes=peak,
         wall_seconds=time.perf_counter() - started_wall,
         mean_length=statistics.fmean(lengths),
+        **planned(model_dir, mode, work),
     )
 
 
@@ -315,6 +331,8 @@ def lm_gpu_job(model_dir: str, mode: str, work: LmGpuWorkload, name: str) -> Roc
             "attentionImplementation": "sdpa",
             "lossOn": "response",
             "packing": False,
+            "sharding": work.variant.removesuffix("+gc"),
+            "gradientCheckpointing": work.variant.endswith("+gc"),
         },
         "resources": {"workers": 1, "gpusPerWorker": int(work.use_gpu), "cpusPerWorker": str(work.cpus)},
         "checkpoint": {"keepLast": 1},
@@ -322,6 +340,13 @@ def lm_gpu_job(model_dir: str, mode: str, work: LmGpuWorkload, name: str) -> Roc
     if mode == "lora":
         spec["adapter"] = {"type": "lora", **LORA, "targetModules": ["all-linear"]}
     return RocmTrainingJob.model_validate({"metadata": {"name": name}, "spec": spec})
+
+
+def planned(model_dir: str, mode: str, work: LmGpuWorkload) -> dict[str, int]:
+    """The job's memory plan per GPU (`rocmtrain plan`'s): its total, and the part the allocator holds."""
+    job = lm_gpu_job(model_dir, mode, work, "plan")
+    plan = plan_job(job.spec, json.loads((Path(model_dir) / "config.json").read_text()), None).plan
+    return {"planned_bytes": plan.total, "planned_allocated_bytes": plan.total - plan.margin}
 
 
 def disk_needed(model_dir: str, mode: str) -> int:
@@ -369,6 +394,7 @@ def ours(model_dir: str, mode: str, work: LmGpuWorkload, folder: Path) -> LmRun:
         peak_memory_bytes=max(peaks, default=None),
         wall_seconds=wall,
         mean_length=total_tokens / sum(r.samples for r in ranks),
+        **planned(model_dir, mode, work),
     )
 
 
@@ -386,15 +412,29 @@ class LmPlan:
     batch_size: int
     lengths: tuple[int, int]
     budget_s: float  # cases not started by then are skipped (each writes its results as it ends)
+    variants: tuple[str, ...] = ("none",)  # our loop's (VARIANTS)
 
 
-SMOKE = LmPlan(sizes=("smoke",), modes=MODES, loops=LOOPS, steps=4, batch_size=4, lengths=(16, 64), budget_s=600)
-GPU = LmPlan(sizes=("1b", "3b"), modes=MODES, loops=LOOPS, steps=16, batch_size=4, lengths=(512, 2048), budget_s=400)
+SMOKE = LmPlan(
+    sizes=("smoke",), modes=MODES, loops=LOOPS, steps=4, batch_size=4, lengths=(16, 64), budget_s=600, variants=VARIANTS
+)
+GPU = LmPlan(
+    sizes=("1b", "3b"),
+    modes=MODES,
+    loops=LOOPS,
+    steps=16,
+    batch_size=4,
+    lengths=(512, 2048),
+    budget_s=400,
+    variants=VARIANTS,
+)
 
 COLUMNS = [
     ("tokens_per_second", "tokens/s", ".0f"),
     ("mfu", "MFU", ".3f"),
     ("peak_memory_gib", "peak GiB", ".1f"),
+    ("planned_gib", "plan GiB", ".1f"),
+    ("peak_over_plan", "peak/plan", ".2f"),
     ("padding_efficiency", "padding eff.", ".3f"),
     ("wall_seconds", "wall s", ".1f"),
     ("steps", "steps", ".0f"),
@@ -434,7 +474,7 @@ def run_lm_case(plan: LmPlan, folder: Path, out: Path, peak_flops: float | None,
             )
             built = False
             for mode in plan.modes:
-                for loop in plan.loops:
+                for loop, variant in arms(plan):
                     key = f"{size} {mode} {loop}"
                     if time.monotonic() - started > plan.budget_s:
                         report["skipped"].append(key)
@@ -447,9 +487,9 @@ def run_lm_case(plan: LmPlan, folder: Path, out: Path, peak_flops: float | None,
                             built = True
                         runs = folder / key.replace(" ", "-")
                         measured = (
-                            ours(str(model_dir), mode, work, runs)
-                            if loop == "ours"
-                            else reference(str(model_dir), mode, work)
+                            reference(str(model_dir), mode, work)
+                            if loop == "reference"
+                            else ours(str(model_dir), mode, replace(work, variant=variant), runs)
                         )
                         shutil.rmtree(runs, ignore_errors=True)
                         flops = flops_per_token(str(model_dir), measured.mean_length, lora=mode == "lora")
@@ -469,6 +509,17 @@ def run_lm_case(plan: LmPlan, folder: Path, out: Path, peak_flops: float | None,
         print(table(rows, COLUMNS))
     print(", ".join(f"{k}: {v:.2f}x" for k, v in report["overhead"].items()))
     return report
+
+
+def arms(plan: LmPlan) -> list[tuple[str, str]]:
+    """(loop, variant) in the order they run: the reference, then ours in each variant (`ours` alone is `none`,
+    else `ours-fsdp`, `ours-gc`, `ours-fsdp-gc`)."""
+    found = [("reference", "none")] if "reference" in plan.loops else []
+    if "ours" in plan.loops:
+        for variant in plan.variants:
+            parts = [part for part in variant.replace("+", " ").split() if part != "none"]
+            found.append(("-".join(["ours", *parts]), variant))
+    return found
 
 
 def overheads(results: dict[str, dict[str, Any]]) -> dict[str, float]:

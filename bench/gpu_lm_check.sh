@@ -4,7 +4,7 @@
 # runs `bench/gpu_throughput.py --lm`, writing into $OUT: env.txt (what it found), lm.json (the results, rewritten
 # after every case) and log.txt (everything printed). A case not started within LM_BUDGET_S seconds of the bench's
 # start is skipped; the bench is stopped after LM_TIMEOUT_S.
-#     bash bench/gpu_lm_check.sh                   # needs $OUT; LM_SIZES=1b LM_MODES=lora for less
+#     bash bench/gpu_lm_check.sh                   # needs $OUT; LM_SIZES=1b LM_MODES=lora LM_VARIANTS=none,fsdp for less
 set -uo pipefail
 OUT=${OUT:?set OUT to the folder for the results}
 mkdir -p "$OUT"
@@ -41,4 +41,5 @@ echo "== the language-model case"
 args=(--lm --out "$OUT/lm.json" --budget-s "${LM_BUDGET_S:-270}")
 [ -n "${LM_SIZES:-}" ] && args+=(--sizes "$LM_SIZES")
 [ -n "${LM_MODES:-}" ] && args+=(--modes "$LM_MODES")
+[ -n "${LM_VARIANTS:-}" ] && args+=(--variants "$LM_VARIANTS")
 timeout "${LM_TIMEOUT_S:-360}" "$PYTHON" bench/gpu_throughput.py "${args[@]}"

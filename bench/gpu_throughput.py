@@ -41,7 +41,7 @@ import ray
 import torch
 from transformers import AutoConfig, AutoTokenizer, BertConfig, BertModel
 
-from gpu_lm import GPU, MODES, SIZES, SMOKE, run_lm_case
+from gpu_lm import GPU, MODES, SIZES, SMOKE, VARIANTS, run_lm_case
 from rocmtrain_train.model.pretrained import resolve_model
 from train_throughput import (
     ARMS,
@@ -124,7 +124,10 @@ def language_model(args: argparse.Namespace) -> int:
     if not found and not args.smoke:
         raise SystemExit("no GPU: torch.cuda (ROCm's HIP or CUDA) sees none; --smoke runs the case on a CPU")
     plan = SMOKE if args.smoke else GPU
-    changes: dict[str, Any] = {"modes": tuple(m for m in args.modes.split(",") if m in MODES)}
+    changes: dict[str, Any] = {
+        "modes": tuple(m for m in args.modes.split(",") if m in MODES),
+        "variants": tuple(v for v in args.variants.split(",") if v in VARIANTS),
+    }
     if args.sizes:
         changes["sizes"] = tuple(s for s in args.sizes.split(",") if s in SIZES)
     if args.budget_s is not None:
@@ -148,6 +151,9 @@ def main() -> int:
     lm.add_argument("--smoke", action="store_true", help="tiny model and records, on whatever device there is")
     lm.add_argument("--sizes", help="comma-separated model sizes (default: 1b,3b; with --smoke: smoke)")
     lm.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
+    lm.add_argument(
+        "--variants", default=",".join(VARIANTS), help="our loop's, comma-separated subset of " + ", ".join(VARIANTS)
+    )
     lm.add_argument("--budget-s", type=float, help="start no case after this many seconds (default: 400)")
     args = parser.parse_args()
     if args.lm:

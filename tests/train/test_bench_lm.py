@@ -7,6 +7,7 @@ per token count exactly the matrix products of a real Llama with grouped-query a
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -64,6 +65,8 @@ def test_the_gpu_cases_minimal_loop_trains_on_a_cpu_and_counts_a_llamas_flops(tm
         assert figures["mfu"] == figures["tokens_per_second"] * 1e6 / 1e12
         assert run.figures(1e6, peak_flops=None)["mfu"] is None
 
+    assert runs["lora"].planned_allocated_bytes < runs["full"].planned_allocated_bytes <= runs["full"].planned_bytes
+
     llama = AutoModelForCausalLM.from_pretrained(model)
     layers = sum(m.weight.numel() for m in llama.model.layers.modules() if isinstance(m, torch.nn.Linear))
     products = layers + llama.lm_head.weight.numel()  # tied to the input embedding, but a matrix product all the same
@@ -71,3 +74,23 @@ def test_the_gpu_cases_minimal_loop_trains_on_a_cpu_and_counts_a_llamas_flops(tm
     attention = 12 * config.num_hidden_layers * config.hidden_size * 100
     assert gpu_lm.flops_per_token(str(model), 100, lora=False) == 6 * products + attention
     assert gpu_lm.flops_per_token(str(model), 100, lora=True) == 4 * products + attention
+
+
+def test_our_loop_runs_in_each_sharding_and_checkpointing_variant_against_its_memory_plan(tmp_path):
+    assert gpu_lm.arms(gpu_lm.GPU) == [
+        ("reference", "none"),
+        ("ours", "none"),
+        ("ours-fsdp", "fsdp"),
+        ("ours-gc", "none+gc"),
+        ("ours-fsdp-gc", "fsdp+gc"),
+    ]
+    model = gpu_lm.build_model(tmp_path / "model", "smoke", 64, torch.device("cpu"))
+    work = gpu_lm.LmGpuWorkload(data="data", batch_size=2, steps=3, max_length=64, use_gpu=False, cpus=1)
+    plans = {}
+    for variant in gpu_lm.VARIANTS:
+        varied = dataclasses.replace(work, variant=variant)
+        training = gpu_lm.lm_gpu_job(str(model), "full", varied, "v").spec.training
+        assert (training.sharding, training.gradient_checkpointing) == (variant[:4], variant.endswith("+gc"))
+        plans[variant] = gpu_lm.planned(str(model), "full", varied)
+    # on a CPU one rank shards nothing, and checkpointing keeps less of the blocks' activations
+    assert plans["fsdp"] == plans["none"] and plans["none+gc"]["planned_bytes"] < plans["none"]["planned_bytes"]
