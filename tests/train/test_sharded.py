@@ -22,7 +22,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rocmtrain.api.models import AdapterSpec
 from rocmtrain.api.ranks import shard_group
+from rocmtrain_train.loop.rank_setup import COMPILE_BUCKET
 from rocmtrain_train.model.causal_lm import with_adapter
+from rocmtrain_train.model.pretrained import compile_model
 from rocmtrain_train.strategy.sharded import Sharded, _full
 
 CPU = torch.device("cpu")
@@ -198,19 +200,23 @@ def test_a_large_model_is_exported_in_numbered_files_with_an_index(tiny_lm, tmp_
         torch.testing.assert_close(value, trained["weights"][name], rtol=0, atol=0, msg=name)
 
 
-def _checkpointed(rank: int, world: int, path: Path, out: Path) -> None:
+def _checkpointed_and_compiled(rank: int, world: int, path: Path, out: Path) -> None:
     grads = []
-    for checkpointing in (False, True):
+    for checkpointing, compiled in ((False, False), (True, False), (False, True)):
         model = _model(path)
         if checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         Sharded(CPU, 1, world, None).prepare(model)
+        if compiled:  # as the loop compiles (after sharding); AOT autograd without Inductor's C++ build
+            compile_model(model, max_length=64, bucket=COMPILE_BUCKET, backend="aot_eager")
         model.train()
         model(**_batch(path)).loss.backward()
         grads.append({n: _full(p.grad) for n, p in model.named_parameters()})
-    for name, grad in grads[0].items():
-        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0, "the compiled pass ran compiled graphs"
+    for other in grads[1:]:
+        for name, grad in grads[0].items():
+            torch.testing.assert_close(other[name], grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
-def test_gradient_checkpointing_under_fsdp_computes_the_same_gradients(tiny_lm, tmp_path):
-    spawn(2, _checkpointed, tiny_lm, tmp_path)
+def test_gradient_checkpointing_and_compile_under_fsdp_compute_the_same_gradients(tiny_lm, tmp_path):
+    spawn(2, _checkpointed_and_compiled, tiny_lm, tmp_path)
