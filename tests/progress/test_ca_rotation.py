@@ -35,10 +35,13 @@ INTERVAL = 0.5
 
 
 def _kubelet(kube: KubeCluster, namespace: str, file: Path, stop: threading.Event) -> None:
-    """Copy the CA ConfigMap into the mounted file, as the kubelet refreshes a projected volume."""
+    """Copy the CA ConfigMap into the mounted file, as the kubelet refreshes a projected volume: atomically (the
+    kubelet swaps a symlink to a new folder), so a reader never sees a file half written."""
     while not stop.wait(1.0):
         configmap = kube.request("GET", f"/api/v1/namespaces/{namespace}/configmaps/{tls.CA_CONFIGMAP}")
-        file.write_text(configmap["data"][tls.CA_KEY])
+        written = file.with_name(f".{file.name}.new")
+        written.write_text(configmap["data"][tls.CA_KEY])
+        written.replace(file)
 
 
 def test_a_rotation_while_a_job_reports_loses_no_report(
