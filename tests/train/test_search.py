@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ray import tune
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from rocmtrain.api.models import ProgressReport, RocmTrainingJob
 from rocmtrain_train.config import RunSettings
 from rocmtrain_train.driver.train_job import run_local
-from rocmtrain_train.search.tune_trials import SUMMARY_FILE, TRIALS_DIR, SearchOutcome
+from rocmtrain_train.search.tune_trials import SEARCH_DIR, SUMMARY_FILE, TRIALS_DIR, SearchOutcome
 from train.jobs import EXAMPLES, job, settings
 
 pytestmark = pytest.mark.ray
@@ -145,15 +146,20 @@ def test_trials_stopped_early_free_their_resources(asha_search):
         time.sleep(1)
 
 
-def trials_done(metrics: Path) -> int:
-    """Trials done according to the driver's latest report."""
-    lines = metrics.read_text().splitlines() if metrics.exists() else []
-    tuning = ProgressReport.model_validate_json(lines[-1]).tuning if lines else None
-    return tuning.trials_done if tuning else 0
+def second_trial_started(storage: Path) -> bool:
+    """Whether one trial has exported its model and another trial's rank 0 has started training."""
+    exported = {p.parent.parent.name for p in (storage / TRIALS_DIR).glob("*/model/model.safetensors")}
+    started = {
+        log.parent.name
+        for log in (storage / "logs" / TRIALS_DIR).glob("*/rank-0.log")
+        if "started: pid" in log.read_text()
+    }
+    return len(exported) == 1 and bool(started - exported)
 
 
 def test_a_restarted_driver_continues_the_search_without_rerunning_finished_trials(ray_local, tiny_bert, tmp_path):
-    spec = tuning(numTrials=2, maxConcurrentTrials=1, scheduler={"type": "None"})
+    spec = tuning(numTrials=2, maxConcurrentTrials=1, seed=5, scheduler={"type": "None"})
+    spec["tuning"]["searchSpace"]["epochs"] = [1, 3]  # seed 5 draws 1 epoch, then 3: the second outlasts the SIGINT
     raw = job("search-resume", SMALL, spec, model=tiny_bert).dump()
     for source in (raw["spec"]["data"]["train"], raw["spec"]["data"]["eval"]):
         source["uri"] = str((EXAMPLES / source["uri"]).resolve())
@@ -165,14 +171,17 @@ def test_a_restarted_driver_continues_the_search_without_rerunning_finished_tria
     first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     trials = storage / "search-resume" / TRIALS_DIR
     deadline = time.monotonic() + 400
-    while trials_done(storage / "search-resume" / "logs" / "metrics.jsonl") < 1:  # as the status tells it
+    while not second_trial_started(storage / "search-resume"):
         assert first.poll() is None, first.stdout.read()
-        assert time.monotonic() < deadline, "no trial finished within 400 s"
-        time.sleep(0.5)
-    first.send_signal(signal.SIGINT)  # the second trial is unfinished: Tune lists it in the grid, not ended
+        assert time.monotonic() < deadline, f"no second trial started within 400 s: {sorted(storage.rglob('*.log'))}"
+        time.sleep(0.2)
+    first.send_signal(signal.SIGINT)  # the second trial is training: Tune lists it in the grid, not ended
     output, _ = first.communicate(timeout=300)
     assert first.returncode == 1 and "interrupted" in output, output
-    (done,) = [p.parent.parent for p in trials.glob("*/model/model.safetensors")]
+    # The trial that ended as the saved experiment state says (the other may still export its model while
+    # Tune stops it, yet stays unfinished there and runs again).
+    saved = tune.ExperimentAnalysis(str(storage / "search-resume" / SEARCH_DIR)).trials
+    (done,) = [trials / t.trial_id for t in saved if t.status == "TERMINATED"]
     exported_at = (done / "model" / "model.safetensors").stat().st_mtime
 
     run = settings(RocmTrainingJob.model_validate(raw), storage)
