@@ -1769,6 +1769,30 @@ class Cost(ApiModel):
     currency: str = Field(pattern=CURRENCY, description="ISO 4217 currency code (ROCMTRAIN_COST_CURRENCY).")
 
 
+QUEUE_BASIS_LIMIT = 256
+
+
+class QueueEstimate(ApiModel):
+    """When a job that Kueue holds in its queue is expected to start (`rocmtrain.status.queue`)."""
+
+    position: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Its place among the workloads waiting in its ClusterQueue, in Kueue's order (priority, then "
+        "creation): 1 is next.",
+    )
+    expected_start_time: str | None = Field(
+        default=None,
+        max_length=32,
+        description="When it is expected to start (RFC 3339); absent when unknown (basis says why).",
+    )
+    basis: str = Field(
+        max_length=QUEUE_BASIS_LIMIT,
+        description="What the estimate rests on (running jobs' ETAs, jobs ahead, the quota), or why it is unknown.",
+    )
+
+
 class RocmTrainingJobStatus(ApiModel):
     """The observed state, written by the operator."""
 
@@ -1816,6 +1840,11 @@ class RocmTrainingJobStatus(ApiModel):
     )
     last_progress_time: str | None = Field(default=None, description="When progress was last reported (RFC 3339).")
     tuning: TuningStatus | None = Field(default=None, description="The hyper-parameter search (spec.tuning).")
+    queue: QueueEstimate | None = Field(
+        default=None,
+        description="While Queued: its place in its Kueue ClusterQueue and when it is expected to start, from the "
+        "running jobs' ETAs; cleared on admission.",
+    )
 
 
 class ObjectMeta(ApiModel):

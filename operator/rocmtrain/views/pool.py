@@ -16,7 +16,7 @@ from typing import Any
 
 from rocmtrain.api.contract import GPU_NODE_LABELS, GPU_RESOURCE, JOB_NAME_LABEL
 from rocmtrain.api.kueue import WorkloadCondition
-from rocmtrain.node_fit import device_count
+from rocmtrain.api.quantity import device_count
 from rocmtrain.views.table import table
 
 UNLABELLED = "(no product-name label)"
