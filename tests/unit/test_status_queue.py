@@ -50,6 +50,14 @@ def test_a_job_starts_when_the_first_eta_frees_enough_gpus() -> None:
     RocmTrainingJobStatus.model_validate({"queue": queue})
 
 
+def test_the_basis_says_a_cohort_may_lend_more() -> None:
+    queue = estimate(Quota("team-a", 8, 8, "research"), RUNNING, [], 4, NOW)
+    assert queue["basis"] == (
+        "1 running job's ETA, 0 jobs ahead, ClusterQueue team-a's quota of 8 GPUs, "
+        "not counting what cohort research may lend"
+    )
+
+
 def test_a_job_needing_more_waits_for_as_many_releases_as_it_takes() -> None:
     queue = estimate(QUOTA, RUNNING, [], 8, NOW)
     assert queue["expectedStartTime"] == stamp(30)
@@ -148,6 +156,9 @@ def test_the_quota_is_the_gpus_of_every_flavor_and_their_reservation() -> None:
     reserved = {"flavorsReservation": [{"name": "mi300x", "resources": [{"name": "amd.com/gpu", "total": "6"}]}]}
     assert cluster_queue_quota(cluster_queue(reserved)) == Quota("team-a", 12, 6)
     assert cluster_queue_quota(cluster_queue()) == Quota("team-a", 12, None)
+    shared = cluster_queue()
+    shared["spec"]["cohortName"] = "research"
+    assert cluster_queue_quota(shared) == Quota("team-a", 12, None, "research")
     assert cluster_queue_quota({"metadata": {"name": "cpu-only"}}) == Quota("cpu-only", None, None)
 
 

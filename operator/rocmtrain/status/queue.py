@@ -15,7 +15,8 @@ without an ETA (a job still starting, a workload of another kind, GPUs the Clust
 reports held by workloads the operator does not see) keeps its GPUs, so a job that needs
 them gets no time; nor does a job whose ClusterQueue's quota cannot be read. The estimate
 counts the ClusterQueue's own nominal quota: GPUs its cohort lends it can start a job
-earlier, and a BestEffortFIFO queue may start a smaller job out of order.
+earlier (the basis says so where the ClusterQueue has a cohort), and a BestEffortFIFO
+queue may start a smaller job out of order.
 
 `estimates` applies it to every waiting Workload the operator watches, grouped by ClusterQueue.
 """
@@ -44,11 +45,13 @@ _LATEST = dt.datetime.max.replace(tzinfo=dt.UTC)
 
 @dataclass(frozen=True)
 class Quota:
-    """A ClusterQueue's AMD GPUs: its nominal quota and what its Workloads reserve now (None: not known)."""
+    """A ClusterQueue's AMD GPUs: its nominal quota and what its Workloads reserve now (None: not known),
+    and its cohort, whose lending the estimate does not count."""
 
     cluster_queue: str
     gpus: int | None
     reserved: int | None = None
+    cohort: str | None = None
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,8 @@ def cluster_queue_quota(cluster_queue: Mapping[str, Any]) -> Quota:
         if isinstance(reservation, list)
         else None
     )
-    return Quota(name, sum(nominal) if nominal else None, reserved)
+    cohort = spec.get("cohortName") or spec.get("cohort")  # v1beta2 names it cohortName
+    return Quota(name, sum(nominal) if nominal else None, reserved, cohort)
 
 
 def kueue_order(waiting: Iterable[Waiting]) -> list[Waiting]:
@@ -160,6 +164,8 @@ def estimate(
         _plural(len(ahead), "job ahead", "jobs ahead"),
         f"ClusterQueue {queue}'s quota of {quota.gpus} GPUs",
     ]
+    if quota.cohort:
+        basis.append(f"not counting what cohort {quota.cohort} may lend")
     return QueueEstimate(
         position=position, expected_start_time=rfc3339(start), basis=bounded(", ".join(basis), QUEUE_BASIS_LIMIT)
     ).dump()
