@@ -108,6 +108,14 @@ def test_an_unknown_quota_or_a_job_larger_than_it_is_unknown() -> None:
     )
 
 
+def test_gpus_the_jobs_ahead_will_hold_make_it_unknown() -> None:
+    queue = estimate(QUOTA, RUNNING, [waiting("first", 6)], 4, NOW)
+    assert queue == {
+        "position": 2,
+        "basis": "unknown: the GPUs it needs go to the 1 job ahead first, whose ends are not known yet",
+    }
+
+
 def test_a_job_ahead_that_can_never_fit_does_not_block() -> None:
     assert estimate(QUOTA, RUNNING, [waiting("huge", 16)], 4, NOW)["expectedStartTime"] == stamp(10)
 

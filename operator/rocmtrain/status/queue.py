@@ -130,11 +130,15 @@ def _unknown(position: int | None, reason: str) -> dict[str, Any]:
     return QueueEstimate(position=position, basis=bounded(f"unknown: {reason}", QUEUE_BASIS_LIMIT)).dump()
 
 
-def _stuck(holders: Sequence[Holder]) -> str:
-    """The holders without an ETA, the first few by name with their GPUs."""
+def _why_stuck(holders: Sequence[Holder], ahead: int) -> str:
+    """Why the GPUs a job needs never come free in the simulation: holders without an ETA (the first few by
+    name, with their GPUs), else the jobs ahead, whose ends are not known before they start."""
     stuck = [f"{h.name} ({_plural(h.gpus, 'GPU', 'GPUs')})" for h in holders if h.ends is None and h.gpus]
+    if not stuck:
+        return f"the GPUs it needs go to the {_plural(ahead, 'job', 'jobs')} ahead first, whose ends are not known yet"
     more = len(stuck) - NAMED_HOLDERS
-    return ", ".join(stuck[:NAMED_HOLDERS]) + (f" and {more} more" if more > 0 else "")
+    named = ", ".join(stuck[:NAMED_HOLDERS]) + (f" and {more} more" if more > 0 else "")
+    return f"the GPUs it waits for are held without an ETA by {named}"
 
 
 def estimate(
@@ -155,7 +159,7 @@ def estimate(
     for need in [w.gpus for w in ahead if w.gpus <= quota.gpus] + [gpus]:  # a Workload too large never starts
         while free < need:
             if released == len(releases):
-                return _unknown(position, f"the GPUs it waits for are held without an ETA by {_stuck(everyone)}")
+                return _unknown(position, _why_stuck(everyone, len(ahead)))
             holder = releases[released]
             free, start, released = free + holder.gpus, max(start, holder.ends or now), released + 1
         free -= need
