@@ -29,7 +29,9 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from rocmtrain.api.contract import (
+    CLUSTER_QUEUE_PLURAL,
     GROUP,
+    LOCAL_QUEUE_PLURAL,
     NETWORK_POLICY_GROUP,
     NETWORK_POLICY_PLURAL,
     NETWORK_POLICY_VERSION,
@@ -39,6 +41,8 @@ from rocmtrain.api.contract import (
     RAYJOB_PLURAL,
     RAYJOB_VERSION,
     VERSION,
+    WORKLOAD_GROUP,
+    WORKLOAD_VERSION,
 )
 from rocmtrain.api.timestamps import rfc3339
 from rocmtrain.status.messages import EVENT_MESSAGE_LIMIT, bounded
@@ -142,6 +146,8 @@ class Ref:
 JOBS = Ref(GROUP, VERSION, PLURAL)
 RAYJOBS = Ref(RAYJOB_GROUP, RAYJOB_VERSION, RAYJOB_PLURAL)
 NETWORK_POLICIES = Ref(NETWORK_POLICY_GROUP, NETWORK_POLICY_VERSION, NETWORK_POLICY_PLURAL)
+LOCAL_QUEUES = Ref(WORKLOAD_GROUP, WORKLOAD_VERSION, LOCAL_QUEUE_PLURAL)
+CLUSTER_QUEUES = Ref(WORKLOAD_GROUP, WORKLOAD_VERSION, CLUSTER_QUEUE_PLURAL)  # cluster-scoped: `get_readable`
 
 
 async def retrying(call: Any, *args: Any, **kwargs: Any) -> Any:
@@ -223,6 +229,18 @@ class Kube:
             )
         except ApiException as exc:
             if exc.status == 404:
+                return None
+            raise
+
+    async def get_readable(self, ref: Ref, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The object (cluster-scoped without `namespace`), or None when it does not exist, its type is not
+        served or the operator may not read it (Kueue's queues: optional, and read only where RBAC allows)."""
+        try:
+            if namespace is None:
+                return await retrying(self._objects.get_cluster_custom_object, ref.group, ref.version, ref.plural, name)
+            return await self.get(ref, namespace, name)
+        except ApiException as exc:
+            if exc.status in (403, 404):
                 return None
             raise
 

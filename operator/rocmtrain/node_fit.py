@@ -18,7 +18,7 @@ from rocmtrain.api.conditions import Reason
 from rocmtrain.api.contract import GPU_NODE_LABELS, GPU_RESOURCE
 from rocmtrain.api.gpu_memory import GpuMemory, vram_label_bytes
 from rocmtrain.api.models import RocmTrainingJobSpec
-from rocmtrain.api.quantity import parse_quantity
+from rocmtrain.api.quantity import device_count
 from rocmtrain.status.phase import Hold, HoldKind
 
 
@@ -29,15 +29,6 @@ class NodeInfo:
     name: str
     gpus: int
     labels: Mapping[str, str] = field(default_factory=dict)
-
-
-def device_count(value: object) -> int:
-    """A count of devices from an extended-resource quantity (`8`); 0 when absent, invalid or fractional."""
-    try:
-        count = parse_quantity(str(value)) if value is not None else 0
-    except ValueError:
-        return 0
-    return int(count) if count == int(count) else 0
 
 
 def node_info(node: Mapping[str, Any]) -> NodeInfo | None:

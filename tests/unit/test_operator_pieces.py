@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import time
+import types
 
 import aiohttp
 import pytest
@@ -14,13 +16,17 @@ from prometheus_client import generate_latest
 from rocmtrain import prometheus
 from rocmtrain.api.contract import JOB_NAME_LABEL, RAY_CLUSTER_LABEL
 from rocmtrain.api.models import MUTABLE_FIELDS, RocmTrainingJob
+from rocmtrain.api.timestamps import rfc3339
+from rocmtrain.controller.handlers import estimate_queues
 from rocmtrain.controller.informer import Informer
 from rocmtrain.controller.pod_watch import PodWatch
 from rocmtrain.controller.rayjob_watch import RayJobWatch
+from rocmtrain.controller.reconciler import Reconciler
 from rocmtrain.controller.settings import ConfigError, OperatorConfig
 from rocmtrain.kube import TimedApiClient
 from rocmtrain.policy import Policy
 from rocmtrain.render.rayjob import MUTABLE_RAYJOB_DEFAULTS, mutable_rayjob_fields
+from rocmtrain.status.kueue import workload_view
 from rocmtrain.status.objects import (
     controller_ref,
     is_jobs_rayjob,
@@ -427,3 +433,99 @@ async def test_the_loop_lag_probe_sees_how_long_other_work_held_the_loop():
     seen = {le: lags(le) - before[le] for le in before}
     assert seen["+Inf"] >= 2 and seen["0.05"] <= seen["+Inf"] - 1, "one sample saw the loop held for over 50 ms"
     assert seen["0.25"] == seen["+Inf"], "and none saw longer than it was held"
+
+
+class _QueueKube:
+    """The reads and status writes the queue loop makes, answered from memory."""
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[str, str | None, str]] = []
+        self.patches: list[tuple[str, dict]] = []
+        self.objects = {
+            ("localqueues", "ml", "lq"): {"spec": {"clusterQueue": "team-a"}},
+            ("clusterqueues", None, "team-a"): {
+                "metadata": {"name": "team-a"},
+                "spec": {
+                    "resourceGroups": [{"flavors": [{"resources": [{"name": "amd.com/gpu", "nominalQuota": 8}]}]}]
+                },
+                "status": {"flavorsReservation": [{"resources": [{"name": "amd.com/gpu", "total": 8}]}]},
+            },
+        }
+
+    async def get_readable(self, ref, namespace, name):
+        self.reads.append((ref.plural, namespace, name))
+        return self.objects.get((ref.plural, namespace, name))
+
+    async def patch_status(self, ref, namespace, name, status, *, uid):
+        self.patches.append((name, status))
+        return {"status": status}
+
+    async def post_event(self, *args, **kwargs):
+        raise AssertionError("an estimate is no transition")
+
+
+def _indexed_job(name: str, phase: str, **status) -> dict:
+    meta = {"name": name, "namespace": "ml", "uid": f"uid-{name}", "generation": 1}
+    return {
+        "apiVersion": "rocmtrain.dev/v1alpha1",
+        "kind": "RocmTrainingJob",
+        "metadata": meta,
+        "spec": {},
+        "status": {"phase": phase, **status},
+    }
+
+
+def _workload(owner: str, gpus: int, admitted: bool) -> dict:
+    pod_set = {"count": 1, "template": {"spec": {"containers": [{"resources": {"limits": {"amd.com/gpu": gpus}}}]}}}
+    status = {"admission": {"clusterQueue": "team-a"}, "conditions": [{"type": "Admitted", "status": "True"}]}
+    return workload_view(
+        {
+            "metadata": {
+                "namespace": "ml",
+                "name": f"w-{owner}",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayJob", "name": owner, "uid": owner}],
+            },
+            "spec": {"queueName": "lq", "podSets": [pod_set]},
+            "status": status if admitted else {},
+        }
+    )
+
+
+def test_the_queue_loop_writes_each_queued_jobs_estimate_from_the_watched_workloads_and_etas():
+    reported = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    last, soon = rfc3339(reported), rfc3339(reported + dt.timedelta(minutes=10))
+    running = _indexed_job("a", "Running", progress={"etaSeconds": 600}, lastProgressTime=last)
+    other = _indexed_job("b", "Running")  # no ETA reported yet
+    queued = _indexed_job("c", "Queued")
+    kube = _QueueKube()
+    workloads = [_workload("a", 4, True), _workload("b", 4, True), _workload("c", 4, False)]
+
+    async def scenario() -> None:
+        runtime = types.SimpleNamespace(
+            jobs={("ml", j["metadata"]["name"]): [j] for j in (running, other, queued)},
+            workloads=types.SimpleNamespace(
+                views={(w["metadata"]["namespace"], w["metadata"]["name"]): w for w in workloads}
+            ),
+            kube=kube,
+            reconciler=Reconciler(kube, OperatorConfig.from_env({}), known=lambda namespace, name: None),
+        )
+        await estimate_queues(runtime)
+        await estimate_queues(runtime)  # nothing changed: nothing written again
+        queued["status"]["phase"] = "Pending"  # admitted meanwhile: the loop reads nothing
+        await estimate_queues(runtime)
+
+    asyncio.run(scenario())
+    assert kube.reads == [("localqueues", "ml", "lq"), ("clusterqueues", None, "team-a")] * 2
+    assert kube.patches == [
+        (
+            "c",
+            {
+                "queue": {
+                    "position": 1,
+                    "expectedStartTime": soon,
+                    "basis": "1 running job's ETA, 0 jobs ahead, ClusterQueue team-a's quota of 8 GPUs",
+                }
+            },
+        )
+    ]

@@ -441,6 +441,26 @@ def test_queued_job_gets_kueue_labels_and_is_created_suspended() -> None:
     assert unqueued["spec"]["suspend"] is False
 
 
+@pytest.mark.parametrize(
+    ("mode", "annotation"),
+    [
+        ("required", "kueue.x-k8s.io/podset-required-topology"),
+        ("preferred", "kueue.x-k8s.io/podset-preferred-topology"),
+    ],
+)
+def test_topology_is_kueues_annotation_on_the_head_and_worker_pod_sets(mode: str, annotation: str) -> None:
+    manifest = example("kueue.yaml")
+    manifest["spec"]["scheduling"]["topology"] = {"level": "cloud.provider.com/topology-rack", "mode": mode}
+    rayjob = render_rayjob(job_of(manifest))
+    assert rayjob_schema.schema_errors(rayjob) == []
+    templates = pods(rayjob)
+    for role in ("head", "worker"):
+        assert templates[role]["metadata"]["annotations"] == {annotation: "cloud.provider.com/topology-rack"}
+    assert "annotations" not in templates["submitter"]["metadata"]
+    unplaced = pods(render_rayjob(job_of(example("kueue.yaml"))))
+    assert not any("annotations" in template["metadata"] for template in unplaced.values())
+
+
 def test_user_suspend_suspends_the_rayjob() -> None:
     manifest = full_job()
     manifest["spec"]["suspend"] = True

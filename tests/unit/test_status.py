@@ -290,6 +290,23 @@ def test_kueue_queued_then_admitted():
     assert ("Normal", "Admitted") in [(e.type, e.reason) for e in transition_events(statuses[4], statuses[5])]
 
 
+def test_the_queue_estimate_is_kept_while_queued_and_cleared_on_admission():
+    queued = spec(scheduling={"queueName": "team-a"})
+    estimate = {"position": 1, "expectedStartTime": "2026-01-02T04:00:00Z", "basis": "1 running job's ETA"}
+
+    def status_after(rj: dict[str, Any]) -> dict[str, Any]:
+        current = {"phase": "Queued", "queue": estimate}
+        return compute_status(
+            Observation(spec=queued, generation=1, current=current, rayjob=rj, now=T0, stall_after=60)
+        )
+
+    still = status_after(rayjob("Suspended", suspend=True))
+    assert still["phase"] == "Queued" and still["queue"] == estimate
+    admitted = status_after(rayjob("Suspended", suspend=False))
+    assert admitted["phase"] == "Pending" and "queue" not in admitted
+    assert status_patch({"phase": "Queued", "queue": estimate}, admitted)["queue"] is None
+
+
 def test_kueue_preemption_goes_back_to_queued():
     queued = spec(scheduling={"queueName": "team-a"})
     statuses = run(

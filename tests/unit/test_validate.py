@@ -230,6 +230,33 @@ INVALID: list[tuple[str, Edit, str, str]] = [
         "requires lifecycle.shutdownAfterJobFinishes",
     ),
     (
+        "topology-without-queue",
+        put("spec.scheduling.topology", {"level": "cloud.provider.com/topology-rack"}),
+        "spec.scheduling.topology",
+        "topology needs scheduling.queueName",
+    ),
+    (
+        "topology-level-not-a-label",
+        both(put("spec.scheduling.queueName", "q"), put("spec.scheduling.topology", {"level": "rack name"})),
+        "spec.scheduling.topology.level",
+        "label key",
+    ),
+    (
+        "topology-level-too-long",
+        both(put("spec.scheduling.queueName", "q"), put("spec.scheduling.topology", {"level": "a" * 64})),
+        "spec.scheduling.topology.level",
+        "",
+    ),
+    (
+        "topology-mode",
+        both(
+            put("spec.scheduling.queueName", "q"),
+            put("spec.scheduling.topology", {"level": "cloud.provider.com/topology-rack", "mode": "strict"}),
+        ),
+        "spec.scheduling.topology.mode",
+        "required",
+    ),
+    (
         "suspend-queued",
         both(put("spec.suspend", True), put("spec.scheduling.queueName", "q")),
         "spec.suspend",
@@ -784,6 +811,10 @@ CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
         both(put("spec.suspend", True), put("spec.lifecycle", {"shutdownAfterJobFinishes": False})),
         "spec.suspend",
     ),
+    ("spec.scheduling", "!has(self.topology) || has(self.queueName)"): (
+        put("spec.scheduling.topology", {"level": "cloud.provider.com/topology-rack"}),
+        "spec.scheduling.topology",
+    ),
     ("spec", "!self.suspend || !has(self.scheduling.queueName)"): (
         both(put("spec.suspend", True), put("spec.scheduling.queueName", "q")),
         "spec.suspend",
@@ -818,6 +849,10 @@ CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
     ("spec.scheduling.tolerations[].key", "self.matches(r'^([^/]{1,253}/)?[^/]*$')"): (
         put("spec.scheduling.tolerations", [{"key": LONG_PREFIX_KEY, "operator": "Exists"}]),
         "spec.scheduling.tolerations[0].key",
+    ),
+    ("spec.scheduling.topology.level", "self.matches(r'^([^/]{1,253}/)?[^/]*$')"): (
+        both(put("spec.scheduling.queueName", "q"), put("spec.scheduling.topology", {"level": LONG_PREFIX_KEY})),
+        "spec.scheduling.topology.level",
     ),
     ("spec.scheduling.nodeSelector", LABEL_KEYS): (
         put("spec.scheduling.nodeSelector", {"-bad": "v"}),

@@ -104,6 +104,42 @@ def test_a_job_the_operator_has_not_seen_still_shows():
     assert "16 requested (2 workers x 8)" in text
 
 
+QUEUE = {"position": 2, "expectedStartTime": "2026-01-02T12:12:05Z", "basis": "1 running job's ETA, 1 job ahead"}
+UNKNOWN = {"position": 1, "basis": "unknown: ClusterQueue team-a has no amd.com/gpu quota the operator can read"}
+
+
+def queued_job(name: str, queue: dict[str, Any]) -> dict[str, Any]:
+    status = {"phase": "Queued", "gpus": 8, "queue": queue}
+    return {
+        "metadata": {"namespace": "ml", "name": name},
+        "spec": {"resources": {"gpusPerWorker": 8}},
+        "status": status,
+    }
+
+
+def test_status_says_when_a_queued_job_is_expected_to_start():
+    text = job_text(queued_job("next", QUEUE), [], [], {}, NOW)
+    assert (
+        "queue      position 2, expected to start in 12m05s (2026-01-02T12:12:05Z): 1 running job's ETA, 1 job ahead"
+    ) in text.splitlines()
+    unknown = job_text(queued_job("stuck", UNKNOWN), [], [], {}, NOW)
+    assert f"queue      position 1: {UNKNOWN['basis']}" in unknown.splitlines()
+    assert "queue " not in job_text(queued_job("admitted", {}), [], [], {}, NOW)
+
+
+def test_pool_lists_the_queued_jobs_soonest_first_the_unknown_last():
+    jobs = [queued_job("stuck", UNKNOWN), queued_job("next", QUEUE), {"metadata": {"namespace": "ml", "name": "run"}}]
+    view = pool_view([], [], jobs)
+    assert [(q.name, q.position, q.expected_start) for q in view.queued] == [
+        ("next", 2, "2026-01-02T12:12:05Z"),
+        ("stuck", 1, None),
+    ]
+    lines = pool_text(view).splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("NAMESPACE   QUEUED JOB"))
+    assert lines[header + 1].split()[:5] == ["ml", "next", "8", "2", "2026-01-02T12:12:05Z"]
+    assert lines[header + 2].split()[:5] == ["ml", "stuck", "8", "1", "-"]
+
+
 def report(step: int, loss: float | None = None, **metrics: Any) -> str:
     body = {
         "progress": {"step": step, "totalSteps": 100},

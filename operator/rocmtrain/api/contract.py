@@ -77,6 +77,17 @@ KUEUE_PRIORITY_LABEL: Final = "kueue.x-k8s.io/priority-class"
 WORKLOAD_GROUP: Final = "kueue.x-k8s.io"
 WORKLOAD_VERSION: Final = "v1beta2"
 WORKLOAD_PLURAL: Final = "workloads"
+# Queues: a LocalQueue (namespaced) names its ClusterQueue, which holds the quota.
+LOCAL_QUEUE_PLURAL: Final = "localqueues"
+CLUSTER_QUEUE_PLURAL: Final = "clusterqueues"
+# Topology Aware Scheduling: on a pod set's template, the topology level (a node label of the
+# flavor's Topology) that all of its pods must, or should, share.
+KUEUE_TOPOLOGY_ANNOTATIONS: Final = MappingProxyType(
+    {
+        "required": "kueue.x-k8s.io/podset-required-topology",
+        "preferred": "kueue.x-k8s.io/podset-preferred-topology",
+    }
+)
 
 # ---- AMD GPUs -----------------------------------------------------------------------------
 

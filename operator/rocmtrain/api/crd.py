@@ -73,6 +73,12 @@ PRINTER_COLUMNS = [
         "description": "Estimated seconds until training ends.",
     },
     {
+        "name": "Expected-Start",
+        "type": "string",
+        "jsonPath": ".status.queue.expectedStartTime",
+        "description": "While Queued: when the job is expected to start (RFC 3339), from the running jobs' ETAs.",
+    },
+    {
         "name": "GPU-Seconds",
         "type": "number",
         "jsonPath": ".status.gpuSeconds",

@@ -542,8 +542,37 @@ class Toleration(ApiModel):
     )
 
 
+TopologyMode = Literal["required", "preferred"]
+TOPOLOGY_NEEDS_QUEUE = (
+    "topology needs scheduling.queueName: Kueue's Topology Aware Scheduling places the pods, and only a job "
+    "queued in Kueue is placed by it"
+)
+
+
+class TopologySpec(ApiModel):
+    """Kueue's Topology Aware Scheduling: keep the Ray pods within one domain of a topology level."""
+
+    level: LabelKey = Field(
+        description="Node label of a level of the Kueue Topology that the job's ResourceFlavor uses, for example "
+        "cloud.provider.com/topology-rack: the head's and the workers' pods are placed in one domain of it."
+    )
+    mode: TopologyMode = Field(
+        default="preferred",
+        description="required: the job waits (Queued) until its pods fit in one domain of the level; preferred: "
+        "Kueue packs them as tightly as it can, in one domain where they fit.",
+    )
+
+
 class SchedulingSpec(ApiModel):
     """Where and in which order the Ray pods are placed."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("!has(self.topology) || has(self.queueName)", TOPOLOGY_NEEDS_QUEUE, fieldPath=".topology")
+            ]
+        }
+    )
 
     queue_name: LabelledName | None = Field(
         default=None,
@@ -564,6 +593,17 @@ class SchedulingSpec(ApiModel):
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=32, description="Tolerations for the Ray pods."
     )
+    topology: TopologySpec | None = Field(
+        default=None,
+        description="Topology-aware placement by Kueue (needs queueName): Kueue's pod-set topology annotation on "
+        "the head's and the workers' pod templates.",
+    )
+
+    @model_validator(mode="after")
+    def _topology_needs_queue(self) -> SchedulingSpec:
+        if self.topology is not None and self.queue_name is None:
+            raise ValueError(TOPOLOGY_NEEDS_QUEUE)
+        return self
 
 
 # --- pod extras -------------------------------------------------------------------
@@ -1729,6 +1769,30 @@ class Cost(ApiModel):
     currency: str = Field(pattern=CURRENCY, description="ISO 4217 currency code (ROCMTRAIN_COST_CURRENCY).")
 
 
+QUEUE_BASIS_LIMIT = 256
+
+
+class QueueEstimate(ApiModel):
+    """When a job that Kueue holds in its queue is expected to start (`rocmtrain.status.queue`)."""
+
+    position: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Its place among the workloads waiting in its ClusterQueue, in Kueue's order (priority, then "
+        "creation): 1 is next.",
+    )
+    expected_start_time: str | None = Field(
+        default=None,
+        max_length=32,
+        description="When it is expected to start (RFC 3339); absent when unknown (basis says why).",
+    )
+    basis: str = Field(
+        max_length=QUEUE_BASIS_LIMIT,
+        description="What the estimate rests on (running jobs' ETAs, jobs ahead, the quota), or why it is unknown.",
+    )
+
+
 class RocmTrainingJobStatus(ApiModel):
     """The observed state, written by the operator."""
 
@@ -1776,6 +1840,11 @@ class RocmTrainingJobStatus(ApiModel):
     )
     last_progress_time: str | None = Field(default=None, description="When progress was last reported (RFC 3339).")
     tuning: TuningStatus | None = Field(default=None, description="The hyper-parameter search (spec.tuning).")
+    queue: QueueEstimate | None = Field(
+        default=None,
+        description="While Queued: its place in its Kueue ClusterQueue and when it is expected to start, from the "
+        "running jobs' ETAs; cleared on admission.",
+    )
 
 
 class ObjectMeta(ApiModel):

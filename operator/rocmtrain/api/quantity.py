@@ -43,3 +43,12 @@ def whole_cpus(cpus: str | float) -> int:
     """
     value = parse_quantity(cpus) if isinstance(cpus, str) else cpus
     return max(1, math.floor(value))
+
+
+def device_count(value: object) -> int:
+    """A count of devices from an extended-resource quantity (`8`); 0 when absent, invalid or fractional."""
+    try:
+        count = parse_quantity(str(value)) if value is not None else 0
+    except ValueError:
+        return 0
+    return int(count) if count == int(count) else 0

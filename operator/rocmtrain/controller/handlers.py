@@ -9,6 +9,10 @@
 - the Ray pods of our jobs (`PodWatch`) and Kueue's Workloads of our RayJobs
   (`WorkloadWatch`): recompute the job's status (pods that cannot run, Kueue's verdict);
 - running jobs: stall detection, by one periodic loop over the job index;
+- queued jobs: when each is expected to start (`status.queue`), by another, on the same
+  cadence: from the Workloads watched, the jobs' ETAs in the index, and each cycle one read
+  of every LocalQueue with waiting Workloads and of their ClusterQueues (none while no job
+  is Queued);
 - indexes of jobs and Nodes keep lookups off the API server;
 - `/healthz` (kopf's liveness endpoint, probe `watches`) fails while a watch keeps
   failing unexpectedly (`supervision`), so that the kubelet restarts the operator.
@@ -24,6 +28,7 @@ Kubernetes' garbage collector, so jobs carry no finalizer.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -32,9 +37,12 @@ import kopf
 
 from rocmtrain import node_fit, prometheus
 from rocmtrain.api.contract import GROUP, PLURAL, VERSION
+from rocmtrain.api.names import rayjob_name_of
 from rocmtrain.controller.informer import Key, View
 from rocmtrain.controller.runtime import JobIndex, OperatorRuntime, open_runtime, probe_loop_lag, runtime_of
 from rocmtrain.controller.settings import OperatorConfig, configure_kopf
+from rocmtrain.kube import CLUSTER_QUEUES, LOCAL_QUEUES
+from rocmtrain.status import queue
 from rocmtrain.status.objects import controller_ref, is_jobs_rayjob, job_view, requested_gpus
 from rocmtrain.status.phase import TERMINAL_PHASES
 
@@ -47,13 +55,13 @@ logger = logging.getLogger(__name__)
 async def startup(
     settings: kopf.OperatorSettings, memo: kopf.Memo, jobs: kopf.Index, nodes: kopf.Index, **_: Any
 ) -> None:
-    """Read the configuration, configure kopf, build the runtime; start the watches, the stall loop and the
-    loop-lag probe."""
+    """Read the configuration, configure kopf, build the runtime; start the watches, the stall and queue loops
+    and the loop-lag probe."""
     config = OperatorConfig.from_env()
     configure_kopf(settings, namespaced=bool(config.namespaces))
     runtime = await open_runtime(config, jobs, nodes, rayjob_changed=rayjob_changed, rayjob_touched=rayjob_touched)
     memo.runtime = runtime
-    runtime.start(watch_stalls, probe_loop_lag)
+    runtime.start(watch_stalls, watch_queues, probe_loop_lag)
 
 
 @kopf.on.login()
@@ -159,6 +167,42 @@ async def watch_stalls(runtime: OperatorRuntime) -> None:
                     await runtime.reconciler.refresh(job, rayjob)
             except Exception:
                 logger.exception("stall check of %s/%s failed", meta["namespace"], meta["name"])
+
+
+async def watch_queues(runtime: OperatorRuntime) -> None:
+    """Estimate periodically when each queued job will start, as the running jobs' ETAs change."""
+    while True:
+        await asyncio.sleep(runtime.config.stall_check_seconds)
+        try:
+            with prometheus.observe("queue_estimate"):
+                await estimate_queues(runtime)
+        except Exception:
+            logger.exception("estimating when queued jobs start failed")
+
+
+async def estimate_queues(runtime: OperatorRuntime) -> None:
+    """Write `status.queue` of every Queued job (`rocmtrain.status.queue`); no read while none is Queued."""
+    jobs = [job for store in list(runtime.jobs.values()) for job in store]
+    waiting = [
+        job for job in jobs if job["status"].get("phase") == "Queued" and "deletionTimestamp" not in job["metadata"]
+    ]
+    if not waiting:
+        return
+    workloads = list(runtime.workloads.views.values())
+    cluster_queue_of = {}
+    for namespace, local_queue in sorted(queue.waiting_local_queues(workloads)):
+        local = await runtime.kube.get_readable(LOCAL_QUEUES, namespace, local_queue)
+        if cluster_queue := ((local or {}).get("spec") or {}).get("clusterQueue"):
+            cluster_queue_of[(namespace, local_queue)] = cluster_queue
+    quotas = {}
+    for name in sorted(set(cluster_queue_of.values())):
+        if (found := await runtime.kube.get_readable(CLUSTER_QUEUES, None, name)) is not None:
+            quotas[name] = queue.cluster_queue_quota(found)
+    now = dt.datetime.now(dt.UTC)
+    estimated = queue.estimates(workloads, cluster_queue_of, quotas, queue.known_jobs(jobs), now)
+    for job in waiting:
+        meta = job["metadata"]
+        await runtime.reconciler.set_queue(job, estimated.get((meta["namespace"], rayjob_name_of(meta["name"]))))
 
 
 # ---- RayJobs ------------------------------------------------------------------------

@@ -354,6 +354,17 @@ class Reconciler:
             new = phase.compute_status(self._observe(job, valid, current, generation=generation, rayjob=rayjob))
             await self._write(job, state, current, new)
 
+    async def set_queue(self, job: Mapping[str, Any], queue: Mapping[str, Any] | None) -> None:
+        """Write a Queued job's `status.queue` (`rocmtrain.status.queue`) where it changed; nothing once the job
+        left Queued (the status mapping clears it then)."""
+        state = self._state(job["metadata"]["uid"])
+        async with state.lock:
+            current = self._current(state, job)
+            if current.get("phase") != "Queued":
+                return
+            new = {**{key: current.get(key) for key in phase.OWNED_FIELDS}, "queue": queue}
+            await self._write(job, state, current, new)
+
     async def _write(
         self, job: Mapping[str, Any], state: JobState, current: Mapping[str, Any], new: Mapping[str, Any]
     ) -> None:

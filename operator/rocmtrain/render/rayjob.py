@@ -28,6 +28,10 @@ Design choices (KubeRay v1.5.1, Ray 2.60.0):
 - Queued jobs (spec.scheduling.queueName) get Kueue's labels and are created
   suspended; Kueue unsuspends the RayJob on admission and owns `spec.suspend` from
   then on, so the operator must not re-apply that field on a queued RayJob.
+- `spec.scheduling.topology` becomes Kueue's pod-set topology annotation (required or
+  preferred, naming the level's node label) on the head's and the workers' pod templates,
+  the pod sets Kueue's RayJob integration makes of them; the submitter's pod set, one
+  small pod without GPUs, is left to place freely.
 - The submitter Job (K8sJobMode) is retried `options.submitter_retries` times
   (`submitterConfig.backoffLimit`, KubeRay's own default 2 unless the operator is
   told otherwise): KubeRay's submitter first asks `ray job status`, so a retried
@@ -48,6 +52,7 @@ from rocmtrain.api.contract import (
     JOB_NAME_LABEL,
     KUEUE_PRIORITY_LABEL,
     KUEUE_QUEUE_LABEL,
+    KUEUE_TOPOLOGY_ANNOTATIONS,
     MANAGED_LABELS,
     RAY_VERSION,
     RAYJOB_API_VERSION,
@@ -91,17 +96,32 @@ def mutable_rayjob_fields(job: RocmTrainingJob) -> dict[str, Any]:
     return {"suspend": spec.suspend or spec.scheduling.queue_name is not None, **spec.lifecycle.dump()}
 
 
+def topology_annotations(job: RocmTrainingJob) -> dict[str, str]:
+    """Kueue's pod-set topology annotation for `spec.scheduling.topology` ({} without it)."""
+    topology = job.spec.scheduling.topology
+    return {KUEUE_TOPOLOGY_ANNOTATIONS[topology.mode]: topology.level} if topology is not None else {}
+
+
+def _placed(template: dict[str, Any], annotations: dict[str, str]) -> dict[str, Any]:
+    """`template` with `annotations` added to its metadata (when there are any)."""
+    if annotations:
+        metadata = template["metadata"]
+        metadata["annotations"] = {**metadata.get("annotations", {}), **annotations}
+    return template
+
+
 def ray_cluster_spec(job: RocmTrainingJob, options: RenderOptions) -> dict[str, Any]:
     """One head group and one fixed-size worker group: the job's workers for every trial that runs at once."""
     labels = job_labels(job)
     workers = job.spec.worker_pods
+    topology = topology_annotations(job)
     return {
         "rayVersion": RAY_VERSION,
         "authOptions": {"mode": "token"},
         "enableInTreeAutoscaling": False,
         "headGroupSpec": {
             "rayStartParams": {"num-cpus": "0"},
-            "template": pod.head_template(job, options, labels),
+            "template": _placed(pod.head_template(job, options, labels), topology),
         },
         "workerGroupSpecs": [
             {
@@ -110,7 +130,7 @@ def ray_cluster_spec(job: RocmTrainingJob, options: RenderOptions) -> dict[str, 
                 "minReplicas": workers,
                 "maxReplicas": workers,
                 "rayStartParams": {},
-                "template": pod.worker_template(job, options, labels),
+                "template": _placed(pod.worker_template(job, options, labels), topology),
             }
         ],
     }

@@ -6,7 +6,8 @@ writes its verdict there: `QuotaReserved=False` with what is missing in which fl
 in flavor mi300x, 8 more needed"), `Admitted=True` with the flavors in
 `status.admission`, `Evicted=True` with why it took the quota back (reason
 `Preempted`, `PodsReadyTimeout`, ...; `False` again once readmitted). `workload_view`
-keeps that much of a Workload; `admission` reads it.
+keeps that much of a Workload, with what orders it in its queue (LocalQueue, priority,
+creation) and the AMD GPUs its pod sets ask for; `admission` reads it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from rocmtrain.api.conditions import Reason
 from rocmtrain.api.contract import GPU_RESOURCE, RAYJOB_API_VERSION, RAYJOB_KIND
 from rocmtrain.api.kueue import WorkloadCondition
+from rocmtrain.api.quantity import device_count
 
 
 @dataclass(frozen=True)
@@ -42,9 +44,30 @@ def rayjob_owner(workload: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return next((r for r in refs if r.get("kind") == RAYJOB_KIND and r.get("apiVersion") == RAYJOB_API_VERSION), None)
 
 
+def _container_gpus(container: Mapping[str, Any]) -> int:
+    """A container's AMD GPUs as Kueue counts them: its request, else its limit."""
+    resources = container.get("resources") or {}
+    requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+    return device_count(requests.get(GPU_RESOURCE, limits.get(GPU_RESOURCE)))
+
+
+def workload_gpus(spec: Mapping[str, Any]) -> int:
+    """The AMD GPUs a Workload's pod sets ask for in all: each set's count times its pod's containers'."""
+    total = 0
+    for pod_set in spec.get("podSets") or []:
+        if not isinstance(pod_set, Mapping):
+            continue
+        containers = ((pod_set.get("template") or {}).get("spec") or {}).get("containers") or []
+        count = pod_set.get("count")
+        total += (count if isinstance(count, int) else 1) * sum(_container_gpus(c) for c in containers)
+    return total
+
+
 def workload_view(workload: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of a Workload the operator keeps in memory: its RayJob, conditions and admission."""
+    """The part of a Workload the operator keeps in memory: its RayJob, conditions and admission, its
+    queue, priority and GPUs."""
     meta = workload.get("metadata") or {}
+    spec = workload.get("spec") or {}
     status = workload.get("status") or {}
     owner = rayjob_owner(workload) or {}
     admission = status.get("admission") or {}
@@ -61,6 +84,9 @@ def workload_view(workload: Mapping[str, Any]) -> dict[str, Any]:
         ],
         "clusterQueue": admission.get("clusterQueue"),
         "flavors": [dict(a.get("flavors") or {}) for a in admission.get("podSetAssignments") or []],
+        "queueName": spec.get("queueName"),
+        "priority": spec.get("priority") if isinstance(spec.get("priority"), int) else 0,
+        "gpus": workload_gpus(spec),
     }
 
 
@@ -90,3 +116,14 @@ def admission(view: Mapping[str, Any]) -> Admission:
         waiting=(reserved.get("message") or None) if reserved.get("status") == "False" else None,
         evicted=eviction,
     )
+
+
+def finished(view: Mapping[str, Any]) -> bool:
+    """Whether the Workload ended (its quota is given back) or is being deleted."""
+    ended = _condition(view, WorkloadCondition.FINISHED).get("status") == "True"
+    return ended or bool(view["metadata"].get("deleting"))
+
+
+def holds_quota(view: Mapping[str, Any]) -> bool:
+    """Whether the Workload holds quota of its ClusterQueue: reserved (admitted or about to be) and not ended."""
+    return bool(view.get("clusterQueue")) and not finished(view) and admission(view).evicted is None

@@ -77,6 +77,7 @@ OWNED_FIELDS = (
     "gpusHeld",
     "accountedUntil",
     "cost",
+    "queue",
 )
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 # Phases in which the job is where its spec asks it to be: Ready is True.
@@ -547,6 +548,8 @@ def compute_status(obs: Observation) -> dict[str, Any]:
         gpus_held=usage.gpus_held,
         accounted_until=usage.accounted_until,
         cost=usage.cost,
+        # The queue loop estimates it (`rocmtrain.status.queue`); kept while Queued, cleared after.
+        queue=current.get("queue") if state.phase == "Queued" else None,
     )
     if state.phase in TERMINAL_PHASES and obs.rayjob is None:
         # The RayJob is gone after the end (deleted by KubeRay or by hand): keep what was seen.

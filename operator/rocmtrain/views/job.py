@@ -66,6 +66,15 @@ def _progress_line(status: Mapping[str, Any]) -> str:
     return "  ".join(parts)
 
 
+def queue_text(queue: Mapping[str, Any], now: dt.datetime) -> str:
+    """A queued job's `status.queue` in words: `2nd in line, expected to start in 12m05s (2026-...Z): <basis>`."""
+    parts = [f"position {queue['position']}"] if queue.get("position") else []
+    start = parse_time(queue.get("expectedStartTime"))
+    if start is not None:
+        parts.append(f"expected to start in {duration((start - now).total_seconds())} ({queue['expectedStartTime']})")
+    return ", ".join(parts) + (": " if parts else "") + str(queue.get("basis", ""))
+
+
 def _gpu_line(job: Mapping[str, Any], now: dt.datetime) -> str:
     status = job.get("status") or {}
     resources = (job.get("spec") or {}).get("resources") or {}
@@ -102,6 +111,8 @@ def job_text(
         "progress   " + _progress_line(status),
         "GPUs       " + _gpu_line(job, now),
     ]
+    if queue := status.get("queue"):
+        sections.append("queue      " + queue_text(queue, now))
     if shown:
         sections.append("metrics    " + _wrapped(shown, METRICS_WIDTH, indent=len("metrics    ")))
     if conditions:

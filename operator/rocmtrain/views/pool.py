@@ -1,5 +1,6 @@
 """The AMD GPU pool (`rocmtrain pool`), per GPU model: nodes, GPUs allocatable, requested and free,
-who holds them, and Kueue's ClusterQueues (quota, usage, borrowing, pending workloads) where Kueue runs.
+who holds them, Kueue's ClusterQueues (quota, usage, borrowing, pending workloads) where Kueue runs,
+and the queued jobs with when each is expected to start (their `status.queue`).
 
 Requests are counted as the scheduler counts them: pods bound to a node (`spec.nodeName`) that
 have not ended, each with its effective request (the larger of its containers' sum and its
@@ -16,7 +17,7 @@ from typing import Any
 
 from rocmtrain.api.contract import GPU_NODE_LABELS, GPU_RESOURCE, JOB_NAME_LABEL
 from rocmtrain.api.kueue import WorkloadCondition
-from rocmtrain.node_fit import device_count
+from rocmtrain.api.quantity import device_count
 from rocmtrain.views.table import table
 
 UNLABELLED = "(no product-name label)"
@@ -74,12 +75,25 @@ class QueueView:
 
 
 @dataclass(frozen=True)
+class QueuedJob:
+    """A job Kueue holds, with its place in line and expected start (`status.queue`)."""
+
+    namespace: str
+    name: str
+    gpus: int | None
+    position: int | None
+    expected_start: str | None
+    basis: str
+
+
+@dataclass(frozen=True)
 class PoolView:
     """The whole pool."""
 
     models: list[ModelPool]
     unbound: list[Holder]  # GPU requests of pods no node holds yet
     kueue: list[QueueView] | None  # None: Kueue is not installed
+    queued: list[QueuedJob] = field(default_factory=list)
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -199,6 +213,7 @@ def pool_view(
     kueue: tuple[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]]] | None = None,
 ) -> PoolView:
     """The pool from Nodes, Pods and RocmTrainingJobs, and (ClusterQueues, LocalQueues, Workloads) if Kueue runs."""
+    jobs = list(jobs)
     phases = {
         (_meta(j).get("namespace", ""), _meta(j).get("name", "")): (j.get("status") or {}).get("phase") for j in jobs
     }
@@ -245,7 +260,20 @@ def pool_view(
         queues = [
             _queue(cq, local_queues, workloads) for cq in sorted(cluster_queues, key=lambda q: _meta(q).get("name", ""))
         ]
-    return PoolView(models=rows, unbound=_holders(unbound, phases), kueue=queues)
+    queued = [
+        QueuedJob(
+            namespace=_meta(j).get("namespace", ""),
+            name=_meta(j).get("name", ""),
+            gpus=(j.get("status") or {}).get("gpus"),
+            position=queue.get("position"),
+            expected_start=queue.get("expectedStartTime"),
+            basis=queue.get("basis", ""),
+        )
+        for j in jobs
+        if (queue := (j.get("status") or {}).get("queue"))
+    ]
+    queued.sort(key=lambda q: (q.expected_start is None, q.expected_start or "", q.namespace, q.name))
+    return PoolView(models=rows, unbound=_holders(unbound, phases), kueue=queues, queued=queued)
 
 
 def pool_text(view: PoolView) -> str:
@@ -309,4 +337,11 @@ def pool_text(view: PoolView) -> str:
             parts.append(table(["CLUSTERQUEUE", "PENDING WORKLOAD"], waiting))
     else:
         parts.append("Kueue is installed; no ClusterQueue exists.")
+    if view.queued:
+        parts.append(
+            table(
+                ["NAMESPACE", "QUEUED JOB", "GPUS", "POSITION", "EXPECTED START", "BASIS"],
+                [[q.namespace, q.name, q.gpus, q.position, q.expected_start, q.basis] for q in view.queued],
+            )
+        )
     return "\n\n".join(parts) + "\n"
