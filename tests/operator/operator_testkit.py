@@ -153,6 +153,7 @@ class Operator:
         env = {
             "KUBECONFIG": str(self.kubeconfig),
             "ROCMTRAIN_STALL_SECONDS": str(STALL_SECONDS),
+            "ROCMTRAIN_QUEUE_ESTIMATE_SECONDS": "1",
             "ROCMTRAIN_RETRY_SECONDS": str(RETRY_SECONDS),
             "ROCMTRAIN_METRICS_PORT": str(self.metrics_port),
             "ROCMTRAIN_NAMESPACES": "",

@@ -9,6 +9,7 @@ job's status must carry Kueue's own words.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 import time
@@ -30,6 +31,7 @@ from operator_testkit import (
 from rocmtrain.api.conditions import ConditionType, Reason
 from rocmtrain.api.models import DEFAULT_IMAGE
 from rocmtrain.api.quantity import parse_quantity
+from rocmtrain.api.timestamps import parse_time, rfc3339
 from rocmtrain_testworld import kuberay, kueue, kwok
 from rocmtrain_testworld.nodes import MI250_LABELS, PRODUCT_LABEL
 from rocmtrain_testworld.world import Scope, World
@@ -182,6 +184,93 @@ def test_jobs_beyond_the_quota_wait_with_kueues_reason_and_start_as_others_finis
         sampler.stop()
     assert sampler.samples > 10
     assert sampler.peak == limit, f"admitted {sampler.peak} GPUs, quota {limit}"  # used up, never exceeded
+
+
+# ---- queue estimates ---------------------------------------------------------------------------------
+
+SOLO_QUEUE = "solo"  # no cohort: no quota lent or borrowed, which the estimate does not count
+
+
+def solo_cluster_queue(gpus: int) -> dict[str, Any]:
+    """A ClusterQueue of `gpus` MI300X GPUs (and CPUs and memory) in no cohort, strict FIFO."""
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": SOLO_QUEUE},
+        "spec": {
+            "namespaceSelector": {},
+            "queueingStrategy": "StrictFIFO",
+            "resourceGroups": [
+                {
+                    "coveredResources": ["cpu", "memory"],
+                    "flavors": [
+                        {
+                            "name": "any-node",
+                            "resources": [
+                                {"name": "cpu", "nominalQuota": 128},
+                                {"name": "memory", "nominalQuota": "1Ti"},
+                            ],
+                        }
+                    ],
+                },
+                {
+                    "coveredResources": [GPU],
+                    "flavors": [{"name": "mi300x", "resources": [{"name": GPU, "nominalQuota": gpus}]}],
+                },
+            ],
+        },
+    }
+
+
+def report_eta(api: Api, ns: str, name: str, eta_seconds: float) -> dt.datetime:
+    """Write a progress report into the job's status as the progress endpoint writes it; the report's time."""
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    progress = {"epoch": 0.5, "step": 50, "totalSteps": 100, "percent": 50.0, "etaSeconds": eta_seconds}
+    api.kube.request(
+        "PATCH",
+        f"/apis/rocmtrain.dev/v1alpha1/namespaces/{ns}/rocmtrainingjobs/{name}/status",
+        body={"status": {"progress": progress, "lastProgressTime": rfc3339(now)}},
+        content_type="application/merge-patch+json",
+    )
+    return now
+
+
+def test_a_queued_job_is_told_when_it_will_start_from_the_running_jobs_etas(
+    world: World, scope: Scope, world_api: Api, world_operator: Operator, gpu_pool: dict[str, dict[str, Any]]
+):
+    """Two jobs hold the queue's 16 GPUs and report ETAs of 20 s and 15 min; a third waits for 8. Its
+    expected start is the first job's end, and it starts then (the first job is ended at its ETA)."""
+    api = world_api
+    world.cluster.apply(solo_cluster_queue(16))
+    try:
+        ns = team_namespace(scope, SOLO_QUEUE, "gpus")
+        queue = {"queueName": "gpus"}
+        for name in ("soon", "late"):
+            api.kube.create(job_manifest(name, ns, resources=ONE_NODE, scheduling=queue))
+        for name in ("soon", "late"):
+            api.wait_status(ns, name, "admitted and started", submitting)
+        soon_end = report_eta(api, ns, "soon", 20) + dt.timedelta(seconds=20)
+        report_eta(api, ns, "late", 900)
+        api.kube.create(job_manifest("waiting", ns, resources=ONE_NODE, scheduling=queue))
+        estimate = api.wait_status(
+            ns, "waiting", "an expected start", lambda s: queued(s) and (s.get("queue") or {}).get("expectedStartTime")
+        )["queue"]
+        expected = parse_time(estimate["expectedStartTime"])
+        assert expected is not None and abs((expected - soon_end).total_seconds()) <= 1, (estimate, soon_end)
+        assert estimate["position"] == 1
+        assert "ETA" in estimate["basis"] and SOLO_QUEUE in estimate["basis"], estimate
+
+        time.sleep(max(0.0, (soon_end - dt.datetime.now(dt.UTC)).total_seconds()))
+        finish(api, ns, "soon")
+        status = api.wait_status(ns, "waiting", "admitted as the first job ended", submitting)
+        assert "queue" not in status, "the estimate is removed on admission"
+        admitted = parse_time(api.condition(ns, "waiting", ConditionType.ADMITTED)["lastTransitionTime"])
+        assert admitted is not None
+        error = (admitted - expected).total_seconds()
+        print(f"queue estimate: expected {expected:%H:%M:%S}, admitted {admitted:%H:%M:%S}, error {error:+.0f} s")
+        assert -1 <= error <= 30, error  # never early; late by the time the end is seen and Kueue takes its turn
+    finally:
+        world.cluster.delete(solo_cluster_queue(16))
 
 
 # ---- flavors -----------------------------------------------------------------------------------------

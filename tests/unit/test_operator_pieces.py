@@ -43,6 +43,8 @@ def test_config_defaults_and_overrides():
     default = OperatorConfig.from_env({})
     assert (default.namespaces, default.metrics_port, default.health_port) == ((), 8080, 8081)
     assert default.stall_seconds == 900 and default.stall_check_seconds == 60
+    assert default.queue_estimate_seconds == 15
+    assert OperatorConfig.from_env({"ROCMTRAIN_QUEUE_ESTIMATE_SECONDS": "2"}).queue_estimate_seconds == 2
     # Plain HTTP without authentication: loopback only, unless the Deployment says otherwise.
     assert default.liveness_endpoint == "http://127.0.0.1:8081/healthz" and default.metrics_host == "127.0.0.1"
     assert not default.metrics_secure, "no progress endpoint, no certificate: plain HTTP on loopback"
@@ -113,6 +115,7 @@ def test_metrics_are_https_where_the_progress_endpoint_runs_and_plain_http_only_
         {"ROCMTRAIN_NAMESPACES": "Team_A"},
         {"ROCMTRAIN_METRICS_PORT": "70000"},
         {"ROCMTRAIN_STALL_SECONDS": "0"},
+        {"ROCMTRAIN_QUEUE_ESTIMATE_SECONDS": "0"},
         {"ROCMTRAIN_RETRY_SECONDS": "soon"},
         {"ROCMTRAIN_METRICS_MAX_JOBS": "-1"},
         {"ROCMTRAIN_GPU_PRICES": "AMD_Instinct_MI300X_OAM=cheap"},

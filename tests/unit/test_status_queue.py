@@ -143,9 +143,11 @@ def test_kueue_order_is_priority_then_creation() -> None:
         ({"phase": "Running", "progress": {"etaSeconds": 600}}, None),
         ({"phase": "Running", "progress": {}, "lastProgressTime": stamp(-1)}, None),
         ({"phase": "Initializing"}, None),
+        ({"phase": "Initializing", "progress": {"etaSeconds": 600}, "lastProgressTime": stamp(-1)}, at(9)),
+        ({"phase": "Succeeded", "progress": {"etaSeconds": 600}, "lastProgressTime": stamp(-1)}, None),
     ],
 )
-def test_a_running_jobs_end_is_its_last_report_plus_its_eta(status: dict[str, Any], end: dt.datetime | None) -> None:
+def test_a_gpu_holding_jobs_end_is_its_last_report_plus_its_eta(status: dict[str, Any], end: dt.datetime | None) -> None:
     assert expected_end(status) == end
 
 

@@ -172,7 +172,7 @@ async def watch_stalls(runtime: OperatorRuntime) -> None:
 async def watch_queues(runtime: OperatorRuntime) -> None:
     """Estimate periodically when each queued job will start, as the running jobs' ETAs change."""
     while True:
-        await asyncio.sleep(runtime.config.stall_check_seconds)
+        await asyncio.sleep(runtime.config.queue_estimate_seconds)
         try:
             with prometheus.observe("queue_estimate"):
                 await estimate_queues(runtime)

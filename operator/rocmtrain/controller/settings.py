@@ -163,6 +163,7 @@ class OperatorConfig:
     health_port: int = 8081
     health_host: str = LOOPBACK
     stall_seconds: int = 900
+    queue_estimate_seconds: int = 15  # how often queued jobs' expected starts are recomputed
     retry_seconds: int = 30
     api_timeout_seconds: int = 15
     watch_failing_seconds: int = 300
@@ -189,6 +190,7 @@ class OperatorConfig:
             health_port=_int(env, "ROCMTRAIN_HEALTH_PORT", 8081, 0, 65535),
             health_host=_host(env, "ROCMTRAIN_HEALTH_HOST"),
             stall_seconds=_int(env, "ROCMTRAIN_STALL_SECONDS", 900, 1, 30 * 86400),
+            queue_estimate_seconds=_int(env, "ROCMTRAIN_QUEUE_ESTIMATE_SECONDS", 15, 1, 3600),
             retry_seconds=_int(env, "ROCMTRAIN_RETRY_SECONDS", 30, 1, 3600),
             api_timeout_seconds=_int(env, "ROCMTRAIN_API_TIMEOUT_SECONDS", 15, 1, 300),
             watch_failing_seconds=_int(env, "ROCMTRAIN_WATCH_FAILING_SECONDS", 300, 1, 86400),

@@ -36,6 +36,7 @@ from rocmtrain.api.quantity import device_count
 from rocmtrain.api.timestamps import parse_time, rfc3339
 from rocmtrain.status.kueue import finished, holds_quota
 from rocmtrain.status.messages import bounded
+from rocmtrain.status.phase import HOLDING_PHASES
 
 Key = tuple[str, str]  # (namespace, RayJob name), as the Workload watch groups its views
 # Holders named in an "unknown" basis; the rest are counted.
@@ -82,10 +83,11 @@ class Known:
 
 
 def expected_end(status: Mapping[str, Any]) -> dt.datetime | None:
-    """When a running job expects to end: its last progress report's time plus the ETA it reported."""
+    """When a job that holds its GPUs (Initializing or Running) expects to end: its last progress report's
+    time plus the ETA it reported."""
     progress = status.get("progress") or {}
     eta, reported = progress.get("etaSeconds"), parse_time(status.get("lastProgressTime"))
-    if status.get("phase") != "Running" or not isinstance(eta, int | float) or reported is None:
+    if status.get("phase") not in HOLDING_PHASES or not isinstance(eta, int | float) or reported is None:
         return None
     return reported + dt.timedelta(seconds=eta)
 
