@@ -147,7 +147,7 @@ def test_kueue_order_is_priority_then_creation() -> None:
         ({"phase": "Succeeded", "progress": {"etaSeconds": 600}, "lastProgressTime": stamp(-1)}, None),
     ],
 )
-def test_a_gpu_holding_jobs_end_is_its_last_report_plus_its_eta(status: dict[str, Any], end: dt.datetime | None) -> None:
+def test_a_holding_jobs_end_is_its_last_report_plus_its_eta(status: dict[str, Any], end: dt.datetime | None) -> None:
     assert expected_end(status) == end
 
 
