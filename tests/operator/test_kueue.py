@@ -33,7 +33,7 @@ from rocmtrain.api.models import DEFAULT_IMAGE
 from rocmtrain.api.quantity import parse_quantity
 from rocmtrain.api.timestamps import parse_time, rfc3339
 from rocmtrain_testworld import kuberay, kueue, kwok
-from rocmtrain_testworld.nodes import MI250_LABELS, PRODUCT_LABEL
+from rocmtrain_testworld.nodes import MI250_LABELS, MI300X_LABELS, PRODUCT_LABEL, FakeNode, register_kwok
 from rocmtrain_testworld.world import Scope, World
 
 pytestmark = pytest.mark.cluster
@@ -238,7 +238,7 @@ def report_eta(api: Api, ns: str, name: str, eta_seconds: float) -> dt.datetime:
 def test_a_queued_job_is_told_when_it_will_start_from_the_running_jobs_etas(
     world: World, scope: Scope, world_api: Api, world_operator: Operator, gpu_pool: dict[str, dict[str, Any]]
 ):
-    """Two jobs hold the queue's 16 GPUs and report ETAs of 20 s and 15 min; a third waits for 8. Its
+    """Two jobs hold the queue's 16 GPUs and report ETAs of 10 s and 15 min; a third waits for 8. Its
     expected start is the first job's end, and it starts then (the first job is ended at its ETA)."""
     api = world_api
     world.cluster.apply(solo_cluster_queue(16))
@@ -249,7 +249,7 @@ def test_a_queued_job_is_told_when_it_will_start_from_the_running_jobs_etas(
             api.kube.create(job_manifest(name, ns, resources=ONE_NODE, scheduling=queue))
         for name in ("soon", "late"):
             api.wait_status(ns, name, "admitted and started", submitting)
-        soon_end = report_eta(api, ns, "soon", 20) + dt.timedelta(seconds=20)
+        soon_end = report_eta(api, ns, "soon", 10) + dt.timedelta(seconds=10)
         report_eta(api, ns, "late", 900)
         api.kube.create(job_manifest("waiting", ns, resources=ONE_NODE, scheduling=queue))
         estimate = api.wait_status(
@@ -271,6 +271,108 @@ def test_a_queued_job_is_told_when_it_will_start_from_the_running_jobs_etas(
         assert -1 <= error <= 30, error  # never early; late by the time the end is seen and Kueue takes its turn
     finally:
         world.cluster.delete(solo_cluster_queue(16))
+
+
+# ---- topology-aware placement ----------------------------------------------------------------------
+
+RACK = "test.rocmtrain.dev/rack"
+TAS_POOL = "test.rocmtrain.dev/tas-pool"
+TAS_API = "kueue.x-k8s.io/v1beta2"
+# Two racks of two 8-GPU nodes each (kwok), in a pool of their own (a flavor on TAS_POOL).
+RACK_NODES = tuple(
+    FakeNode(f"tas-{rack}-{i}", 20 + 2 * r + i, gpus=8, gpu_labels={**MI300X_LABELS, RACK: rack, TAS_POOL: "yes"})
+    for r, rack in enumerate(("r1", "r2"))
+    for i in range(2)
+)
+
+
+def topology_pool() -> list[dict[str, Any]]:
+    """Kueue's Topology (rack, then node), a flavor of the rack nodes that uses it, and a ClusterQueue of it."""
+    quota = [{"name": "cpu", "nominalQuota": 512}, {"name": "memory", "nominalQuota": "8Ti"}]
+    return [
+        {
+            "apiVersion": TAS_API,
+            "kind": "Topology",
+            "metadata": {"name": "racks"},
+            "spec": {"levels": [{"nodeLabel": RACK}, {"nodeLabel": "kubernetes.io/hostname"}]},
+        },
+        {
+            "apiVersion": TAS_API,
+            "kind": "ResourceFlavor",
+            "metadata": {"name": "racked"},
+            "spec": {"nodeLabels": {TAS_POOL: "yes"}, "topologyName": "racks"},
+        },
+        {
+            "apiVersion": TAS_API,
+            "kind": "ClusterQueue",
+            "metadata": {"name": "racked"},
+            "spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "memory", GPU],
+                        "flavors": [{"name": "racked", "resources": [*quota, {"name": GPU, "nominalQuota": 64}]}],
+                    }
+                ],
+            },
+        },
+    ]
+
+
+def test_workers_that_fit_in_one_rack_land_in_one_and_a_job_that_cannot_waits_with_kueues_reason(
+    world: World, scope: Scope, world_api: Api, world_operator: Operator, gpu_pool: dict[str, dict[str, Any]]
+):
+    api = world_api
+    pool = topology_pool()
+    register_kwok(world.cluster, RACK_NODES)
+    for obj in pool:
+        world.cluster.apply(obj)
+    ns = team_namespace(scope, "racked")
+    try:
+        in_a_rack = {"queueName": "racked", "topology": {"level": RACK, "mode": "required"}}
+        # 24 GPUs: the pool's 32 are free, but no rack holds more than 16.
+        api.kube.create(job_manifest("too-big", ns, resources={"workers": 3, "gpusPerWorker": 8}, scheduling=in_a_rack))
+        api.wait_status(ns, "too-big", "Queued", queued)
+        reason = wait_until(lambda: kueue_condition(api, ns, "too-big", "QuotaReserved").get("message"), what="Kueue")
+        assert "topology" in reason.lower(), reason
+        wait_until(
+            lambda: (
+                api.condition(ns, "too-big", "Admitted").get("message") == f"waiting in Kueue queue racked: {reason}"
+            ),
+            what="Kueue's reason in the job's status",
+        )
+
+        api.kube.create(job_manifest("fits", ns, resources={"workers": 2, "gpusPerWorker": 8}, scheduling=in_a_rack))
+
+        def placed() -> list[str] | None:
+            pods = api.kube.request(
+                "GET", f"/api/v1/namespaces/{ns}/pods", query={"labelSelector": "ray.io/node-type=worker"}
+            )["items"]
+            nodes = [
+                p["spec"].get("nodeName")
+                for p in pods
+                if p["metadata"]["labels"].get("ray.io/cluster", "").startswith("fits")
+            ]
+            return nodes if len(nodes) == 2 and all(nodes) else None
+
+        nodes = wait_until(placed, timeout=WORLD_TIMEOUT, what="the fitting job's workers placed")
+        racks = {node.gpu_labels[RACK] for node in RACK_NODES if node.name in nodes}
+        assert len(racks) == 1 and len(set(nodes)) == 2, nodes  # one rack, its two nodes
+        pod_sets = (workload(api, ns, "fits") or {})["spec"]["podSets"]
+        requests = {s["name"]: (s.get("topologyRequest") or {}).get("required") for s in pod_sets}
+        assert [requests[name] for name in requests if name != "submitter"] == [RACK, RACK], requests
+    finally:  # the jobs' pods gone before their nodes
+        for name in ("too-big", "fits"):
+            world.cluster.delete(job_manifest(name, ns))
+        world.cluster.wait_for(
+            lambda: not api.kube.request("GET", f"/api/v1/namespaces/{ns}/pods")["items"],
+            WORLD_TIMEOUT,
+            "the jobs' pods to be gone",
+        )
+        for obj in reversed(pool):
+            world.cluster.delete(obj)
+        for node in RACK_NODES:
+            world.cluster.delete({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name}})
 
 
 # ---- flavors -----------------------------------------------------------------------------------------
