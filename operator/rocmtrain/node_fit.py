@@ -29,6 +29,11 @@ class NodeInfo:
     name: str
     gpus: int
     labels: Mapping[str, str] = field(default_factory=dict)
+    partitions: Mapping[str, int] = field(default_factory=dict)  # amd.com/<partition> (mixed naming): count
+
+    def devices(self, resource: str) -> int:
+        """How many of the AMD device plugin's `resource` the node has."""
+        return self.gpus if resource == GPU_RESOURCE else self.partitions.get(resource, 0)
 
 
 def node_info(node: Mapping[str, Any]) -> NodeInfo | None:
@@ -41,6 +46,11 @@ def node_info(node: Mapping[str, Any]) -> NodeInfo | None:
         name=metadata.get("name", ""),
         gpus=device_count(allocatable.get(GPU_RESOURCE)),
         labels=dict(metadata.get("labels") or {}),
+        partitions={
+            name: count
+            for name, amount in allocatable.items()
+            if name.startswith("amd.com/") and name != GPU_RESOURCE and (count := device_count(amount))
+        },
     )
 
 
@@ -50,9 +60,9 @@ def _required_labels(spec: RocmTrainingJobSpec) -> dict[str, str]:
 
 
 def _matching(spec: RocmTrainingJobSpec, nodes: Iterable[NodeInfo]) -> list[NodeInfo]:
-    """The nodes with GPUs that carry the job's node selector and GPU model labels."""
-    required = _required_labels(spec)
-    return [n for n in nodes if n.gpus and all(n.labels.get(k) == v for k, v in required.items())]
+    """The nodes with the job's kind of GPU that carry its node selector and GPU model labels."""
+    required, resource = _required_labels(spec), spec.resources.gpu_resource
+    return [n for n in nodes if n.devices(resource) and all(n.labels.get(k) == v for k, v in required.items())]
 
 
 def gpu_memory(spec: RocmTrainingJobSpec, nodes: Iterable[NodeInfo]) -> GpuMemory | None:
@@ -83,7 +93,7 @@ def check(spec: RocmTrainingJobSpec, nodes: Iterable[NodeInfo]) -> Hold | None:
 
     Jobs without GPUs always pass: CPU and memory are left to the scheduler.
     """
-    per_worker = spec.resources.gpus_per_worker
+    per_worker, resource = spec.resources.gpus_per_worker, spec.resources.gpu_resource
     if per_worker == 0:
         return None
     nodes = list(nodes)
@@ -94,15 +104,15 @@ def check(spec: RocmTrainingJobSpec, nodes: Iterable[NodeInfo]) -> Hold | None:
         models = sorted({n.labels[product] for n in nodes if product in n.labels})
         available = f" (GPU models on the nodes: {', '.join(models)})" if models else ""
         return _unschedulable(
-            Reason.GPU_MODEL_UNAVAILABLE, f"no node with {GPU_RESOURCE} has {_describe(required)}{available}"
+            Reason.GPU_MODEL_UNAVAILABLE, f"no node with {resource} has {_describe(required)}{available}"
         )
-    largest = max((n.gpus for n in matching), default=0)
+    largest = max((n.devices(resource) for n in matching), default=0)
     if largest < per_worker:
         where = "node" if not required else "matching node"
         return _unschedulable(
-            Reason.INSUFFICIENT_GPUS, f"needs {per_worker} {GPU_RESOURCE} per worker; the largest {where} has {largest}"
+            Reason.INSUFFICIENT_GPUS, f"needs {per_worker} {resource} per worker; the largest {where} has {largest}"
         )
-    slots = sum(n.gpus // per_worker for n in matching)
+    slots = sum(n.devices(resource) // per_worker for n in matching)
     workers = spec.worker_pods
     if slots < workers:
         trials = (
@@ -112,7 +122,7 @@ def check(spec: RocmTrainingJobSpec, nodes: Iterable[NodeInfo]) -> Hold | None:
         )
         return _unschedulable(
             Reason.INSUFFICIENT_GPUS,
-            f"needs {workers} workers{trials} with {per_worker} {GPU_RESOURCE} each; "
+            f"needs {workers} workers{trials} with {per_worker} {resource} each; "
             f"the nodes can hold only {slots} such workers",
         )
     return None

@@ -36,6 +36,17 @@ def test_prices_parse_by_product_name_with_a_default():
     assert parse_pricing("").price_for(mi300x) is None and parse_pricing("").currency == "USD"
 
 
+def test_a_partition_costs_its_gpus_price_divided_by_the_partitions_unless_priced_itself():
+    pricing = parse_pricing("AMD_Instinct_MI300X_OAM=3.2,default=2", "EUR")
+    mi300x = {"productName": "AMD_Instinct_MI300X_OAM"}
+    cpx = spec(resources={"workers": 1, "gpusPerWorker": 8, "gpu": {**mi300x, "partition": "cpx_nps4"}})
+    dpx = spec(resources={"workers": 1, "gpusPerWorker": 2, "gpu": {**mi300x, "partition": "dpx_nps1"}})
+    unnamed = spec(resources={"workers": 1, "gpusPerWorker": 4, "gpu": {"partition": "qpx_nps1"}})
+    assert pricing.price_for(cpx) == Price(0.4, "EUR") and pricing.price_for(dpx) == Price(1.6, "EUR")
+    assert pricing.price_for(unnamed) == Price(0.5, "EUR")  # the default GPU's, in quarters
+    assert parse_pricing("AMD_Instinct_MI300X_OAM=3.2,cpx_nps4=0.45").price_for(cpx) == Price(0.45, "USD")
+
+
 @pytest.mark.parametrize(
     ("prices", "currency", "message"),
     [

@@ -223,6 +223,17 @@ def test_the_job_s_own_vram_selector_comes_before_its_product_s_table_entry():
     assert job_gpu_memory(lm_spec(resources={"workers": 1, "gpusPerWorker": 8})) is None
 
 
+def test_a_partition_has_its_share_of_its_gpus_memory():
+    cpx = lm_spec(
+        resources={"workers": 1, "gpusPerWorker": 8, "gpu": {"productName": "MI300X", "partition": "cpx_nps4"}}
+    )
+    assert job_gpu_memory(cpx) == GpuMemory(24 * GIB, "MI300X, AMD's data sheet, a cpx_nps4 partition's 1/8 share")
+    spx = lm_spec(
+        resources={"workers": 1, "gpusPerWorker": 8, "gpu": {"productName": "MI300X", "partition": "spx_nps1"}}
+    )
+    assert job_gpu_memory(spx) == GpuMemory(192 * GIB, "MI300X, AMD's data sheet")
+
+
 def test_the_nodes_labels_give_the_smallest_vram_where_the_job_can_run():
     mi300x = {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM"}
     nodes = [

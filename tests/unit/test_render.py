@@ -461,6 +461,33 @@ def test_topology_is_kueues_annotation_on_the_head_and_worker_pod_sets(mode: str
     assert not any("annotations" in template["metadata"] for template in unplaced.values())
 
 
+@pytest.mark.parametrize(
+    ("gpu", "resource", "start_params"),
+    [
+        ({"partition": "cpx_nps4"}, "amd.com/gpu", {}),  # single naming: KubeRay counts amd.com/gpu itself
+        ({"partition": "cpx_nps4", "resourceName": "amd.com/cpx_nps4"}, "amd.com/cpx_nps4", {"num-gpus": "2"}),
+    ],
+)
+def test_a_partitioned_job_lands_on_its_partition_and_ray_counts_its_gpus(
+    gpu: dict[str, str], resource: str, start_params: dict[str, str]
+) -> None:
+    manifest = full_job()
+    manifest["spec"]["resources"].update({"gpusPerWorker": 2, "gpu": gpu})
+    rayjob = render_rayjob(job_of(manifest))
+    assert rayjob_schema.schema_errors(rayjob) == []
+    (group,) = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert group["rayStartParams"] == start_params
+    worker = group["template"]["spec"]["containers"][0]["resources"]
+    assert worker["limits"][resource] == worker["requests"][resource] == "2"
+    assert "amd.com/gpu" not in worker["limits"] or resource == "amd.com/gpu"
+    (term,) = group["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert {"key": "amd.com/compute-memory-partition", "operator": "In", "values": ["cpx_nps4"]} in term[
+        "matchExpressions"
+    ]
+
+
 def test_user_suspend_suspends_the_rayjob() -> None:
     manifest = full_job()
     manifest["spec"]["suspend"] = True

@@ -230,6 +230,24 @@ INVALID: list[tuple[str, Edit, str, str]] = [
         "requires lifecycle.shutdownAfterJobFinishes",
     ),
     (
+        "gpu-partition-unknown",
+        put("spec.resources.gpu", {"partition": "xpx_nps3"}),
+        "spec.resources.gpu.partition",
+        "an AMD GPU partition",
+    ),
+    (
+        "gpu-resource-not-amd",
+        put("spec.resources.gpu", {"resourceName": "nvidia.com/gpu"}),
+        "spec.resources.gpu.resourceName",
+        "an AMD device plugin resource",
+    ),
+    (
+        "gpu-resource-not-the-partition",
+        put("spec.resources.gpu", {"partition": "cpx_nps4", "resourceName": "amd.com/spx_nps1"}),
+        "spec.resources.gpu.resourceName",
+        "resourceName must be amd.com/<partition>",
+    ),
+    (
         "topology-without-queue",
         put("spec.scheduling.topology", {"level": "cloud.provider.com/topology-rack"}),
         "spec.scheduling.topology",
@@ -810,6 +828,13 @@ CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
     ("spec", "!self.suspend || self.lifecycle.shutdownAfterJobFinishes"): (
         both(put("spec.suspend", True), put("spec.lifecycle", {"shutdownAfterJobFinishes": False})),
         "spec.suspend",
+    ),
+    (
+        "spec.resources.gpu",
+        "!has(self.resourceName) || !has(self.partition) || self.resourceName == 'amd.com/' + self.partition",
+    ): (
+        put("spec.resources.gpu", {"partition": "cpx_nps4", "resourceName": "amd.com/spx_nps1"}),
+        "spec.resources.gpu.resourceName",
     ),
     ("spec.scheduling", "!has(self.topology) || has(self.queueName)"): (
         put("spec.scheduling.topology", {"level": "cloud.provider.com/topology-rack"}),

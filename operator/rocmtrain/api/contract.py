@@ -99,8 +99,19 @@ GPU_NODE_LABELS: Final = MappingProxyType(
         "product_name": "amd.com/gpu.product-name",
         "family": "amd.com/gpu.family",
         "vram": "amd.com/gpu.vram",
+        "partition": "amd.com/compute-memory-partition",
     }
 )
+# A GPU's compute partitions (an MI300X's 8 XCDs: SPX one GPU, DPX 2, QPX 4, CPX 8 devices) and memory
+# partitions (NPS1, NPS2, NPS4), as the node labeller writes them: `cpx_nps4`.
+COMPUTE_PARTITIONS: Final = MappingProxyType({"spx": 1, "dpx": 2, "qpx": 4, "cpx": 8})
+MEMORY_PARTITIONS: Final = ("nps1", "nps2", "nps4")
+
+
+def partitions_per_gpu(partition: str | None) -> int:
+    """Devices one physical GPU is split into by `partition` (`cpx_nps4`: 8); 1 without one."""
+    return COMPUTE_PARTITIONS[partition.split("_")[0]] if partition else 1
+
 
 # ---- the training image -------------------------------------------------------------------
 

@@ -8,7 +8,8 @@ a partition where the node's GPUs are partitioned (CPX, NPS4). Sources, best fir
    included, written `<GiB>G` (ROCm/k8s-device-plugin, cmd/k8s-node-labeller: KFD's `size_in_bytes`
    rounded to whole GiB);
 2. the job's own `resources.gpu.vram` selector: the job only runs on nodes with that label;
-3. `resources.gpu.productName`, looked up in `INSTINCT_GIB`: AMD's data sheets, for unpartitioned GPUs.
+3. `resources.gpu.productName`, looked up in `INSTINCT_GIB`: AMD's data sheets, for unpartitioned GPUs;
+   with `resources.gpu.partition`, a partition's equal share of it (CPX: an eighth).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from rocmtrain.api.contract import partitions_per_gpu
 from rocmtrain.api.models import RocmTrainingJobSpec
 
 GIB = 1 << 30
@@ -66,8 +68,10 @@ def job_gpu_memory(spec: RocmTrainingJobSpec) -> GpuMemory | None:
         return None
     if gpu.vram is not None and (found := vram_label_bytes(gpu.vram)) is not None:
         return GpuMemory(found, f"spec.resources.gpu.vram {gpu.vram}")
-    if gpu.product_name is not None:
-        return table_gpu_memory(gpu.product_name)
+    if gpu.product_name is not None and (whole := table_gpu_memory(gpu.product_name)) is not None:
+        if (parts := partitions_per_gpu(gpu.partition)) > 1:  # the partitions share the GPU's memory
+            return GpuMemory(whole.bytes // parts, f"{whole.source}, a {gpu.partition} partition's 1/{parts} share")
+        return whole
     return None
 
 

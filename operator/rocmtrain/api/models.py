@@ -20,11 +20,13 @@ from rocmtrain.api.contract import GPU_NODE_LABELS, GPU_RESOURCE, PYTHON
 from rocmtrain.api.patterns import CURRENCY, DNS_SUBDOMAIN, FS_TYPE, TEXT
 from rocmtrain.api.types import (
     AbsPath,
+    AmdResourceName,
     ConfigKey,
     DnsLabel,
     DnsSubdomain,
     EnvName,
     FieldName,
+    GpuPartition,
     Image,
     LabelKey,
     LabelledName,
@@ -460,8 +462,24 @@ class HeadResources(ApiModel):
     memory: Quantity = Field(default="8Gi", description="Memory request and limit of the head container.")
 
 
+RESOURCE_NOT_PARTITION = "with a partition, resourceName must be amd.com/<partition> (mixed naming)"
+
+
 class GpuSelector(ApiModel):
     """GPU model selection through the AMD GPU node-labeller's node labels."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!has(self.resourceName) || !has(self.partition) "
+                    "|| self.resourceName == 'amd.com/' + self.partition",
+                    RESOURCE_NOT_PARTITION,
+                    fieldPath=".resourceName",
+                )
+            ]
+        }
+    )
 
     product_name: LabelValue | None = Field(
         default=None,
@@ -473,6 +491,29 @@ class GpuSelector(ApiModel):
     vram: LabelValue | None = Field(
         default=None, description=f"Value of `{GPU_NODE_LABELS['vram']}`, for example 192G."
     )
+    partition: GpuPartition | None = Field(
+        default=None,
+        description=f"Compute and memory partition, the value of `{GPU_NODE_LABELS['partition']}` (for example "
+        "cpx_nps4): each worker GPU is one partition of a GPU. With the device plugin's `single` naming the pods "
+        f"request `{GPU_RESOURCE}`; with `mixed` naming set resourceName too.",
+    )
+    resource_name: AmdResourceName | None = Field(
+        default=None,
+        description="The device plugin's resource to request instead of `amd.com/gpu`, for `mixed` naming: "
+        "`amd.com/<partition>` (for example amd.com/cpx_nps4); Ray is told the worker's GPUs (`num-gpus`).",
+    )
+
+    @model_validator(mode="after")
+    def _resource_names_its_partition(self) -> GpuSelector:
+        named = self.resource_name is not None and self.partition is not None
+        if named and self.resource_name != f"amd.com/{self.partition}":
+            raise ValueError(RESOURCE_NOT_PARTITION)
+        return self
+
+    @property
+    def resource(self) -> str:
+        """The extended resource the worker pods request for their GPUs."""
+        return self.resource_name or GPU_RESOURCE
 
     def node_labels(self) -> dict[str, str]:
         """The node labels (and values) a node must carry to match: one per field that is set."""
@@ -515,6 +556,11 @@ class ResourcesSpec(ApiModel):
     gpu: GpuSelector | None = Field(
         default=None, description="Required GPU model, matched against AMD node-labeller labels."
     )
+
+    @property
+    def gpu_resource(self) -> str:
+        """The extended resource a worker's GPUs are requested as: `amd.com/gpu`, or a partition's (mixed naming)."""
+        return self.gpu.resource if self.gpu is not None else GPU_RESOURCE
 
     @model_validator(mode="after")
     def _gpu_selection_needs_gpus(self) -> ResourcesSpec:

@@ -62,6 +62,11 @@ PYTHON_MODULE = r"^[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)*$"
 # A metric's name in status.metrics.custom (as training code logs it: `grad_norm`, `eval/bleu`).
 METRIC_NAME = r"^[A-Za-z_][A-Za-z0-9_./-]*$"
 
+# An AMD GPU partition as the node labeller names it: compute (spx, dpx, qpx, cpx) _ memory (nps1, nps2, nps4).
+GPU_PARTITION = r"^(spx|dpx|qpx|cpx)_nps(1|2|4)$"
+# An extended resource of the AMD device plugin: amd.com/gpu, or a partition's name with `mixed` naming.
+AMD_RESOURCE = r"^amd\.com/[a-z0-9]+([_.-][a-z0-9]+)*$"
+
 PATTERN_DESCRIPTIONS = {
     DNS_LABEL: "a DNS-1123 label: lowercase letters, digits and '-', starting and ending with a letter or digit",
     DNS_1035_LABEL: "a DNS-1035 label: lowercase letters, digits and '-', starting with a letter",
@@ -89,6 +94,8 @@ PATTERN_DESCRIPTIONS = {
     PYTHON_MODULE: "a Python module path: identifiers joined by '.', such as team.train",
     METRIC_NAME: "a metric name: letters, digits, '_', '.', '/' or '-', starting with a letter or '_'",
     CURRENCY: "an ISO 4217 currency code such as USD or EUR",
+    GPU_PARTITION: "an AMD GPU partition: spx, dpx, qpx or cpx, '_', then nps1, nps2 or nps4 (such as cpx_nps4)",
+    AMD_RESOURCE: "an AMD device plugin resource such as amd.com/gpu or amd.com/cpx_nps4",
 }
 
 

@@ -9,11 +9,13 @@ from pydantic import AfterValidator, Field, StringConstraints
 
 from rocmtrain.api.patterns import (
     ABS_PATH,
+    AMD_RESOURCE,
     CONFIG_KEY,
     DNS_LABEL,
     DNS_SUBDOMAIN,
     ENV_NAME,
     FIELD_NAME,
+    GPU_PARTITION,
     IMAGE,
     LABEL_KEY,
     LABEL_KEY_PREFIX_BOUND,
@@ -73,6 +75,8 @@ LabelKey = Annotated[str, StringConstraints(pattern=LABEL_KEY, max_length=317), 
 # An object name that is also written as a label value (Kueue's queue-name and priority-class labels).
 LabelledName = Annotated[str, StringConstraints(pattern=DNS_SUBDOMAIN, max_length=63)]
 LabelValue = Annotated[str, StringConstraints(pattern=LABEL_VALUE, max_length=63)]
+GpuPartition = Annotated[str, StringConstraints(pattern=GPU_PARTITION, max_length=8)]
+AmdResourceName = Annotated[str, StringConstraints(pattern=AMD_RESOURCE, max_length=71)]
 EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME, max_length=128)]
 Image = Annotated[str, StringConstraints(pattern=IMAGE, max_length=512)]
 Location = Annotated[str, StringConstraints(pattern=LOCATION, max_length=1024), *_NO_TRAVERSAL]

@@ -33,11 +33,11 @@ def container_security_context() -> dict[str, Any]:
     }
 
 
-def guaranteed_resources(cpu: str, memory: str, gpus: int = 0) -> dict[str, Any]:
-    """Requests equal to limits (Guaranteed QoS); AMD GPUs as the `amd.com/gpu` extended resource."""
+def guaranteed_resources(cpu: str, memory: str, gpus: int = 0, gpu_resource: str = GPU_RESOURCE) -> dict[str, Any]:
+    """Requests equal to limits (Guaranteed QoS); AMD GPUs as `gpu_resource` (`amd.com/gpu`, or a partition's)."""
     amounts: dict[str, str] = {"cpu": cpu, "memory": memory}
     if gpus:
-        amounts[GPU_RESOURCE] = str(gpus)
+        amounts[gpu_resource] = str(gpus)
     return {"limits": dict(amounts), "requests": dict(amounts)}
 
 

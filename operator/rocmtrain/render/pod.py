@@ -114,7 +114,9 @@ def worker_template(job: RocmTrainingJob, options: RenderOptions, labels: dict[s
     worker = container.ray_container(
         job,
         name=container.WORKER_CONTAINER,
-        resources=container.guaranteed_resources(res.cpus_per_worker, res.memory_per_worker, res.gpus_per_worker),
+        resources=container.guaranteed_resources(
+            res.cpus_per_worker, res.memory_per_worker, res.gpus_per_worker, res.gpu_resource
+        ),
         env=env.container_env(
             job, env.runtime_defaults(res.cpus_per_worker, res.gpus_per_worker), env.owned_worker_env(job, options)
         ),

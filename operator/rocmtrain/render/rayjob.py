@@ -13,7 +13,9 @@ Design choices (KubeRay v1.5.1, Ray 2.60.0):
   Train's controller asks for 0 CPUs and is pinned to the driver's node, so it fits.
 - GPUs: KubeRay turns any limit whose name ends in "gpu" (utils.IsGPUResourceKey), so
   `amd.com/gpu`, into `--num-gpus`, and CPU and memory limits into `--num-cpus` and
-  `--memory`; the workers need no rayStartParams, but get an empty map: Kueue's
+  `--memory`; a partition's resource under the device plugin's mixed naming
+  (`amd.com/cpx_nps4`) does not end so, and the workers then get `num-gpus` explicitly;
+  otherwise they need no rayStartParams, but get an empty map: Kueue's
   webhook, when it mutates a RayJob (suspending it, or naming a namespace's default
   LocalQueue), writes `rayStartParams: null` where the field is absent, which the
   CRD refuses.
@@ -110,6 +112,15 @@ def _placed(template: dict[str, Any], annotations: dict[str, str]) -> dict[str, 
     return template
 
 
+def worker_start_params(job: RocmTrainingJob) -> dict[str, str]:
+    """`ray start` options of the workers: `num-gpus` where KubeRay would not count the GPUs (a partition's
+    resource under mixed naming: KubeRay counts only limits whose name ends in `gpu`)."""
+    res = job.spec.resources
+    if res.gpus_per_worker and not res.gpu_resource.endswith("gpu"):
+        return {"num-gpus": str(res.gpus_per_worker)}
+    return {}
+
+
 def ray_cluster_spec(job: RocmTrainingJob, options: RenderOptions) -> dict[str, Any]:
     """One head group and one fixed-size worker group: the job's workers for every trial that runs at once."""
     labels = job_labels(job)
@@ -129,7 +140,7 @@ def ray_cluster_spec(job: RocmTrainingJob, options: RenderOptions) -> dict[str, 
                 "replicas": workers,
                 "minReplicas": workers,
                 "maxReplicas": workers,
-                "rayStartParams": {},
+                "rayStartParams": worker_start_params(job),
                 "template": _placed(pod.worker_template(job, options, labels), topology),
             }
         ],

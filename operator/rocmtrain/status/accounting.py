@@ -17,7 +17,9 @@ brought up to date only when the held count changes, the job ends, or
 Prices come from the operator's `ROCMTRAIN_GPU_PRICES` (per GPU-hour, by the AMD node
 labeller's `amd.com/gpu.product-name`, with an optional `default`) in
 `ROCMTRAIN_COST_CURRENCY`: a job's price is that of the product name it selects
-(`spec.resources.gpu.productName`), else the default.
+(`spec.resources.gpu.productName`), else the default. A GPU partition
+(`spec.resources.gpu.partition`) counts as one GPU here, at the price configured for the
+partition's name (`cpx_nps4=0.45`), else its GPU's price divided by the partitions per GPU.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rocmtrain.api.contract import partitions_per_gpu
 from rocmtrain.api.models import RocmTrainingJobSpec
 from rocmtrain.api.patterns import CURRENCY, LABEL_VALUE
 from rocmtrain.api.timestamps import parse_time, rfc3339
@@ -58,11 +61,16 @@ class Pricing:
     currency: str = DEFAULT_CURRENCY
 
     def price_for(self, spec: RocmTrainingJobSpec) -> Price | None:
-        """The price of the job's GPUs: its selected product's, else the default; None without either."""
+        """The price of one of the job's GPUs: its selected product's, else the default; None without either.
+        A partition's is the price configured for the partition's name, else its GPU's divided by the
+        partitions a GPU is split into."""
         gpu = spec.resources.gpu
         product = gpu.product_name if gpu is not None else None
+        partition = gpu.partition if gpu is not None else None
+        if partition is not None and partition in self.by_product:
+            return Price(self.by_product[partition], self.currency)
         per_hour = self.by_product.get(product, self.default) if product is not None else self.default
-        return Price(per_hour, self.currency) if per_hour is not None else None
+        return Price(per_hour / partitions_per_gpu(partition), self.currency) if per_hour is not None else None
 
 
 @dataclass(frozen=True)
