@@ -170,6 +170,11 @@ def test_the_quota_is_the_gpus_of_every_flavor_and_their_reservation() -> None:
     shared["spec"]["cohortName"] = "research"
     assert cluster_queue_quota(shared) == Quota("team-a", 12, None, "research")
     assert cluster_queue_quota({"metadata": {"name": "cpu-only"}}) == Quota("cpu-only", None, None)
+    partitioned = cluster_queue({"flavorsReservation": [{"resources": [{"name": "amd.com/cpx_nps4", "total": "16"}]}]})
+    partitioned["spec"]["resourceGroups"][0]["flavors"].append(
+        {"name": "cpx", "resources": [{"name": "amd.com/cpx_nps4", "nominalQuota": 64}]}
+    )
+    assert cluster_queue_quota(partitioned) == Quota("team-a", 76, 16)  # partitions (mixed naming) count as GPUs
 
 
 def workload(

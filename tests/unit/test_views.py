@@ -76,6 +76,27 @@ def test_free_gpus_leave_out_unavailable_nodes_and_ended_pods():
     assert "3 (2 unavailable)" in text and "Kueue is not installed." in text
 
 
+def test_partitions_count_as_devices_of_their_own_kind_in_either_naming():
+    partitioned = {**MI300X, "amd.com/compute-memory-partition": "cpx_nps4"}
+    mixed = node("mixed", 0, partitioned)
+    mixed["status"]["allocatable"] = {"amd.com/cpx_nps4": "64"}
+    nodes = [
+        node("whole", 8, {**MI300X, "amd.com/compute-memory-partition": "spx_nps1"}),
+        node("single", 64, partitioned),
+        mixed,
+    ]
+    held = pod("w-0", "mixed", 0, job="bert")
+    held["spec"]["containers"][0]["resources"] = {"limits": {"amd.com/cpx_nps4": "2"}}
+    jobs = [{"metadata": {"namespace": "ml", "name": "bert"}, "status": {"phase": "Running"}}]
+    view = pool_view(nodes, [held, pod("w-1", "single", 1, job="bert")], jobs)
+    rows = {m.model: (m.nodes, m.allocatable, m.requested, m.free) for m in view.models}
+    assert rows == {
+        "AMD_Instinct_MI300X_OAM": (1, 8, 0, 8),
+        "AMD_Instinct_MI300X_OAM cpx_nps4": (2, 128, 3, 125),
+    }
+    assert pod_gpus(held) == 2
+
+
 def test_table_aligns_and_marks_missing_values():
     assert table(["A", "LONGER"], [["x", None], ["yyyy", 3]]).splitlines() == [
         "A      LONGER",

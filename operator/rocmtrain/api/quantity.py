@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from decimal import Decimal
+from typing import Any
 
 from rocmtrain.api.patterns import QUANTITY
 
@@ -43,6 +45,20 @@ def whole_cpus(cpus: str | float) -> int:
     """
     value = parse_quantity(cpus) if isinstance(cpus, str) else cpus
     return max(1, math.floor(value))
+
+
+AMD_DEVICE_PREFIX = "amd.com/"  # the AMD device plugin's resources: amd.com/gpu, or partitions (mixed naming)
+
+
+def amd_devices(amounts: Mapping[str, Any]) -> int:
+    """The AMD devices among resource `amounts`: `amd.com/gpu`, or partitions such as `amd.com/cpx_nps4`."""
+    return sum(device_count(amount) for name, amount in amounts.items() if name.startswith(AMD_DEVICE_PREFIX))
+
+
+def container_devices(container: Mapping[str, Any]) -> int:
+    """A container's AMD devices as the scheduler and Kueue count them: its requests', else its limits'."""
+    resources = container.get("resources") or {}
+    return amd_devices(resources.get("requests") or {}) or amd_devices(resources.get("limits") or {})
 
 
 def device_count(value: object) -> int:

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rocmtrain.api.conditions import Reason
-from rocmtrain.api.contract import GPU_RESOURCE, RAYJOB_API_VERSION, RAYJOB_KIND
+from rocmtrain.api.contract import RAYJOB_API_VERSION, RAYJOB_KIND
 from rocmtrain.api.kueue import WorkloadCondition
-from rocmtrain.api.quantity import device_count
+from rocmtrain.api.quantity import AMD_DEVICE_PREFIX, container_devices
 
 
 @dataclass(frozen=True)
@@ -44,13 +44,6 @@ def rayjob_owner(workload: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return next((r for r in refs if r.get("kind") == RAYJOB_KIND and r.get("apiVersion") == RAYJOB_API_VERSION), None)
 
 
-def _container_gpus(container: Mapping[str, Any]) -> int:
-    """A container's AMD GPUs as Kueue counts them: its request, else its limit."""
-    resources = container.get("resources") or {}
-    requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
-    return device_count(requests.get(GPU_RESOURCE, limits.get(GPU_RESOURCE)))
-
-
 def workload_gpus(spec: Mapping[str, Any]) -> int:
     """The AMD GPUs a Workload's pod sets ask for in all: each set's count times its pod's containers'."""
     total = 0
@@ -59,7 +52,7 @@ def workload_gpus(spec: Mapping[str, Any]) -> int:
             continue
         containers = ((pod_set.get("template") or {}).get("spec") or {}).get("containers") or []
         count = pod_set.get("count")
-        total += (count if isinstance(count, int) else 1) * sum(_container_gpus(c) for c in containers)
+        total += (count if isinstance(count, int) else 1) * sum(container_devices(c) for c in containers)
     return total
 
 
@@ -96,7 +89,7 @@ def _condition(view: Mapping[str, Any], kind: WorkloadCondition) -> Mapping[str,
 
 def _flavors(view: Mapping[str, Any]) -> tuple[str, ...]:
     assignments = view.get("flavors") or []
-    gpu = {a[GPU_RESOURCE] for a in assignments if GPU_RESOURCE in a}
+    gpu = {flavor for a in assignments for name, flavor in a.items() if name.startswith(AMD_DEVICE_PREFIX)}
     return tuple(sorted(gpu or {flavor for a in assignments for flavor in a.values()}))
 
 

@@ -32,7 +32,7 @@ from typing import Any
 from rocmtrain.api.contract import GPU_RESOURCE
 from rocmtrain.api.models import QUEUE_BASIS_LIMIT, QueueEstimate
 from rocmtrain.api.names import rayjob_name_of
-from rocmtrain.api.quantity import device_count
+from rocmtrain.api.quantity import AMD_DEVICE_PREFIX, device_count
 from rocmtrain.api.timestamps import parse_time, rfc3339
 from rocmtrain.status.kueue import finished, holds_quota
 from rocmtrain.status.messages import bounded
@@ -93,7 +93,8 @@ def expected_end(status: Mapping[str, Any]) -> dt.datetime | None:
 
 
 def cluster_queue_quota(cluster_queue: Mapping[str, Any]) -> Quota:
-    """The AMD GPU quota of a ClusterQueue (summed over its flavors) and what is reserved of it now."""
+    """The AMD GPU quota of a ClusterQueue (summed over its flavors, partitions counted as GPUs) and what is
+    reserved of it now."""
     name = (cluster_queue.get("metadata") or {}).get("name", "")
     spec, status = cluster_queue.get("spec") or {}, cluster_queue.get("status") or {}
     nominal = [
@@ -101,7 +102,7 @@ def cluster_queue_quota(cluster_queue: Mapping[str, Any]) -> Quota:
         for group in spec.get("resourceGroups") or []
         for flavor in group.get("flavors") or []
         for resource in flavor.get("resources") or []
-        if resource.get("name") == GPU_RESOURCE
+        if str(resource.get("name")).startswith(AMD_DEVICE_PREFIX)
     ]
     # Reserved counts Workloads holding quota before their admission checks pass; older Kueue reports usage only.
     reservation = status.get("flavorsReservation", status.get("flavorsUsage"))
@@ -110,7 +111,7 @@ def cluster_queue_quota(cluster_queue: Mapping[str, Any]) -> Quota:
             device_count(resource.get("total"))
             for flavor in reservation
             for resource in flavor.get("resources") or []
-            if resource.get("name") == GPU_RESOURCE
+            if str(resource.get("name")).startswith(AMD_DEVICE_PREFIX)
         )
         if isinstance(reservation, list)
         else None

@@ -15,13 +15,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rocmtrain.api.contract import GPU_NODE_LABELS, GPU_RESOURCE, JOB_NAME_LABEL
+from rocmtrain.api.contract import GPU_NODE_LABELS, JOB_NAME_LABEL
 from rocmtrain.api.kueue import WorkloadCondition
-from rocmtrain.api.quantity import device_count
+from rocmtrain.api.quantity import amd_devices, container_devices
 from rocmtrain.views.table import table
 
 UNLABELLED = "(no product-name label)"
 ENDED_POD_PHASES = frozenset({"Succeeded", "Failed"})
+
+WHOLE_GPU = "spx_nps1"  # an unpartitioned GPU, as the node labeller calls it
 
 
 @dataclass(frozen=True)
@@ -100,21 +102,19 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return obj.get("metadata") or {}
 
 
-def _request(container: Mapping[str, Any]) -> int:
-    resources = container.get("resources") or {}
-    amount = (resources.get("requests") or {}).get(GPU_RESOURCE, (resources.get("limits") or {}).get(GPU_RESOURCE))
-    return device_count(amount)
-
-
 def pod_gpus(pod: Mapping[str, Any]) -> int:
     """The pod's effective AMD GPU request, as the scheduler computes it."""
     spec = pod.get("spec") or {}
-    containers = sum(_request(c) for c in spec.get("containers") or [])
-    return max([containers, *(_request(c) for c in spec.get("initContainers") or [])])
+    containers = sum(container_devices(c) for c in spec.get("containers") or [])
+    return max([containers, *(container_devices(c) for c in spec.get("initContainers") or [])])
 
 
 def _model(node: Mapping[str, Any]) -> str:
-    return str((_meta(node).get("labels") or {}).get(GPU_NODE_LABELS["product_name"], UNLABELLED))
+    """The node's GPU model, and its partition where the GPUs are partitioned (`... cpx_nps4`)."""
+    labels = _meta(node).get("labels") or {}
+    partition = labels.get(GPU_NODE_LABELS["partition"])
+    model = str(labels.get(GPU_NODE_LABELS["product_name"], UNLABELLED))
+    return f"{model} {partition}" if partition and partition != WHOLE_GPU else model
 
 
 def _available(node: Mapping[str, Any]) -> bool:
@@ -218,9 +218,7 @@ def pool_view(
         (_meta(j).get("namespace", ""), _meta(j).get("name", "")): (j.get("status") or {}).get("phase") for j in jobs
     }
     gpu_nodes = {
-        _meta(n).get("name"): n
-        for n in nodes
-        if device_count(((n.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE))
+        _meta(n).get("name"): n for n in nodes if amd_devices((n.get("status") or {}).get("allocatable") or {})
     }
     live = [p for p in pods if (p.get("status") or {}).get("phase") not in ENDED_POD_PHASES and pod_gpus(p)]
     by_node: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
@@ -238,7 +236,7 @@ def pool_view(
     for model, members in sorted(models.items()):
         allocatable = requested = free = 0
         for node in members:
-            count = device_count(node["status"]["allocatable"][GPU_RESOURCE])
+            count = amd_devices(node["status"]["allocatable"])
             used = sum(pod_gpus(p) for p in by_node.get(_meta(node).get("name", ""), []))
             allocatable, requested = allocatable + count, requested + used
             free += max(count - used, 0) if _available(node) else 0
