@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from rocmtrain.api.conditions import ConditionType, Reason
-from rocmtrain.api.contract import DRIVER_ERROR_PREFIX, GPU_RESOURCE, KUEUE_QUEUE_LABEL, RAYJOB_API_VERSION
+from rocmtrain.api.contract import DRIVER_ERROR_PREFIX, KUEUE_QUEUE_LABEL, RAYJOB_API_VERSION
 from rocmtrain.api.kuberay import JobDeploymentStatus, JobStatus
 from rocmtrain.api.models import Phase, RocmTrainingJobSpec, RocmTrainingJobStatus
 from rocmtrain.api.timestamps import parse_time, rfc3339
@@ -240,7 +240,7 @@ def _admitted_message(obs: Observation, queue: str) -> str:
         return f"admitted by Kueue queue {queue}"
     where = [f"ClusterQueue {kueue.cluster_queue}"] if kueue.cluster_queue else []
     if kueue.flavors:
-        where.append(f"{GPU_RESOURCE} flavor {', '.join(kueue.flavors)}")
+        where.append(f"{obs.spec.resources.gpu_resource} flavor {', '.join(kueue.flavors)}")
     return f"admitted by Kueue queue {queue}" + (f" ({', '.join(where)})" if where else "")
 
 

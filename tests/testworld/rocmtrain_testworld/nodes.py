@@ -65,6 +65,7 @@ class FakeNode:
     cpu: str = "192"
     memory: str = "2Ti"
     pods: int = 110  # at most 254: kwok takes pod IPs from the node's /24
+    gpu_resource: str = GPU_RESOURCE  # or a partition's, as the device plugin's mixed naming names it
 
     @property
     def address(self) -> str:
@@ -81,7 +82,7 @@ class FakeNode:
     def resources(self) -> dict[str, str]:
         out = {"cpu": self.cpu, "memory": self.memory, "pods": str(self.pods), "ephemeral-storage": "1Ti"}
         if self.gpus:
-            out[GPU_RESOURCE] = str(self.gpus)
+            out[self.gpu_resource] = str(self.gpus)
         return out
 
     def labels(self) -> dict[str, str]:
