@@ -287,81 +287,45 @@ CPX_LABELS = {
 CPX_NODES = tuple(FakeNode(f"cpx-{i}", 30 + i, gpus=64, gpu_labels=CPX_LABELS, gpu_resource=CPX) for i in range(2))
 
 
-def partition_pool() -> list[dict[str, Any]]:
-    """A flavor of the CPX nodes and a ClusterQueue with 16 partitions of it."""
-    return [
-        {
-            "apiVersion": TAS_API,
-            "kind": "ResourceFlavor",
-            "metadata": {"name": "cpx-nps4"},
-            "spec": {"nodeLabels": {PARTITION_LABEL: "cpx_nps4"}},
-        },
-        {
-            "apiVersion": TAS_API,
-            "kind": "ClusterQueue",
-            "metadata": {"name": "partitions"},
-            "spec": {
-                "namespaceSelector": {},
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["cpu", "memory", CPX],
-                        "flavors": [
-                            {
-                                "name": "cpx-nps4",
-                                "resources": [
-                                    {"name": "cpu", "nominalQuota": 512},
-                                    {"name": "memory", "nominalQuota": "8Ti"},
-                                    {"name": CPX, "nominalQuota": 16},
-                                ],
-                            }
-                        ],
-                    }
-                ],
-            },
-        },
-    ]
-
-
 def test_partitions_by_their_own_resource_are_placed_counted_as_ray_gpus_and_admitted_by_their_quota(
     world: World, scope: Scope, world_api: Api, world_operator: Operator, gpu_pool: dict[str, dict[str, Any]]
 ):
+    """The example pool's small-jobs ClusterQueue: 64 partitions under mixed naming."""
     api = world_api
-    pool = partition_pool()
     register_kwok(world.cluster, CPX_NODES)
-    for obj in pool:
-        world.cluster.apply(obj)
-    ns = team_namespace(scope, "partitions")
+    ns = team_namespace(scope, "small-jobs")
     try:
         gpu = {"partition": "cpx_nps4", "resourceName": CPX}
-        queue = {"queueName": "partitions"}
+        queue = {"queueName": "small-jobs"}
         api.kube.create(
-            job_manifest("cpx", ns, resources={"workers": 2, "gpusPerWorker": 8, "gpu": gpu}, scheduling=queue)
+            job_manifest("cpx", ns, resources={"workers": 4, "gpusPerWorker": 16, "gpu": gpu}, scheduling=queue)
         )
         status = api.wait_status(ns, "cpx", "admitted and started", submitting)
-        assert status["gpus"] == 16
+        assert status["gpus"] == 64
         admitted = api.condition(ns, "cpx", ConditionType.ADMITTED)["message"]
-        assert admitted == f"admitted by Kueue queue partitions (ClusterQueue partitions, {CPX} flavor cpx-nps4)"
+        flavor = "mi300x-cpx-nps4-mixed"
+        assert admitted == f"admitted by Kueue queue small-jobs (ClusterQueue small-jobs, {CPX} flavor {flavor})"
 
         def placed() -> list[dict[str, Any]] | None:
             cluster = kuberay.raycluster(api.kube, ns, "cpx")
             pods = kuberay.ray_pods(api.kube, ns, cluster["metadata"]["name"], "worker") if cluster else []
-            return pods if len(pods) == 2 and all(p["spec"].get("nodeName") for p in pods) else None
+            return pods if len(pods) == 4 and all(p["spec"].get("nodeName") for p in pods) else None
 
         workers = wait_until(placed, timeout=WORLD_TIMEOUT, what="the workers placed")
-        assert {p["spec"]["nodeName"] for p in workers} <= {n.name for n in CPX_NODES} and len(workers) == 2
+        assert {p["spec"]["nodeName"] for p in workers} <= {n.name for n in CPX_NODES}
         for worker in workers:  # KubeRay's ray start, which counts only limits named ...gpu, got num-gpus from us
             container = worker["spec"]["containers"][0]
             assert (
-                container["resources"]["limits"][CPX] == "8" and "amd.com/gpu" not in container["resources"]["limits"]
+                container["resources"]["limits"][CPX] == "16" and "amd.com/gpu" not in container["resources"]["limits"]
             )
-            assert "--num-gpus=8" in " ".join(container.get("command", []) + container.get("args", [])), container
+            assert "--num-gpus=16" in " ".join(container.get("command", []) + container.get("args", [])), container
 
         api.kube.create(
             job_manifest("more", ns, resources={"workers": 1, "gpusPerWorker": 8, "gpu": gpu}, scheduling=queue)
         )
         api.wait_status(ns, "more", "Queued", queued)
         reason = wait_until(lambda: kueue_condition(api, ns, "more", "QuotaReserved").get("message"), what="Kueue")
-        assert f"insufficient unused quota for {CPX} in flavor cpx-nps4, 8 more needed" in reason, reason
+        assert f"insufficient unused quota for {CPX} in flavor {flavor}, 8 more needed" in reason, reason
     finally:  # the jobs' pods gone before their nodes
         for name in ("more", "cpx"):
             world.cluster.delete(job_manifest(name, ns))
@@ -370,8 +334,6 @@ def test_partitions_by_their_own_resource_are_placed_counted_as_ray_gpus_and_adm
             WORLD_TIMEOUT,
             "the jobs' pods to be gone",
         )
-        for obj in reversed(pool):
-            world.cluster.delete(obj)
         for node in CPX_NODES:
             world.cluster.delete({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name}})
 
