@@ -194,6 +194,38 @@ def test_gpu_model_selection_becomes_required_node_affinity(full: RocmTrainingJo
     assert "affinity" not in worker_group(render_rayjob(job_of(minimal_job())))["template"]["spec"]
 
 
+RCCL_NETWORK_ENV = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_IB_GID_INDEX")
+
+
+def test_network_gives_workers_rdma_the_secondary_network_and_rccl_settings() -> None:
+    manifest = full_job()
+    manifest["spec"]["resources"]["network"] = {
+        "rdmaResource": "rdma/rdma_shared_device_a",
+        "rdmaPerWorker": 2,
+        "networks": ["net-ops/roce-a@net1", "roce-b"],
+        "ibHca": ["mlx5_0", "mlx5_1:1"],
+        "socketInterface": "net1",
+        "gidIndex": 3,
+    }
+    rayjob = render_rayjob(job_of(manifest))
+    worker = worker_group(rayjob)["template"]
+    resources = worker["spec"]["containers"][0]["resources"]
+    assert resources["limits"]["rdma/rdma_shared_device_a"] == resources["requests"]["rdma/rdma_shared_device_a"] == "2"
+    assert resources["limits"]["amd.com/gpu"] == "2"
+    assert worker["metadata"]["annotations"] == {"k8s.v1.cni.cncf.io/networks": "net-ops/roce-a@net1,roce-b"}
+    assert env_value(worker, "NCCL_IB_HCA") == "mlx5_0,mlx5_1:1"
+    assert env_value(worker, "NCCL_SOCKET_IFNAME") == "net1"
+    assert env_value(worker, "NCCL_IB_GID_INDEX") == "3"
+    # The head trains nothing: no RDMA, no secondary network, no RCCL settings.
+    head = head_pod(rayjob)
+    assert "annotations" not in head["metadata"]
+    assert not [v for v in env_of(head) if v["name"] in RCCL_NETWORK_ENV]
+    assert "rdma/rdma_shared_device_a" not in head["spec"]["containers"][0]["resources"]["limits"]
+    plain = worker_group(render_rayjob(job_of(full_job())))["template"]
+    assert "annotations" not in plain["metadata"]
+    assert not [v for v in env_of(plain) if v["name"] in RCCL_NETWORK_ENV]
+
+
 def test_worker_env_order_defaults_and_user_overrides(full: RocmTrainingJob) -> None:
     worker = worker_group(render_rayjob(full, options=OPTIONS))["template"]
     assert env_of(worker) == [

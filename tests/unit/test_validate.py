@@ -351,6 +351,26 @@ INVALID: list[tuple[str, Edit, str, str]] = [
         "prefix is at most 253",
     ),
     ("gpu-product-shell", put("spec.resources.gpu.productName", "$(x)"), "spec.resources.gpu.productName", "label"),
+    (
+        "rdma-without-resource",
+        put("spec.resources.network", {"ibHca": ["mlx5_0"]}),
+        "spec.resources.network.rdmaResource",
+        "need rdmaResource when workers > 1",
+    ),
+    (
+        "network-shell",
+        put("spec.resources.network", {"networks": ["roce;reboot"]}),
+        "spec.resources.network.networks[0]",
+        "secondary network",
+    ),
+    ("hca-shell", put("spec.resources.network.ibHca", ["$(x)"]), "spec.resources.network.ibHca[0]", "HCA name"),
+    (
+        "interface-too-long",
+        put("spec.resources.network.socketInterface", "a" * 16),
+        "spec.resources.network.socketInterface",
+        "interface name",
+    ),
+    ("gid-too-large", put("spec.resources.network.gidIndex", 256), "spec.resources.network.gidIndex", "less than"),
     ("lm-task-unknown", put("spec.model.task", "seq2seq"), "spec.model.task", "causal-lm"),
     ("sharding-unknown", put("spec.training.sharding", "zero3"), "spec.training.sharding", "'none' or 'fsdp'"),
     (
@@ -871,6 +891,11 @@ CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
         put("spec.resources.gpusPerWorker", 0),
         "spec.resources.gpu",
     ),
+    (
+        "spec.resources",
+        "self.workers <= 1 || self.gpusPerWorker == 0 || !has(self.network) || has(self.network.rdmaResource) "
+        "|| !has(self.network.gidIndex) && (!has(self.network.ibHca) || size(self.network.ibHca) == 0)",
+    ): (put("spec.resources.network", {"gidIndex": 3}), "spec.resources.network.rdmaResource"),
     ("spec.scheduling.tolerations[].key", "self.matches(r'^([^/]{1,253}/)?[^/]*$')"): (
         put("spec.scheduling.tolerations", [{"key": LONG_PREFIX_KEY, "operator": "Exists"}]),
         "spec.scheduling.tolerations[0].key",

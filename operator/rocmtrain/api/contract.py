@@ -113,6 +113,11 @@ def partitions_per_gpu(partition: str | None) -> int:
     return COMPUTE_PARTITIONS[partition.split("_")[0]] if partition else 1
 
 
+# ---- multi-node networking ----------------------------------------------------------------
+
+# Multus: the secondary networks a pod attaches to (`[namespace/]name[@interface]`, comma-separated).
+MULTUS_NETWORKS_ANNOTATION: Final = "k8s.v1.cni.cncf.io/networks"
+
 # ---- the training image -------------------------------------------------------------------
 
 # The driver the RayJob runs (`python -m rocmtrain_train`); no user string is ever part of it.

@@ -17,7 +17,16 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from pydantic.alias_generators import to_camel, to_snake
 
 from rocmtrain.api.contract import GPU_NODE_LABELS, GPU_RESOURCE, PYTHON
-from rocmtrain.api.patterns import CURRENCY, DNS_SUBDOMAIN, FS_TYPE, TEXT
+from rocmtrain.api.patterns import (
+    CURRENCY,
+    DNS_SUBDOMAIN,
+    EXTENDED_RESOURCE,
+    FS_TYPE,
+    HCA_NAME,
+    INTERFACE_NAME,
+    NETWORK_ATTACHMENT,
+    TEXT,
+)
 from rocmtrain.api.types import (
     AbsPath,
     AmdResourceName,
@@ -520,6 +529,49 @@ class GpuSelector(ApiModel):
         return {label: value for field, label in GPU_NODE_LABELS.items() if (value := getattr(self, field)) is not None}
 
 
+RDMA_WITHOUT_RESOURCE = "RDMA settings (ibHca, gidIndex) need rdmaResource when workers > 1"
+
+
+class NetworkSpec(ApiModel):
+    """Multi-node networking of the workers: RDMA NICs, a secondary network and RCCL's settings.
+
+    RCCL reads the NCCL_* variables. Without RDMA it falls back to TCP over the pod network.
+    """
+
+    rdma_resource: Annotated[str, StringConstraints(pattern=EXTENDED_RESOURCE, max_length=253)] | None = Field(
+        default=None,
+        description="Extended resource of the RDMA NICs the network operator exposes (rdma/rdma_shared_device_a).",
+    )
+    rdma_per_worker: int = Field(default=1, ge=1, le=16, description="rdmaResource requested per worker pod.")
+    networks: list[Annotated[str, StringConstraints(pattern=NETWORK_ATTACHMENT, max_length=160)]] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Multus secondary networks of the worker pods ([namespace/]name[@interface]), the value of "
+        "`k8s.v1.cni.cncf.io/networks`.",
+    )
+    ib_hca: list[Annotated[str, StringConstraints(pattern=HCA_NAME, max_length=68)]] = Field(
+        default_factory=list, max_length=32, description="HCAs RCCL uses (NCCL_IB_HCA), for example mlx5_0."
+    )
+    socket_interface: Annotated[str, StringConstraints(pattern=INTERFACE_NAME)] | None = Field(
+        default=None, description="Interface for RCCL's bootstrap and socket traffic (NCCL_SOCKET_IFNAME)."
+    )
+    gid_index: int | None = Field(default=None, ge=0, le=255, description="RoCE GID index (NCCL_IB_GID_INDEX).")
+
+    @property
+    def names_rdma(self) -> bool:
+        """Whether RCCL's RDMA settings are given."""
+        return bool(self.ib_hca) or self.gid_index is not None
+
+    def nccl_env(self) -> dict[str, str]:
+        """RCCL's variables, for the set fields only (plain values: no shell reads them)."""
+        values = {
+            "NCCL_IB_HCA": ",".join(self.ib_hca) or None,
+            "NCCL_SOCKET_IFNAME": self.socket_interface,
+            "NCCL_IB_GID_INDEX": None if self.gid_index is None else str(self.gid_index),
+        }
+        return {name: value for name, value in values.items() if value is not None}
+
+
 class ResourcesSpec(ApiModel):
     """Workers, GPUs and pod resources."""
 
@@ -530,7 +582,14 @@ class ResourcesSpec(ApiModel):
                     "self.gpusPerWorker > 0 || !has(self.gpu)",
                     "gpu model selection requires gpusPerWorker > 0",
                     fieldPath=".gpu",
-                )
+                ),
+                _cel(
+                    "self.workers <= 1 || self.gpusPerWorker == 0 || !has(self.network) "
+                    "|| has(self.network.rdmaResource) || !has(self.network.gidIndex) "
+                    "&& (!has(self.network.ibHca) || size(self.network.ibHca) == 0)",
+                    RDMA_WITHOUT_RESOURCE,
+                    fieldPath=".network.rdmaResource",
+                ),
             ]
         }
     )
@@ -557,6 +616,10 @@ class ResourcesSpec(ApiModel):
         default=None, description="Required GPU model, matched against AMD node-labeller labels."
     )
 
+    network: NetworkSpec | None = Field(
+        default=None, description="Multi-node networking of the workers: RDMA, secondary network, RCCL settings."
+    )
+
     @property
     def gpu_resource(self) -> str:
         """The extended resource a worker's GPUs are requested as: `amd.com/gpu`, or a partition's (mixed naming)."""
@@ -566,6 +629,13 @@ class ResourcesSpec(ApiModel):
     def _gpu_selection_needs_gpus(self) -> ResourcesSpec:
         if self.gpu is not None and self.gpus_per_worker == 0:
             raise ValueError("gpu model selection requires gpusPerWorker > 0")
+        return self
+
+    @model_validator(mode="after")
+    def _rdma_needs_a_resource(self) -> ResourcesSpec:
+        network = self.network
+        if self.workers > 1 and self.gpus_per_worker and network and network.names_rdma and not network.rdma_resource:
+            raise ValueError(f"{RDMA_WITHOUT_RESOURCE} (without it RCCL falls back to TCP over the pod network)")
         return self
 
     @property

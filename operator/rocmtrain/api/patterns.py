@@ -66,8 +66,22 @@ METRIC_NAME = r"^[A-Za-z_][A-Za-z0-9_./-]*$"
 GPU_PARTITION = r"^(spx|dpx|qpx|cpx)_nps(1|2|4)$"
 # An extended resource of the AMD device plugin: amd.com/gpu, or a partition's name with `mixed` naming.
 AMD_RESOURCE = r"^amd\.com/[a-z0-9]+([_.-][a-z0-9]+)*$"
+# An extended resource: a DNS-subdomain prefix, '/', and a name (`rdma/rdma_shared_device_a`).
+EXTENDED_RESOURCE = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+# A Multus secondary network, `[namespace/]name[@interface]`, as `k8s.v1.cni.cncf.io/networks` lists them.
+NETWORK_ATTACHMENT = (
+    r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/)?[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?(@[A-Za-z0-9_.-]{1,15})?$"
+)
+# An InfiniBand/RoCE HCA as RCCL's NCCL_IB_HCA names it, with an optional port (`mlx5_0`, `bnxt_re0:1`).
+HCA_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}(:[0-9]{1,3})?$"
+# A Linux network interface name (at most 15 characters).
+INTERFACE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$"
 
 PATTERN_DESCRIPTIONS = {
+    EXTENDED_RESOURCE: "an extended resource name: a DNS prefix, '/', then a name (rdma/rdma_shared_device_a)",
+    NETWORK_ATTACHMENT: "a secondary network: [namespace/]name[@interface], lowercase DNS names",
+    HCA_NAME: "an HCA name such as mlx5_0, optionally with a port (mlx5_0:1)",
+    INTERFACE_NAME: "a network interface name: up to 15 letters, digits, '_', '.' or '-'",
     DNS_LABEL: "a DNS-1123 label: lowercase letters, digits and '-', starting and ending with a letter or digit",
     DNS_1035_LABEL: "a DNS-1035 label: lowercase letters, digits and '-', starting with a letter",
     DNS_SUBDOMAIN: "a DNS-1123 subdomain: lowercase DNS labels joined by '.'",

@@ -7,9 +7,9 @@ from the RayJob's entrypoint, both of which hold only operator constants.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from rocmtrain.api.contract import GPU_RESOURCE
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.render import env, volumes
 
@@ -33,11 +33,11 @@ def container_security_context() -> dict[str, Any]:
     }
 
 
-def guaranteed_resources(cpu: str, memory: str, gpus: int = 0, gpu_resource: str = GPU_RESOURCE) -> dict[str, Any]:
-    """Requests equal to limits (Guaranteed QoS); AMD GPUs as `gpu_resource` (`amd.com/gpu`, or a partition's)."""
+def guaranteed_resources(cpu: str, memory: str, devices: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """Requests equal to limits (Guaranteed QoS); devices (AMD GPUs or partitions, RDMA NICs) as extended
+    resources, those with a count of 0 left out."""
     amounts: dict[str, str] = {"cpu": cpu, "memory": memory}
-    if gpus:
-        amounts[gpu_resource] = str(gpus)
+    amounts.update({name: str(count) for name, count in (devices or {}).items() if count})
     return {"limits": dict(amounts), "requests": dict(amounts)}
 
 

@@ -23,7 +23,7 @@ from rocmtrain.api.contract import (
     trainer_status_path,
 )
 from rocmtrain.api.job_config import job_config_json
-from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.api.models import NetworkSpec, RocmTrainingJob
 from rocmtrain.api.quantity import parse_quantity, whole_cpus
 from rocmtrain.render.options import RenderOptions
 from rocmtrain.render.volumes import PROGRESS_CA_PATH, PROGRESS_TOKEN_PATH
@@ -66,6 +66,11 @@ def runtime_defaults(cpus: str, gpus: int) -> list[dict[str, Any]]:
     if gpus:
         env += [_var(name, value) for name, value in GPU_ENV]
     return env
+
+
+def network_env(network: NetworkSpec | None) -> list[dict[str, Any]]:
+    """RCCL's network variables (NCCL_IB_HCA, NCCL_SOCKET_IFNAME, NCCL_IB_GID_INDEX) for the set fields."""
+    return [_var(name, value) for name, value in network.nccl_env().items()] if network is not None else []
 
 
 def code_env(job: RocmTrainingJob, options: RenderOptions) -> list[dict[str, Any]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rocmtrain.api.contract import RUN_AS_GROUP, RUN_AS_USER
+from rocmtrain.api.contract import MULTUS_NETWORKS_ANNOTATION, RUN_AS_GROUP, RUN_AS_USER
 from rocmtrain.api.models import GpuSelector, RocmTrainingJob
 from rocmtrain.api.quantity import parse_quantity
 from rocmtrain.render import container, env, volumes
@@ -114,11 +114,11 @@ def worker_template(job: RocmTrainingJob, options: RenderOptions, labels: dict[s
     worker = container.ray_container(
         job,
         name=container.WORKER_CONTAINER,
-        resources=container.guaranteed_resources(
-            res.cpus_per_worker, res.memory_per_worker, res.gpus_per_worker, res.gpu_resource
-        ),
+        resources=container.guaranteed_resources(res.cpus_per_worker, res.memory_per_worker, worker_devices(job)),
         env=env.container_env(
-            job, env.runtime_defaults(res.cpus_per_worker, res.gpus_per_worker), env.owned_worker_env(job, options)
+            job,
+            env.runtime_defaults(res.cpus_per_worker, res.gpus_per_worker) + env.network_env(res.network),
+            env.owned_worker_env(job, options),
         ),
         mounts=mounts,
     )
@@ -129,7 +129,19 @@ def worker_template(job: RocmTrainingJob, options: RenderOptions, labels: dict[s
         affinity=gpu_affinity(res.gpu),
         supplemental_groups=options.gpu_device_groups if res.gpus_per_worker else (),
     )
-    return _template(labels, spec)
+    template = _template(labels, spec)
+    if res.network is not None and res.network.networks:
+        template["metadata"]["annotations"] = {MULTUS_NETWORKS_ANNOTATION: ",".join(res.network.networks)}
+    return template
+
+
+def worker_devices(job: RocmTrainingJob) -> dict[str, int]:
+    """A worker's extended resources: its AMD GPUs (or partitions) and its RDMA NICs, by resource name."""
+    res = job.spec.resources
+    devices = {res.gpu_resource: res.gpus_per_worker}
+    if res.network is not None and res.network.rdma_resource is not None:
+        devices[res.network.rdma_resource] = res.network.rdma_per_worker
+    return devices
 
 
 def submitter_template(job: RocmTrainingJob, labels: dict[str, str]) -> dict[str, Any]:
