@@ -1,7 +1,8 @@
 """Pre-flight: can any node ever run this job's workers? (pure)
 
-The operator keeps a small index of Nodes (allocatable `amd.com/gpu` and labels)
-and asks, before it creates a RayJob, whether the workers could be placed at
+The operator keeps a small index of Nodes (allocatable `amd.com/gpu` and other extended
+resources: the partitions of the device plugin's mixed naming such as `amd.com/cpx_nps4`,
+RDMA NICs; and labels) and asks, before it creates a RayJob, whether the workers could be placed at
 all: enough GPUs on one node for one worker, nodes carrying the requested GPU
 model and node selector, and enough such nodes for every worker. It checks
 capacity (allocatable), not what is free right now: a job that does not fit an
@@ -29,11 +30,13 @@ class NodeInfo:
     name: str
     gpus: int
     labels: Mapping[str, str] = field(default_factory=dict)
-    partitions: Mapping[str, int] = field(default_factory=dict)  # amd.com/<partition> (mixed naming): count
+    # Other allocatable extended resources, by name: partitions under the device plugin's mixed naming
+    # (`amd.com/cpx_nps4`: 64), RDMA NICs (`rdma/rdma_shared_device_a`: 1000).
+    extended: Mapping[str, int] = field(default_factory=dict)
 
     def devices(self, resource: str) -> int:
-        """How many of the AMD device plugin's `resource` the node has."""
-        return self.gpus if resource == GPU_RESOURCE else self.partitions.get(resource, 0)
+        """Allocatable devices of the extended resource `resource` (`amd.com/gpu`, a partition's, RDMA NICs)."""
+        return self.gpus if resource == GPU_RESOURCE else self.extended.get(resource, 0)
 
 
 def node_info(node: Mapping[str, Any]) -> NodeInfo | None:
@@ -46,10 +49,10 @@ def node_info(node: Mapping[str, Any]) -> NodeInfo | None:
         name=metadata.get("name", ""),
         gpus=device_count(allocatable.get(GPU_RESOURCE)),
         labels=dict(metadata.get("labels") or {}),
-        partitions={
+        extended={
             name: count
-            for name, amount in allocatable.items()
-            if name.startswith("amd.com/") and name != GPU_RESOURCE and (count := device_count(amount))
+            for name, value in allocatable.items()
+            if "/" in name and name != GPU_RESOURCE and (count := device_count(value))
         },
     )
 
@@ -112,7 +115,17 @@ def check(spec: RocmTrainingJobSpec, nodes: Iterable[NodeInfo]) -> Hold | None:
         return _unschedulable(
             Reason.INSUFFICIENT_GPUS, f"needs {per_worker} {resource} per worker; the largest {where} has {largest}"
         )
-    slots = sum(n.devices(resource) // per_worker for n in matching)
+    network = spec.resources.network
+    rdma = (network.rdma_resource, network.rdma_per_worker) if network and network.rdma_resource else None
+    if rdma is not None:
+        largest_rdma = max((n.devices(rdma[0]) for n in matching), default=0)
+        if largest_rdma < rdma[1]:
+            return _unschedulable(
+                Reason.INSUFFICIENT_GPUS,
+                f"needs {rdma[1]} {rdma[0]} per worker; the largest node with its GPUs has {largest_rdma}",
+            )
+    need = dict([(resource, per_worker), *([rdma] if rdma else [])])  # per worker, by resource
+    slots = sum(min(n.devices(name) // count for name, count in need.items()) for n in matching)
     workers = spec.worker_pods
     if slots < workers:
         trials = (
