@@ -123,6 +123,8 @@ def test_a_job_the_operator_has_not_seen_still_shows():
     text = job_text(job, [], [], {}, NOW)
     assert text.startswith("ml/new   not yet seen by the operator")
     assert "16 requested (2 workers x 8)" in text
+    job["spec"]["resources"]["gpu"] = {"resourceName": "amd.com/cpx_nps4"}
+    assert "16 requested (2 workers x 8 cpx_nps4 partitions)" in job_text(job, [], [], {}, NOW)
 
 
 QUEUE = {"position": 2, "expectedStartTime": "2026-01-02T12:12:05Z", "basis": "1 running job's ETA, 1 job ahead"}

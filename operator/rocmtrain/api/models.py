@@ -1926,7 +1926,12 @@ class RocmTrainingJobStatus(ApiModel):
     dashboard_url: str | None = Field(default=None, description="Ray dashboard address inside the cluster.")
     workers_desired: int | None = Field(default=None, ge=0, description="Worker pods the job asks for.")
     workers_ready: int | None = Field(default=None, ge=0, description="Worker pods ready.")
-    gpus: int | None = Field(default=None, ge=0, description="AMD GPUs the job requests in total.")
+    gpus: int | None = Field(
+        default=None,
+        ge=0,
+        description="AMD GPUs the job requests in total; GPU partitions where spec.resources.gpu names a partition "
+        "(then gpusHeld, gpuSeconds and cost count partitions too).",
+    )
     start_time: str | None = Field(default=None, description="When the Ray job started (RFC 3339).")
     completion_time: str | None = Field(default=None, description="When the Ray job ended (RFC 3339).")
     restarts: int | None = Field(default=None, ge=0, description="Whole-job retries so far.")

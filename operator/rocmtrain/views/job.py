@@ -79,7 +79,10 @@ def _gpu_line(job: Mapping[str, Any], now: dt.datetime) -> str:
     status = job.get("status") or {}
     resources = (job.get("spec") or {}).get("resources") or {}
     workers, per_worker = resources.get("workers", 1), resources.get("gpusPerWorker", 1)
-    parts = [f"{workers * per_worker} requested ({workers} workers x {per_worker})"]
+    gpu = resources.get("gpu") or {}
+    profile = gpu.get("partition") or str(gpu.get("resourceName") or "").removeprefix("amd.com/")
+    kind = f" {profile} partitions" if profile else ""
+    parts = [f"{workers * per_worker} requested ({workers} workers x {per_worker}{kind})"]
     if status.get("gpusHeld") is not None:
         parts.append(f"{status['gpusHeld']} held")
     if "gpuSeconds" in status:
