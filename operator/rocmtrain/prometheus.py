@@ -8,7 +8,7 @@
 - `rocmtrain_progress_reports_total`, `rocmtrain_progress_refusals_total{code}`: the progress endpoint's answers;
 - per job, labelled `namespace` and `job_name` (`rocmtrain.status.gauges`): `rocmtrain_job_phase{phase}`,
   progress, ETA, loss, accuracy, throughput, GPU utilisation and memory, GPUs requested and held,
-  GPU-seconds, `rocmtrain_job_cost{currency}`, waiting time and stalls, for at most
+  GPU-seconds, `rocmtrain_job_cost{currency}`, `rocmtrain_job_gpu_kind{kind}`, waiting time and stalls, for at most
   `JOBS.max_jobs` jobs (`ROCMTRAIN_METRICS_MAX_JOBS`); `rocmtrain_job_series_dropped` counts the rest.
 - `rocmtrain_reconciles_in_flight`: reconciles holding one of the reconciler's slots;
 - `rocmtrain_jobs_remembered`: jobs the reconciler keeps state for (deleted ones are forgotten);
@@ -152,6 +152,14 @@ class JobsCollector(Collector):
         for with_currency, amount in samples.costs:
             cost.add_metric(list(with_currency), amount)
         yield cost
+        gpu_kind = GaugeMetricFamily(
+            "rocmtrain_job_gpu_kind",
+            "1 for what the job's GPUs are: gpu, or a partition (cpx_nps4).",
+            labels=[*labels, "kind"],
+        )
+        for with_kind, value in samples.kinds:
+            gpu_kind.add_metric(list(with_kind), value)
+        yield gpu_kind
         yield GaugeMetricFamily(
             "rocmtrain_job_series_dropped",
             "Jobs left out of the per-job series (over ROCMTRAIN_METRICS_MAX_JOBS).",

@@ -5,8 +5,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import pytest
+
 from rocmtrain.api.conditions import ConditionType, Reason
-from rocmtrain.status.gauges import JOB_GAUGES, job_samples, queue_wait, waiting_since
+from rocmtrain.status.gauges import JOB_GAUGES, gpu_kind, job_samples, queue_wait, waiting_since
 
 NOW = dt.datetime(2026, 1, 2, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -66,6 +68,21 @@ def test_every_gauge_reads_its_status_field():
     assert {g.name for g in JOB_GAUGES} == {*values(samples), "waiting_since_timestamp_seconds"}
     assert samples.phases == [(("ns", "bert", "Running"), 1.0)]
     assert samples.costs == [(("ns", "bert", "EUR"), 1.5)]
+    assert samples.kinds == [(("ns", "bert", "gpu"), 1.0)]
+
+
+@pytest.mark.parametrize(
+    ("resources", "kind"),
+    [
+        ({"gpusPerWorker": 8}, "gpu"),
+        ({"gpusPerWorker": 0}, None),
+        ({"gpusPerWorker": 4, "gpu": {"partition": "cpx_nps4"}}, "cpx_nps4"),
+        ({"gpusPerWorker": 4, "gpu": {"resourceName": "amd.com/qpx_nps1"}}, "qpx_nps1"),
+        ({"gpusPerWorker": 4, "gpu": {"productName": "AMD_Instinct_MI300X_OAM"}}, "gpu"),
+    ],
+)
+def test_a_jobs_gpu_kind_names_its_partition(resources: dict[str, Any], kind: str | None):
+    assert gpu_kind({"spec": {"resources": resources}, "status": {}}) == kind
 
 
 def test_a_new_job_has_only_what_is_known():

@@ -114,7 +114,21 @@ class JobSamples:
     values: dict[str, list[tuple[tuple[str, str], float]]]  # gauge name -> ((namespace, job), value)
     phases: list[tuple[tuple[str, str, str], float]]  # ((namespace, job, phase), 1)
     costs: list[tuple[tuple[str, str, str], float]]  # ((namespace, job, currency), amount)
+    kinds: list[tuple[tuple[str, str, str], float]]  # ((namespace, job, gpu kind), 1) for jobs with GPUs
     dropped: int
+
+
+WHOLE_GPU_KIND = "gpu"
+
+
+def gpu_kind(job: Job) -> str | None:
+    """What one of the job's GPUs is: `gpu` (a whole one), or its partition (`cpx_nps4`); None without GPUs."""
+    resources = job["spec"].get("resources") or {}
+    if resources.get("gpusPerWorker", 1) == 0:
+        return None
+    gpu = resources.get("gpu") or {}
+    partition = gpu.get("partition") or str(gpu.get("resourceName") or "").removeprefix("amd.com/")
+    return str(partition) if partition and partition != WHOLE_GPU_KIND else WHOLE_GPU_KIND
 
 
 def _rank(job: Job) -> tuple[int, float, str, str]:
@@ -130,7 +144,7 @@ def job_samples(jobs: Iterable[Job], now: dt.datetime, limit: int) -> JobSamples
     ranked: Sequence[Job] = sorted(jobs, key=_rank)
     kept = ranked[: max(limit, 0)]
     values: dict[str, list[tuple[tuple[str, str], float]]] = {gauge.name: [] for gauge in JOB_GAUGES}
-    phases, costs = [], []
+    phases, costs, kinds = [], [], []
     for job in kept:
         key = (job["metadata"]["namespace"], job["metadata"]["name"])
         for gauge in JOB_GAUGES:
@@ -141,7 +155,9 @@ def job_samples(jobs: Iterable[Job], now: dt.datetime, limit: int) -> JobSamples
         cost = job["status"].get("cost")
         if isinstance(cost, Mapping) and (amount := _number(cost.get("amount"))) is not None:
             costs.append(((*key, str(cost.get("currency", ""))), amount))
-    return JobSamples(values=values, phases=phases, costs=costs, dropped=len(ranked) - len(kept))
+        if kind := gpu_kind(job):
+            kinds.append(((*key, kind), 1.0))
+    return JobSamples(values=values, phases=phases, costs=costs, kinds=kinds, dropped=len(ranked) - len(kept))
 
 
 def queue_wait(old: Mapping[str, Any], new: Mapping[str, Any], now: dt.datetime) -> float | None:
