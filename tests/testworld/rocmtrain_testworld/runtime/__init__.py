@@ -30,6 +30,7 @@ Run by the world as `python -m rocmtrain_testworld.runtime` (see __main__); it w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -116,7 +117,8 @@ def pod_records(workdir: Path) -> dict[str, dict[str, Any]]:
     found = {}
     for record in (workdir / "runtime" / "pods").glob("*/pod.json"):
         namespace, name, _ = record.parent.name.split("_")
-        found[f"{namespace}/{name}"] = json.loads(record.read_text())
+        with contextlib.suppress(FileNotFoundError):  # the pod ended and its folder went since the glob
+            found[f"{namespace}/{name}"] = json.loads(record.read_text())
     return found
 
 

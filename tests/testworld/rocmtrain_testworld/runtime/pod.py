@@ -31,7 +31,7 @@ from rocmtrain_testworld.runtime.container import Layout, Running, argv_for, pro
 from rocmtrain_testworld.runtime.network import PodNetwork
 from rocmtrain_testworld.runtime.podspec import ConfigError, Probe
 from rocmtrain_testworld.runtime.podstatus import ContainerState, PodState, phase, pod_status
-from rocmtrain_testworld.runtime.volumes import Missing, Volumes
+from rocmtrain_testworld.runtime.volumes import Missing, Volumes, write_whole
 
 if TYPE_CHECKING:
     from rocmtrain_testworld.runtime.kubelet import Kubelet
@@ -157,9 +157,8 @@ class PodWorker(threading.Thread):
         self.state.pod_ip = self.network.address
         self.state.started_at = time.time()
         self.state.sandbox_ready = True
-        (self.folder / "pod.json").write_text(
-            json.dumps({"netns": self.network.netns, "address": self.network.address, "netnsInode": self.network.inode})
-        )
+        record = {"netns": self.network.netns, "address": self.network.address, "netnsInode": self.network.inode}
+        write_whole(self.folder / "pod.json", json.dumps(record).encode())  # read by pod_records at any time
         self.volumes = Volumes(self.kubelet.api, self.pod, self.folder, self.kubelet.allocatable)
         self._write_status()
         return True

@@ -94,6 +94,15 @@ class Objects:
         return {k: v.decode() for k, v in (self.read(kind, name, optional) or {}).items()}
 
 
+def write_whole(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Replace ``path`` whole (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.chmod(mode if mode is not None else 0o644)
+    os.replace(tmp, path)
+
+
 class Volumes:
     """The volumes of one pod: written once before its containers start, tokens renewed while it runs."""
 
@@ -145,15 +154,6 @@ class Volumes:
 
         return int(parse_quantity(str(quantity)))
 
-    @staticmethod
-    def _write(path: Path, data: bytes, mode: int | None) -> None:
-        """Replace ``path`` whole (a reader never sees half a file)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(data)
-        tmp.chmod(mode if mode is not None else 0o644)
-        os.replace(tmp, path)
-
     def _keys(self, folder: Path, kind: str, source: Mapping[str, Any], default_mode: int | None = None) -> None:
         found = self.objects.read(kind, source["name"], bool(source.get("optional")))
         if found is None:
@@ -165,7 +165,7 @@ class Volumes:
                 if source.get("optional"):
                     continue
                 raise Missing(f'{kind} "{source["name"]}" has no key {item["key"]}')
-            self._write(folder / item["path"], found[item["key"]], item.get("mode", mode))
+            write_whole(folder / item["path"], found[item["key"]], item.get("mode", mode))
 
     def _downward(self, folder: Path, source: Mapping[str, Any]) -> None:
         containers = {c["name"]: c for c in self.pod["spec"]["containers"]}
@@ -176,7 +176,7 @@ class Volumes:
                 ref = item["resourceFieldRef"]
                 container = containers.get(ref.get("containerName")) or self.pod["spec"]["containers"][0]
                 value = resource_value(container, ref, self.allocatable)
-            self._write(folder / item["path"], value.encode(), item.get("mode", source.get("defaultMode")))
+            write_whole(folder / item["path"], value.encode(), item.get("mode", source.get("defaultMode")))
 
     def _projected(self, folder: Path, source: Mapping[str, Any]) -> None:
         mode = source.get("defaultMode")
@@ -209,7 +209,7 @@ class Volumes:
             f"/api/v1/namespaces/{meta['namespace']}/serviceaccounts/{account}/token",
             body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
         )
-        self._write(path, made["status"]["token"].encode(), 0o600)
+        write_whole(path, made["status"]["token"].encode(), 0o600)
         renew = time.monotonic() + TOKEN_REFRESH_SHARE * seconds
         self._tokens = [t for t in self._tokens if t[0] != path] + [(path, dict(source), renew)]
 
