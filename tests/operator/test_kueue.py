@@ -273,6 +273,19 @@ def test_a_queued_job_is_told_when_it_will_start_from_the_running_jobs_etas(
         world.cluster.delete(solo_cluster_queue(16))
 
 
+def remove_jobs_then_nodes(world: World, ns: str, jobs: tuple[str, ...], nodes: tuple[FakeNode, ...]) -> None:
+    """Delete the jobs of `ns`, wait until their pods are gone, then delete the kwok `nodes` they ran on."""
+    for name in jobs:
+        world.cluster.delete(job_manifest(name, ns))
+    world.cluster.wait_for(
+        lambda: not world.cluster.request("GET", f"/api/v1/namespaces/{ns}/pods")["items"],
+        WORLD_TIMEOUT,
+        "the jobs' pods to be gone",
+    )
+    for node in nodes:
+        world.cluster.delete({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name}})
+
+
 # ---- GPU partitions ---------------------------------------------------------------------------------
 
 PARTITION_LABEL = "amd.com/compute-memory-partition"
@@ -326,16 +339,8 @@ def test_partitions_by_their_own_resource_are_placed_counted_as_ray_gpus_and_adm
         api.wait_status(ns, "more", "Queued", queued)
         reason = wait_until(lambda: kueue_condition(api, ns, "more", "QuotaReserved").get("message"), what="Kueue")
         assert f"insufficient unused quota for {CPX} in flavor {flavor}, 8 more needed" in reason, reason
-    finally:  # the jobs' pods gone before their nodes
-        for name in ("more", "cpx"):
-            world.cluster.delete(job_manifest(name, ns))
-        world.cluster.wait_for(
-            lambda: not api.kube.request("GET", f"/api/v1/namespaces/{ns}/pods")["items"],
-            WORLD_TIMEOUT,
-            "the jobs' pods to be gone",
-        )
-        for node in CPX_NODES:
-            world.cluster.delete({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name}})
+    finally:
+        remove_jobs_then_nodes(world, ns, ("more", "cpx"), CPX_NODES)
 
 
 # ---- topology-aware placement ----------------------------------------------------------------------
@@ -426,18 +431,10 @@ def test_workers_that_fit_in_one_rack_land_in_one_and_a_job_that_cannot_waits_wi
         pod_sets = (workload(api, ns, "fits") or {})["spec"]["podSets"]
         requests = {s["name"]: (s.get("topologyRequest") or {}).get("required") for s in pod_sets}
         assert [requests[name] for name in requests if name != "submitter"] == [RACK, RACK], requests
-    finally:  # the jobs' pods gone before their nodes
-        for name in ("too-big", "fits"):
-            world.cluster.delete(job_manifest(name, ns))
-        world.cluster.wait_for(
-            lambda: not api.kube.request("GET", f"/api/v1/namespaces/{ns}/pods")["items"],
-            WORLD_TIMEOUT,
-            "the jobs' pods to be gone",
-        )
+    finally:
+        remove_jobs_then_nodes(world, ns, ("too-big", "fits"), RACK_NODES)
         for obj in reversed(pool):
             world.cluster.delete(obj)
-        for node in RACK_NODES:
-            world.cluster.delete({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name}})
 
 
 # ---- flavors -----------------------------------------------------------------------------------------

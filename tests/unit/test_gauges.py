@@ -82,7 +82,7 @@ def test_every_gauge_reads_its_status_field():
     ],
 )
 def test_a_jobs_gpu_kind_names_its_partition(resources: dict[str, Any], kind: str | None):
-    assert gpu_kind({"spec": {"resources": resources}, "status": {}}) == kind
+    assert gpu_kind(resources) == kind
 
 
 def test_a_new_job_has_only_what_is_known():

@@ -121,9 +121,9 @@ class JobSamples:
 WHOLE_GPU_KIND = "gpu"
 
 
-def gpu_kind(job: Job) -> str | None:
-    """What one of the job's GPUs is: `gpu` (a whole one), or its partition (`cpx_nps4`); None without GPUs."""
-    resources = job["spec"].get("resources") or {}
+def gpu_kind(resources: Mapping[str, Any]) -> str | None:
+    """What one GPU of a job's `spec.resources` is: `gpu` (a whole one), or its partition (`cpx_nps4`); None
+    without GPUs."""
     if resources.get("gpusPerWorker", 1) == 0:
         return None
     gpu = resources.get("gpu") or {}
@@ -155,7 +155,7 @@ def job_samples(jobs: Iterable[Job], now: dt.datetime, limit: int) -> JobSamples
         cost = job["status"].get("cost")
         if isinstance(cost, Mapping) and (amount := _number(cost.get("amount"))) is not None:
             costs.append(((*key, str(cost.get("currency", ""))), amount))
-        if kind := gpu_kind(job):
+        if kind := gpu_kind(job["spec"].get("resources") or {}):
             kinds.append(((*key, kind), 1.0))
     return JobSamples(values=values, phases=phases, costs=costs, kinds=kinds, dropped=len(ranked) - len(kept))
 

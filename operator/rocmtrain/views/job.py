@@ -10,6 +10,7 @@ from rocmtrain.api.contract import GPU_NODE_LABELS
 from rocmtrain.api.models import metric_rows
 from rocmtrain.api.timestamps import parse_time
 from rocmtrain.status.accounting import gpu_seconds_at
+from rocmtrain.status.gauges import WHOLE_GPU_KIND, gpu_kind
 from rocmtrain.views.pool import pod_gpus
 from rocmtrain.views.table import table
 
@@ -79,9 +80,8 @@ def _gpu_line(job: Mapping[str, Any], now: dt.datetime) -> str:
     status = job.get("status") or {}
     resources = (job.get("spec") or {}).get("resources") or {}
     workers, per_worker = resources.get("workers", 1), resources.get("gpusPerWorker", 1)
-    gpu = resources.get("gpu") or {}
-    profile = gpu.get("partition") or str(gpu.get("resourceName") or "").removeprefix("amd.com/")
-    kind = f" {profile} partitions" if profile else ""
+    profile = gpu_kind(resources)
+    kind = f" {profile} partitions" if profile not in (None, WHOLE_GPU_KIND) else ""
     parts = [f"{workers * per_worker} requested ({workers} workers x {per_worker}{kind})"]
     if status.get("gpusHeld") is not None:
         parts.append(f"{status['gpusHeld']} held")
