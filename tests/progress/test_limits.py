@@ -87,3 +87,19 @@ def test_rate_limiter_forgets_idle_jobs_within_its_bound():
 def test_rate_limiter_rejects_nonsense_settings():
     with pytest.raises(ValueError, match="rate"):
         RateLimiter(rate=0, burst=1)
+
+
+def test_network_is_taken_within_its_bounds():
+    """A network as the driver reads it from RCCL's log (written by hand: no RCCL runs here)."""
+    network = {"transport": "IB", "devices": ["mlx5_0:1", "mlx5_1:1"], "link": "RoCE"}
+    body = {"progress": {"step": 1}, "network": network}
+    assert parse_report(json.dumps(body).encode()).network.dump() == network
+    for bad in (
+        {"transport": "x" * 65},
+        {"transport": "IB; rm -rf /"},
+        {"transport": "IB", "devices": [f"mlx5_{i}" for i in range(17)]},
+        {"transport": "IB", "devices": ["mlx5_0 "]},
+        {"transport": "IB", "link": "Ethernet"},
+    ):
+        with pytest.raises(ReportError, match="network"):
+            parse_report(json.dumps({"progress": {"step": 1}, "network": bad}).encode())

@@ -7,7 +7,13 @@ import datetime as dt
 from fakes import merge_patch
 from rocmtrain.api.conditions import Reason
 from rocmtrain.api.models import HISTORY_LENGTH, ProgressReport, RocmTrainingJobStatus
-from rocmtrain.progress.status_patch import progress_patch, recovery_events, report_events, tuning_events
+from rocmtrain.progress.status_patch import (
+    network_events,
+    progress_patch,
+    recovery_events,
+    report_events,
+    tuning_events,
+)
 
 NOW = dt.datetime(2025, 3, 1, 12, 30, 5, 123456, tzinfo=dt.UTC)
 
@@ -112,7 +118,7 @@ def test_tuning_is_replaced_and_new_best_trials_are_announced():
     first = progress_patch(tuning_report("a", 0.7), None, NOW)["status"]
     status = merge_patch({}, first)
     assert status["tuning"]["bestTrialId"] == "a" and status["tuning"]["trials"][0]["iterations"] == 2
-    (event,) = report_events(tuning_report("a", 0.7), None)
+    (event,) = report_events(tuning_report("a", 0.7), {})
     assert (event.type, event.reason) == ("Normal", Reason.NEW_BEST_TRIAL)
     assert event.message == "trial a is the best so far: evalAccuracy=0.7000 (learningRate=0.0001)"
     assert tuning_events(tuning_report("a", 0.8, running=0), status) == [], "the same trial, better: no event"
@@ -123,3 +129,39 @@ def test_tuning_is_replaced_and_new_best_trials_are_announced():
     ]
     assert tuning_events(report(1, trainLoss=1.0), status) == []
     RocmTrainingJobStatus.model_validate(status)
+
+
+SOCKET = {"transport": "Socket", "devices": ["eth0"]}
+ROCE = {"transport": "IB", "devices": ["mlx5_0:1", "mlx5_1:1"], "link": "RoCE"}
+
+
+def network_report(network: dict) -> ProgressReport:
+    return ProgressReport.model_validate({"progress": {"step": 1}, "network": network})
+
+
+def rdma_job(status: dict, workers: int = 2, rdma: str | None = "rdma/rdma_shared_device_a") -> dict:
+    network = {"rdmaResource": rdma} if rdma else {}
+    return {"spec": {"resources": {"workers": workers, "network": network}}, "status": status}
+
+
+def test_network_is_written_once_and_replaced_whole():
+    """The reports carry a network as the driver reads it from RCCL's log (written by hand: no RCCL runs here)."""
+    status = merge_patch({}, progress_patch(network_report(ROCE), None, NOW)["status"])
+    assert status["network"] == ROCE
+    assert "network" not in progress_patch(network_report(ROCE), status, NOW)["status"], "unchanged: not rewritten"
+    assert "network" not in progress_patch(report(2, trainLoss=1.0), status, NOW)["status"]
+    status = merge_patch(status, progress_patch(network_report(SOCKET), status, NOW)["status"])
+    assert status["network"] == SOCKET, "no link left over from the previous network"
+    RocmTrainingJobStatus.model_validate(status)
+
+
+def test_sockets_where_the_job_asks_for_rdma_are_a_warning_once():
+    (event,) = report_events(network_report(SOCKET), rdma_job({}))
+    assert (event.type, event.reason) == ("Warning", Reason.RDMA_NOT_USED)
+    assert "TCP sockets" in event.message and "Socket over eth0" in event.message
+    assert "rdma/rdma_shared_device_a" in event.message
+    assert network_events(network_report(SOCKET), rdma_job({"network": SOCKET})) == [], "announced once"
+    assert network_events(network_report(ROCE), rdma_job({})) == [], "RDMA in use"
+    assert network_events(network_report(SOCKET), rdma_job({}, rdma=None)) == [], "no RDMA asked for"
+    assert network_events(network_report(SOCKET), rdma_job({}, workers=1)) == [], "one pod: no network between pods"
+    assert network_events(report(1, trainLoss=1.0), rdma_job({})) == []

@@ -83,3 +83,4 @@ class Reason(StrEnum):
     # Events only, from the training driver's reports.
     WORKER_FAILURE_RECOVERED = "WorkerFailureRecovered"
     NEW_BEST_TRIAL = "NewBestTrial"
+    RDMA_NOT_USED = "RDMANotUsed"

@@ -25,6 +25,7 @@ from rocmtrain.api.patterns import (
     HCA_NAME,
     INTERFACE_NAME,
     NETWORK_ATTACHMENT,
+    RCCL_NETWORK,
     TEXT,
 )
 from rocmtrain.api.types import (
@@ -1863,6 +1864,32 @@ class TuningStatus(ApiModel):
     )
 
 
+RCCL_DEVICES_LIMIT = 16
+
+
+class NetworkTransport(ApiModel):
+    """The network RCCL chose between nodes, as rank 0's RCCL log tells at its first collective."""
+
+    transport: str = Field(
+        pattern=RCCL_NETWORK,
+        description="RCCL's network: IB (InfiniBand or RoCE verbs, RDMA), Socket (TCP), or a net plugin's name.",
+    )
+    devices: list[Annotated[str, StringConstraints(pattern=HCA_NAME, max_length=68)]] = Field(
+        default_factory=list,
+        max_length=RCCL_DEVICES_LIMIT,
+        description="The HCA ports (mlx5_0:1) or interfaces (eth0) it uses, as RCCL names them (IB and Socket).",
+    )
+    link: Literal["InfiniBand", "RoCE", "mixed"] | None = Field(
+        default=None, description="The link layer of IB's devices: InfiniBand, RoCE (Ethernet), or mixed."
+    )
+
+    @property
+    def summary(self) -> str:
+        """One line: `IB over mlx5_0:1, mlx5_1:1 (RoCE)`."""
+        over = f" over {', '.join(self.devices)}" if self.devices else ""
+        return f"{self.transport}{over}" + (f" ({self.link})" if self.link else "")
+
+
 class ProgressReport(ApiModel):
     """What the training driver pushes to the operator's progress endpoint."""
 
@@ -1874,6 +1901,9 @@ class ProgressReport(ApiModel):
         default=None, ge=0, le=10**12, description="Step of the checkpoint the workers of this run last resumed from."
     )
     tuning: TuningStatus | None = Field(default=None, description="The search, for a job with spec.tuning.")
+    network: NetworkTransport | None = Field(
+        default=None, description="The network RCCL chose between nodes (GPU jobs, where its log tells)."
+    )
 
 
 class Cost(ApiModel):
@@ -1965,6 +1995,11 @@ class RocmTrainingJobStatus(ApiModel):
         default=None,
         description="While Queued: its place in its Kueue ClusterQueue and when it is expected to start, from the "
         "running jobs' ETAs; cleared on admission.",
+    )
+    network: NetworkTransport | None = Field(
+        default=None,
+        description="The network RCCL chose between the workers, as the training driver reported it (GPU jobs, "
+        "where RCCL's log tells): Socket where spec.resources.network names RDMA means RDMA is not in use.",
     )
 
 

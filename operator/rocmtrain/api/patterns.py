@@ -76,12 +76,15 @@ NETWORK_ATTACHMENT = (
 HCA_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}(:[0-9]{1,3})?$"
 # A Linux network interface name (at most 15 characters).
 INTERFACE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$"
+# A network of RCCL as its log names it: IB, Socket, or a net plugin's name (`AWS Libfabric`).
+RCCL_NETWORK = r"^[A-Za-z0-9][A-Za-z0-9 _.+-]{0,63}$"
 
 PATTERN_DESCRIPTIONS = {
     EXTENDED_RESOURCE: "an extended resource name: a DNS prefix, '/', then a name (rdma/rdma_shared_device_a)",
     NETWORK_ATTACHMENT: "a secondary network: [namespace/]name[@interface], lowercase DNS names",
     HCA_NAME: "an HCA name such as mlx5_0, optionally with a port (mlx5_0:1)",
     INTERFACE_NAME: "a network interface name: up to 15 letters, digits, '_', '.' or '-'",
+    RCCL_NETWORK: "an RCCL network name: up to 64 letters, digits, spaces, '_', '.', '+' or '-'",
     DNS_LABEL: "a DNS-1123 label: lowercase letters, digits and '-', starting and ending with a letter or digit",
     DNS_1035_LABEL: "a DNS-1035 label: lowercase letters, digits and '-', starting with a letter",
     DNS_SUBDOMAIN: "a DNS-1123 subdomain: lowercase DNS labels joined by '.'",

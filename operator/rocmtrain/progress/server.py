@@ -255,7 +255,7 @@ def make_app(
                 raise TooManyRequests(wait)
             report = parse(await _read_bounded(request, MAX_BODY_BYTES, body_timeout))
             before = await _record(jobs, job, report, now)
-            for event in report_events(report, before.get("status")):
+            for event in report_events(report, before):
                 if events.acquire(f"{namespace}/{name}/{event.reason}") == 0:
                     await jobs.post_event(before, type=event.type, reason=event.reason, message=event.message)
             prometheus.PROGRESS_REPORTS.inc()

@@ -15,6 +15,8 @@
 - `status.workerFailures` is the run's count of worker failures Ray Train
   recovered from; `recovery_events` announces each new one, `tuning_events` each new best
   trial of a search.
+- `status.network` is the network RCCL chose, replaced as a whole when a report names another;
+  `network_events` warns when it is TCP sockets although the job asks for RDMA.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from rocmtrain.api.models import (
     HISTORY_LENGTH,
     HistoryPoint,
     Metrics,
+    NetworkTransport,
     Progress,
     ProgressReport,
     TuningStatus,
@@ -39,6 +42,7 @@ from rocmtrain.status.phase import TERMINAL_PHASES
 
 _PROGRESS_FIELDS = tuple(field.alias or name for name, field in Progress.model_fields.items())
 _TUNING_FIELDS = tuple(field.alias or name for name, field in TuningStatus.model_fields.items())
+_NETWORK_FIELDS = tuple(field.alias or name for name, field in NetworkTransport.model_fields.items())
 # Metrics that change only when the driver has evaluated again: the results, and the time
 # spent evaluating (which grows with every evaluation, even one with the same results).
 _EVALUATION_FIELDS = tuple(
@@ -102,6 +106,8 @@ def progress_patch(report: ProgressReport, status: Mapping[str, Any] | None, now
         patch["workerFailures"] = report.worker_failures or 0
     if (point := history_point(report, status.get("metrics") or {})) is not None:
         patch["history"] = extend_history(status.get("history") or [], point)
+    if report.network is not None and (network := report.network.dump()) != status.get("network"):
+        patch["network"] = {key: network.get(key) for key in _NETWORK_FIELDS}
     return {"status": patch}
 
 
@@ -134,6 +140,25 @@ def tuning_events(report: ProgressReport, status: Mapping[str, Any] | None) -> l
     return [Event("Normal", Reason.NEW_BEST_TRIAL, message + (f" ({config})" if config else ""))]
 
 
-def report_events(report: ProgressReport, status: Mapping[str, Any] | None) -> list[Event]:
-    """The events `report` deserves on top of `status` (the status it was patched onto)."""
-    return recovery_events(report, status) + tuning_events(report, status)
+def network_events(report: ProgressReport, job: Mapping[str, Any]) -> list[Event]:
+    """The warning a report brings when RCCL newly reports TCP sockets between the pods of a job whose
+    `spec.resources.network` names an RDMA resource: a silent fallback, many times slower than RDMA."""
+    new = report.network
+    resources = (job.get("spec") or {}).get("resources") or {}
+    rdma = (resources.get("network") or {}).get("rdmaResource")
+    seen = (job.get("status") or {}).get("network") or {}
+    if new is None or new.transport != "Socket" or not rdma or resources.get("workers", 1) < 2:
+        return []
+    if seen.get("transport") == new.transport:
+        return []
+    message = (
+        f"RCCL uses TCP sockets between the worker pods ({new.summary}), not RDMA, although the job requests {rdma}: "
+        "check that the pods got RDMA devices and that spec.resources.network's ibHca and gidIndex match them"
+    )
+    return [Event("Warning", Reason.RDMA_NOT_USED, message)]
+
+
+def report_events(report: ProgressReport, job: Mapping[str, Any]) -> list[Event]:
+    """The events `report` deserves on top of `job` (the job, and the status, it was patched onto)."""
+    status = job.get("status")
+    return recovery_events(report, status) + tuning_events(report, status) + network_events(report, job)
