@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
 import math
+import os
+from pathlib import Path
 
 import pytest
 
 from fakes import Clock
 from rocmtrain.api.models import ProgressReport
+from rocmtrain_train.loop.rank_setup import rccl_log_file
+from rocmtrain_train.reporting import rccl_log
 from rocmtrain_train.reporting.console_sink import ConsoleSink
 from rocmtrain_train.reporting.driver_report import Aggregator, Reporter, summary
 from rocmtrain_train.reporting.jsonl_sink import JsonlSink
 from rocmtrain_train.reporting.rank_report import RankReport
+from train.jobs import job, settings
 
 
 def rank(r: int, evaluation: dict | None = None, **extra) -> RankReport:
@@ -145,3 +151,34 @@ def test_reporter_logs_key_events_and_survives_a_failing_sink(tmp_path, caplog):
     assert "workerFailures" not in reported[0], "no failure, no field (older endpoints refuse unknown ones)"
     assert reported[1]["workerFailures"] == 1 and reported[1]["resumedFromStep"] == 10
     assert "eval accuracy" in console.getvalue() and "step 10/40" in console.getvalue()
+
+
+def test_rank_zero_network_reaches_every_report_and_the_main_log_once(caplog):
+    """Rank 0's network is written by hand here (no RCCL runs in the tests; see tests/unit/test_rccl_log.py)."""
+    roce = {"transport": "IB", "devices": ["mlx5_0:1"], "link": "RoCE"}
+    log = logging.getLogger("test.network")
+    reporter = Reporter([], log)
+    aggregator = Aggregator()
+    with caplog.at_level(logging.INFO, logger="test.network"):
+        for step in (10, 20):
+            reporter.on_report([rank(0, step=step, network=roce), rank(1, step=step)], None)
+    assert caplog.text.count("RCCL transport: IB over mlx5_0:1 (RoCE)") == 1
+    assert aggregator.add([rank(0, network=roce), rank(1)]).dump()["network"] == roce
+    assert "network" not in aggregator.add([rank(0), rank(1)]).dump(), "CPU runs, or a log that does not tell"
+
+
+@pytest.mark.parametrize(("use_gpu", "world_rank", "writes"), [(True, 0, True), (True, 1, False), (False, 0, False)])
+def test_rank_zero_on_gpus_has_rccl_write_its_init_and_net_lines_to_its_log_folder(
+    monkeypatch, tmp_path, use_gpu, world_rank, writes
+):
+    """Only the variables are checked: no RCCL runs here. Other ranks, and gloo on CPUs, keep the pod's WARN."""
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")  # what the operator renders on GPU pods
+    for name in ("NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)  # restored (unset) after the test, whatever the code under test set
+    run = dataclasses.replace(settings(job("rccl"), tmp_path), use_gpu=use_gpu)
+    template = rccl_log_file(run, world_rank)
+    assert template == (str(Path(run.log_dir) / rccl_log.RCCL_LOG_NAME) if writes else None)
+    assert os.environ.get("NCCL_DEBUG_FILE") == template
+    assert os.environ["NCCL_DEBUG"] == ("INFO" if writes else "WARN")
+    assert os.environ.get("NCCL_DEBUG_SUBSYS") == ("INIT,NET" if writes else None)

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from transformers import PreTrainedModel, get_linear_schedule_with_warmup
 
-from rocmtrain.api.models import TrainingSpec
+from rocmtrain.api.models import NetworkTransport, TrainingSpec
 from rocmtrain_train.checkpoint import train_state
 from rocmtrain_train.checkpoint.train_state import TrainState
 from rocmtrain_train.config import ConfigError, RunSettings
@@ -36,6 +36,7 @@ from rocmtrain_train.data.batch_plan import BatchPlan
 from rocmtrain_train.data.rank_shard import Tokenizing, TrainData, load_eval_data, load_train_data, takes_token_types
 from rocmtrain_train.data.tokens import Encoded
 from rocmtrain_train.model.pretrained import compile_model, parameter_counts, resolve_model
+from rocmtrain_train.reporting import rccl_log
 from rocmtrain_train.reporting.log_files import rank_logger
 from rocmtrain_train.strategy import Strategy, strategy_for
 from rocmtrain_train.tasks import Task, task_for
@@ -116,6 +117,7 @@ class Worker:
     state: TrainState
     resumed_from: int | None  # the checkpoint step this attempt started from
     parameters: tuple[int, int]  # (trainable, total)
+    network: NetworkTransport | None  # rank 0 on GPUs: the network RCCL chose, where its log tells
 
     @property
     def pin_memory(self) -> bool:
@@ -127,6 +129,16 @@ def _device(settings: RunSettings) -> torch.device:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return device
+
+
+def rccl_log_file(settings: RunSettings, rank: int) -> str | None:
+    """Rank 0 on GPUs (the RCCL backend): RCCL's INIT and NET lines to a file, set before the first
+    collective creates a communicator (where RCCL reads NCCL_DEBUG*); the file that will tell its network."""
+    if not settings.use_gpu or rank != 0:
+        return None
+    env, template = rccl_log.debug_env(os.environ, settings.log_dir)
+    os.environ.update(env)
+    return template
 
 
 def _threads(settings: RunSettings) -> None:
@@ -248,6 +260,7 @@ def build_worker(settings: RunSettings) -> Worker:
         ctx.get_local_rank(),
     )
     _threads(settings)
+    rccl_file = rccl_log_file(settings, rank)
     device = _device(settings)
 
     torch.manual_seed(training.seed)  # the new head starts the same on every rank
@@ -272,6 +285,7 @@ def build_worker(settings: RunSettings) -> Worker:
     state, resumed_from = _restore(settings, rank, world_size, train.plan, parts, log)
     if training.compile:
         compile_model(model, spec.model.max_seq_length, COMPILE_BUCKET)
+    items = step_items(train, rank, device)  # the first collective: RCCL has chosen its network
     worker = Worker(
         settings=settings,
         task=task,
@@ -291,13 +305,14 @@ def build_worker(settings: RunSettings) -> Worker:
         autocast=autocast_for(training, device, strategy),
         pad_multiple=pad_multiple(training, device),
         total_steps=total_steps,
-        step_items=step_items(train, rank, device),
+        step_items=items,
         step_passes=step_passes(train, task, rank, training.batch_size_per_worker, device)
         if strategy.lockstep
         else None,
         state=state,
         resumed_from=resumed_from,
         parameters=counted,
+        network=rccl_log.read_transport(rccl_file, socket.gethostname(), os.getpid(), log),
     )
     log.info(
         "%d training records on this rank, %d optimiser steps per epoch of %d records, %d steps in all; "

@@ -253,6 +253,7 @@ class TrainLoop:
             trainable_parameters=w.parameters[0],
             total_parameters=w.parameters[1],
             resumed_from_step=w.resumed_from,
+            network=w.network.dump() if w.network else None,
             **flags,
         )
 

@@ -5,5 +5,6 @@
 - `driver_report`: the ranks' reports aggregated into one ProgressReport for every `Sink`;
 - `console_sink`: the progress bar or lines, and the summary table; `jsonl_sink`: `metrics.jsonl`;
 - `operator_sink`: the reports pushed to the operator's HTTPS progress endpoint;
-- `log_files`: `main.log` (the driver) and `rank-<k>.log` (one per rank).
+- `log_files`: `main.log` (the driver) and `rank-<k>.log` (one per rank);
+- `rccl_log`: which network RCCL chose, read from rank 0's RCCL log.
 """

@@ -2,7 +2,8 @@
 
 Each `ray.train.report` call gives the driver one RankReport per rank (see `relay`).
 Sums over ranks: throughput and CPU use. Maxima: the seconds spent (ranks run in lockstep).
-Evaluation metrics are identical on every rank (all-reduced) and taken from rank 0.
+Evaluation metrics are identical on every rank (all-reduced) and taken from rank 0, as is the network
+RCCL chose (`rccl_log`), which the Reporter logs once.
 The driver's own number, the memory plan's bytes per GPU, joins every report on its way to the
 sinks (`with_planned_memory`).
 """
@@ -16,7 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from rocmtrain.api.memory_fit import JobPlan
-from rocmtrain.api.models import EVAL_METRICS, Metrics, Progress, ProgressReport
+from rocmtrain.api.models import EVAL_METRICS, Metrics, NetworkTransport, Progress, ProgressReport
 from rocmtrain_train.reporting.rank_report import Evaluation, RankReport
 
 
@@ -69,6 +70,12 @@ def evaluation(ranks: list[RankReport]) -> Evaluation:
     """The evaluation metrics in a report, if it carries any (in `EVAL_METRICS` order)."""
     found = ranks[0].evaluation
     return {k: v for k in EVAL_METRICS if (v := _finite(found.get(k))) is not None}
+
+
+def network(ranks: list[RankReport]) -> NetworkTransport | None:
+    """The network RCCL chose, as rank 0 read it from its log; None where it could not tell."""
+    found = ranks[0].network
+    return NetworkTransport.model_validate(found) if found is not None else None
 
 
 def padding_efficiency(ranks: list[RankReport]) -> float | None:
@@ -173,6 +180,7 @@ class Aggregator:
             final=final,
             worker_failures=self.worker_failures or None,  # left out of the report until a failure
             resumed_from_step=first.resumed_from_step,
+            network=network(ranks),
         )
 
 
@@ -210,6 +218,7 @@ class Reporter:
         self._log = log
         self._aggregator = Aggregator()
         self._attempt_started = False
+        self._network: NetworkTransport | None = None
         self.final_ranks: list[RankReport] | None = None
 
     def on_report(self, ranks: list[RankReport], checkpoint_path: str | None) -> None:
@@ -222,6 +231,9 @@ class Reporter:
             self._attempt_started = True
             if first.resumed_from_step is not None:
                 self._log.info("resumed from the checkpoint at step %s", first.resumed_from_step)
+        if (chosen := network(ranks)) is not None and chosen != self._network:
+            self._network = chosen
+            self._log.info("RCCL transport: %s", chosen.summary)
         if first.epoch_end:
             self._log.info("epoch %.0f finished at step %s", first.epoch, step)
         if (found := evaluation(ranks)) and not first.final:

@@ -59,6 +59,7 @@ class RankReport:
     model_path: str | None = None  # where the final model went (final report)
     merged_model_path: str | None = None  # where an adapter's merged model went (final report, adapter.merge)
     weights_checksum: float | None = None  # sum of all weights (final report): equal on every rank
+    network: dict[str, Any] | None = None  # rank 0: the network RCCL chose (a NetworkTransport's wire form)
 
     def __post_init__(self) -> None:
         if unknown := sorted(set(self.evaluation) - set(EVAL_METRICS)):
