@@ -231,9 +231,6 @@ class Reporter:
             self._attempt_started = True
             if first.resumed_from_step is not None:
                 self._log.info("resumed from the checkpoint at step %s", first.resumed_from_step)
-        if (chosen := network(ranks)) is not None and chosen != self._network:
-            self._network = chosen
-            self._log.info("RCCL transport: %s", chosen.summary)
         if first.epoch_end:
             self._log.info("epoch %.0f finished at step %s", first.epoch, step)
         if (found := evaluation(ranks)) and not first.final:
@@ -245,6 +242,9 @@ class Reporter:
         except ValueError as exc:  # a value outside the API's bounds: log it, keep training
             self._log.warning("progress report at step %s not sent: %s", step, exc)
             return
+        if report.network is not None and report.network != self._network:
+            self._network = report.network
+            self._log.info("RCCL transport: %s", report.network.summary)
         for sink in self._sinks:
             try:
                 sink.emit(report)
