@@ -8,18 +8,23 @@ import json
 import logging
 import math
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
+from ray.train import UserCallback
 
 from fakes import Clock
+from rocmtrain.api.contract import CHECKPOINTS_TO_KEEP_ENV, MAX_WORKER_FAILURES_ENV, STORAGE_PATH_ENV
 from rocmtrain.api.models import ProgressReport
+from rocmtrain_train import sdk
 from rocmtrain_train.loop.rank_setup import rccl_log_file
 from rocmtrain_train.reporting import rccl_log
 from rocmtrain_train.reporting.console_sink import ConsoleSink
 from rocmtrain_train.reporting.driver_report import Aggregator, Reporter, summary
 from rocmtrain_train.reporting.jsonl_sink import JsonlSink
 from rocmtrain_train.reporting.rank_report import RankReport
+from rocmtrain_train.reporting.rccl_debug import RCCL_DIR_PREFIX, RcclDebug
 from train.jobs import job, settings
 
 
@@ -182,3 +187,54 @@ def test_rank_zero_on_gpus_has_rccl_write_its_init_and_net_lines_to_its_log_fold
     assert os.environ.get("NCCL_DEBUG_FILE") == template
     assert os.environ["NCCL_DEBUG"] == ("INFO" if writes else "WARN")
     assert os.environ.get("NCCL_DEBUG_SUBSYS") == ("INIT,NET" if writes else None)
+
+
+class WorkerGroup:
+    """Ray Train's worker group as `RcclDebug` sees it: its resources per worker, and a call on one worker
+    (run here, in this process)."""
+
+    def __init__(self, gpus: float) -> None:
+        self.gpus = gpus
+        self.called: list[int] = []
+
+    def get_resources_per_worker(self) -> dict[str, float]:
+        return {"CPU": 2.0, **({"GPU": self.gpus} if self.gpus else {})}
+
+    def execute_single(self, rank: int, fn) -> None:
+        self.called.append(rank)
+        fn()
+
+
+@pytest.mark.parametrize(("gpus", "writes"), [(1.0, True), (0.0, False)])
+def test_own_codes_rank_zero_on_gpus_has_rccl_write_its_init_and_net_lines_to_a_folder_of_its_own(
+    monkeypatch, tmp_path, gpus, writes
+):
+    """Only the variables are checked: no RCCL runs here. The user's own settings win (`debug_env`'s rules,
+    tests/unit/test_rccl_log.py)."""
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")
+    for name in ("NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    group = WorkerGroup(gpus)
+    RcclDebug().after_worker_group_start(group)  # type: ignore[arg-type]
+    assert group.called == ([0] if writes else [])
+    written = os.environ.get("NCCL_DEBUG_FILE")
+    assert os.environ["NCCL_DEBUG"] == ("INFO" if writes else "WARN")
+    if writes:
+        assert written is not None
+        folder = Path(written).parent
+        assert folder.parent == tmp_path and folder.name.startswith(RCCL_DIR_PREFIX) and folder.is_dir()
+        assert Path(written).name == rccl_log.RCCL_LOG_NAME
+    else:
+        assert written is None
+
+
+def test_the_sdks_run_config_sets_rccls_log_up_beside_the_users_callbacks(monkeypatch, tmp_path):
+    monkeypatch.setenv(STORAGE_PATH_ENV, str(tmp_path / "ns" / "job"))
+    monkeypatch.setenv(MAX_WORKER_FAILURES_ENV, "2")
+    monkeypatch.setenv(CHECKPOINTS_TO_KEEP_ENV, "2")
+    theirs = UserCallback()
+    callbacks = sdk.run_config(callbacks=[theirs]).callbacks
+    assert [type(c) for c in callbacks] == [RcclDebug, UserCallback] and callbacks[1] is theirs
+    assert [type(c) for c in sdk.run_config().callbacks] == [RcclDebug]

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
+from dataclasses import replace
 
 import pytest
 
 from rocmtrain.api.models import TRIAL_TABLE_LENGTH, ProgressReport, TuningStatus
 from rocmtrain.progress.limits import MAX_BODY_BYTES
-from rocmtrain_train.search.trial_status import TrialView, best_trial, tuning_status
+from rocmtrain_train.search.trial_status import TrialView, best_trial, search_network, tuning_status
+from rocmtrain_train.search.tune_trials import SearchReporter, tune_result
+from train.jobs import job, settings
+from train.test_reporting import rank
 
 
 def trial(id: str, state: str = "TERMINATED", finished: bool = True, **result: float) -> TrialView:
@@ -74,3 +79,49 @@ def test_the_table_is_bounded_and_fits_a_progress_report():
     body = ProgressReport.model_validate({"progress": {"step": 1000}, "tuning": status.dump()}).dump()
     assert len(json.dumps(body)) < MAX_BODY_BYTES
     TuningStatus.model_validate(status.dump())
+
+
+ROCE = {"transport": "IB", "devices": ["mlx5_0:1"], "link": "RoCE"}
+SOCKET = {"transport": "Socket", "devices": ["eth0"]}
+
+
+def with_network(view: TrialView, network: dict) -> TrialView:
+    return replace(view, result={**view.result, "network": network})
+
+
+def test_a_trials_rank_zero_network_reaches_tune_with_its_evaluation():
+    """Rank 0's network is written by hand here (no RCCL runs in the tests; see tests/unit/test_rccl_log.py)."""
+    assert tune_result(rank(0, {"eval_accuracy": 0.8}, network=ROCE), 1)["network"] == ROCE
+    assert "network" not in tune_result(rank(0, {"eval_accuracy": 0.8}), 1), "CPUs, or a log that does not tell"
+
+
+def test_the_searchs_network_is_the_best_trials_else_the_first_that_reported_one():
+    t1, t2, t3 = TRIALS[0], TRIALS[1], TRIALS[2]  # t2 is the best by accuracy
+    assert search_network(TRIALS, best_trial(TRIALS, "evalAccuracy", "max")) is None
+    trials = [t1, with_network(t2, SOCKET), with_network(t3, ROCE)]
+    assert search_network(trials, trials[1]).dump() == SOCKET, "the best trial's"
+    assert search_network(trials, None).dump() == SOCKET, "before any best: the first that reported one"
+    trials = [t1, t2, with_network(t3, ROCE)]
+    assert search_network(trials, t2).dump() == ROCE, "the best did not tell: the first that did"
+
+
+def test_the_search_reports_the_network_and_logs_it_once(tmp_path, caplog):
+    search = job("search", {"tuning": {"searchSpace": {"learningRate": {"min": 1e-5, "max": 1e-4}}}})
+    sent: list[ProgressReport] = []
+
+    class Sink:
+        def emit(self, report: ProgressReport) -> None:
+            sent.append(report)
+
+        def close(self) -> None: ...
+
+    log = logging.getLogger("test.search.network")
+    reporter = SearchReporter(settings(search, tmp_path), [Sink()], log)
+    with caplog.at_level(logging.INFO, logger=log.name):
+        reporter.trials = TRIALS
+        reporter.emit(final=False)
+        reporter.trials = [with_network(t, ROCE) if t.id in ("t1", "t2") else t for t in TRIALS]
+        reporter.emit(final=False)
+        reporter.emit(final=True)
+    assert [report.dump().get("network") for report in sent] == [None, ROCE, ROCE]
+    assert caplog.text.count("RCCL transport: IB over mlx5_0:1 (RoCE)") == 1

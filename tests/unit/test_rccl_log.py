@@ -7,10 +7,14 @@ src/debug.cc, src/init.cc, src/transport/net_ib.cc and net_socket.cc, cited in `
 from __future__ import annotations
 
 import logging
+import os
+import socket
+from pathlib import Path
 
 import pytest
 
-from rocmtrain.api.models import NetworkTransport
+from rocmtrain.api.models import NetworkTransport, ProgressReport
+from rocmtrain_train import sdk
 from rocmtrain_train.reporting import rccl_log
 
 PREFIX = "node-0:4242:4300 [0] NCCL INFO "
@@ -121,3 +125,54 @@ def test_read_transport_reads_this_process_file_and_logs_rccl_warnings(tmp_path,
     assert "RCCL: NET/IB : Got async event : port error" in caplog.text
     assert rccl_log.read_transport(str(tmp_path / "nccl-%h-%p.log"), "node-0", 43, log) is None, "no file"
     assert rccl_log.read_transport(None, "node-0", 42, log) is None, "no file known"
+
+
+class Sent:
+    """A progress sink that keeps what `sdk.report` sends."""
+
+    def __init__(self) -> None:
+        self.reports: list[ProgressReport] = []
+
+    def emit(self, report: ProgressReport) -> None:
+        self.reports.append(report)
+
+    def flush(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def sdk_reports(monkeypatch: pytest.MonkeyPatch) -> Sent:
+    """`sdk.report` on rank 0, into a `Sent` sink (no Ray, no endpoint)."""
+    sent = Sent()
+    reporter = sdk._Reporter()
+    reporter.sink = sent  # type: ignore[assignment]
+    monkeypatch.setattr(sdk, "_reporter", lambda: reporter)
+    monkeypatch.setattr(sdk, "is_reporting_rank", lambda: True)
+    return sent
+
+
+def test_own_codes_rank_zero_reports_its_network_once_rccl_has_written_its_log(
+    sdk_reports: Sent, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The log is written by hand, as RCCL writes it at its first communicator: no RCCL runs here."""
+    template = str(tmp_path / "nccl-%h-%p.log")
+    monkeypatch.setenv("NCCL_DEBUG_FILE", template)  # what `rccl_debug` sets on rank 0, or the user's own
+    written = Path(rccl_log.debug_file(template, socket.gethostname(), os.getpid()))
+    with caplog.at_level(logging.INFO, logger=sdk.log.name):
+        sdk.report(step=1, total_steps=10)  # before the first collective: no file yet
+        written.write_text(ROCE + WARN)
+        sdk.report(step=2, total_steps=10)
+        written.write_text(SOCKET)  # read once: a later change is not read
+        sdk.report(step=3, total_steps=10)
+    networks = [report.dump().get("network") for report in sdk_reports.reports]
+    roce = {"transport": "IB", "devices": ["mlx5_0:1", "mlx5_1:1"], "link": "RoCE"}
+    assert networks == [None, roce, roce]
+    assert caplog.text.count("RCCL transport: IB over mlx5_0:1, mlx5_1:1 (RoCE)") == 1
+    assert caplog.text.count("RCCL: NET/IB : Got async event : port error") == 1
+
+
+def test_own_code_without_an_rccl_log_reports_no_network(sdk_reports: Sent, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPUs (gloo), or the user's NCCL_DEBUG on the output: no file to read."""
+    monkeypatch.delenv("NCCL_DEBUG_FILE", raising=False)
+    sdk.report(step=1, total_steps=10)
+    assert "network" not in sdk_reports.reports[0].dump()

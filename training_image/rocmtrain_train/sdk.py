@@ -16,7 +16,10 @@ The operator (and `rocmtrain run`) gives a job's code its environment contract (
 `report` puts the metrics where a KEP-2779 report puts them (`rocmtrain.api.trainer_status`: `loss`,
 `eval_accuracy`, `learning_rate`, ... into their status fields, any other name into
 `status.metrics.custom`), and sends it from a background thread, so training never waits for the
-operator. Hugging Face `Trainer` needs none of this: its `KubeflowCallback` reports by itself.
+operator. On GPUs, rank 0's reports also carry the network RCCL chose, as its log tells: `run_config`
+has rank 0 raise RCCL's log level (`reporting.rccl_debug`), and `report` reads the log once RCCL has
+written it (`rccl_log`). Hugging Face `Trainer` needs none of this: its `KubeflowCallback` reports by
+itself (KEP-2779's reports have no network).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import json
 import logging
 import math
 import os
+import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -43,9 +47,9 @@ from rocmtrain.api.contract import (
     TRAINING_ENV,
     WORLD_SIZE_ENV,
 )
-from rocmtrain.api.models import DataSpec, ModelSpec, ProgressReport, TrainingSpec
+from rocmtrain.api.models import DataSpec, ModelSpec, NetworkTransport, ProgressReport, TrainingSpec
 from rocmtrain.api.trainer_status import TrainerStatusError, place_metrics, report_from
-from rocmtrain_train.reporting import operator_sink
+from rocmtrain_train.reporting import operator_sink, rccl_log
 
 if TYPE_CHECKING:
     from ray.train import RunConfig, ScalingConfig
@@ -82,9 +86,12 @@ def scaling_config(**overrides: Any) -> ScalingConfig:
 
 def run_config(**overrides: Any) -> RunConfig:
     """Ray Train's RunConfig for the job: its run folder (`ROCMTRAIN_STORAGE_PATH`) as storage_path/name, so that
-    a retried job resumes from its checkpoints, and the spec's worker-failure and checkpoint limits; `overrides`
-    win."""
+    a retried job resumes from its checkpoints, the spec's worker-failure and checkpoint limits, and a callback
+    that has rank 0 on GPUs write RCCL's INIT and NET lines to a file (`reporting.rccl_debug`), which tells
+    `report` the network; `overrides` win, but `callbacks` are added to that one."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig
+
+    from rocmtrain_train.reporting.rccl_debug import RcclDebug
 
     root, _, name = _variable(STORAGE_PATH_ENV).rstrip("/").rpartition("/")
     settings: dict[str, Any] = {
@@ -92,6 +99,7 @@ def run_config(**overrides: Any) -> RunConfig:
         "name": name,
         "failure_config": FailureConfig(max_failures=int(_variable(MAX_WORKER_FAILURES_ENV))),
         "checkpoint_config": CheckpointConfig(num_to_keep=int(_variable(CHECKPOINTS_TO_KEEP_ENV))),
+        "callbacks": [RcclDebug(), *(overrides.pop("callbacks", None) or [])],
     }
     return RunConfig(**(settings | overrides))
 
@@ -141,13 +149,33 @@ def is_reporting_rank() -> bool:
         return True
 
 
+class _Network:
+    """The network this process's RCCL chose, read once from its log (NCCL_DEBUG_FILE, the user's or the one
+    `run_config` has rank 0 set) once RCCL has created that file, with its first communicator."""
+
+    def __init__(self) -> None:
+        self.read = False
+        self.found: NetworkTransport | None = None
+
+    def get(self) -> NetworkTransport | None:
+        if not self.read:
+            template, host, pid = os.environ.get("NCCL_DEBUG_FILE"), socket.gethostname(), os.getpid()
+            if template is None or os.path.exists(rccl_log.debug_file(template, host, pid)):
+                self.read = True
+                self.found = rccl_log.read_transport(template, host, pid, log)
+                rccl_log.TransportLog(log).seen(self.found)
+        return self.found
+
+
 class _Reporter:
-    """The sender of this process's reports, and what an ETA needs: when the first step was reported."""
+    """The sender of this process's reports, what an ETA needs (when the first step was reported), and the
+    network RCCL chose."""
 
     def __init__(self) -> None:
         self.sink = operator_sink.from_env()
         self.first: tuple[float, int] | None = None
         self.lock = threading.Lock()
+        self.network = _Network()
         if self.sink is None:
             log.info("no progress endpoint in the environment: sdk.report sends nothing")
 
@@ -183,9 +211,11 @@ def report(
     Only rank 0 of a Ray Train worker group (or a process outside one, such as the driver) sends; other ranks
     return False at once. Metric names as in the KEP-2779 table (docs/guides/own-code.md): `loss`,
     `eval_loss`, `eval_accuracy`, `learning_rate`, ... fill their status fields, other names
-    `status.metrics.custom`. A report that is not valid (a NaN, more than 32 other metrics, a value out of
-    its field's bounds) is logged and dropped: reporting never fails the training. The last report (`final`,
-    or `step == total_steps`) waits up to 10 s for the reports before it to be delivered.
+    `status.metrics.custom`. On GPUs, rank 0's reports carry the network RCCL chose (`status.network`), from
+    the first report after RCCL's first communicator, where its log tells. A report that is not valid (a NaN,
+    more than 32 other metrics, a value out of its field's bounds) is logged and dropped: reporting never fails
+    the training. The last report (`final`, or `step == total_steps`) waits up to 10 s for the reports before
+    it to be delivered.
     """
     if not is_reporting_rank():
         return False
@@ -209,6 +239,8 @@ def report(
     except (TrainerStatusError, TypeError, ValueError) as exc:
         log.warning("progress report dropped: %s", exc)
         return False
+    if (network := reporter.network.get()) is not None:
+        built = built.model_copy(update={"network": network})
     reporter.sink.emit(built)
     if final:
         reporter.sink.flush()

@@ -136,9 +136,7 @@ def rccl_log_file(settings: RunSettings, rank: int) -> str | None:
     collective creates a communicator (where RCCL reads NCCL_DEBUG*); the file that will tell its network."""
     if not settings.use_gpu or rank != 0:
         return None
-    env, template = rccl_log.debug_env(os.environ, settings.log_dir)
-    os.environ.update(env)
-    return template
+    return rccl_log.raise_debug_level(settings.log_dir)
 
 
 def _threads(settings: RunSettings) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from rocmtrain.api.memory_fit import JobPlan
 from rocmtrain.api.models import EVAL_METRICS, Metrics, NetworkTransport, Progress, ProgressReport
 from rocmtrain_train.reporting.rank_report import Evaluation, RankReport
+from rocmtrain_train.reporting.rccl_log import TransportLog
 
 
 class Sink(Protocol):
@@ -218,7 +219,7 @@ class Reporter:
         self._log = log
         self._aggregator = Aggregator()
         self._attempt_started = False
-        self._network: NetworkTransport | None = None
+        self._network = TransportLog(log)
         self.final_ranks: list[RankReport] | None = None
 
     def on_report(self, ranks: list[RankReport], checkpoint_path: str | None) -> None:
@@ -242,9 +243,7 @@ class Reporter:
         except ValueError as exc:  # a value outside the API's bounds: log it, keep training
             self._log.warning("progress report at step %s not sent: %s", step, exc)
             return
-        if report.network is not None and report.network != self._network:
-            self._network = report.network
-            self._log.info("RCCL transport: %s", report.network.summary)
+        self._network.seen(report.network)
         for sink in self._sinks:
             try:
                 sink.emit(report)

@@ -1,4 +1,5 @@
-"""Which network RCCL chose, from its own log (pure, but for `read_transport`).
+"""Which network RCCL chose, from its own log (pure, but for `raise_debug_level`, `read_transport` and
+`TransportLog`).
 
 RCCL (ROCm's NCCL) has no API that says which network it uses between nodes; its log does, at
 `NCCL_DEBUG=INFO` with the INIT and NET subsystems. The formats, from ROCm/rccl's sources (as
@@ -15,7 +16,9 @@ A net plugin prints `Using network <its name>` (`AWS Libfabric`) and its devices
 
 Rank 0 of a GPU run (the RCCL backend) sends RCCL's INFO lines of INIT and NET to a file of its own
 (`debug_env`), reads it once after its first collective (`read_transport`) and hands the result to
-the driver in its reports, which logs it and passes it to the operator (`status.network`). With
+the driver in its reports, which logs it (`TransportLog`) and passes it to the operator (`status.network`).
+A search's trials report it the same way (`search.trial_status.search_network`), and so does rank 0 of a
+job's own code (`rocmtrain_train.sdk`, whose `run_config` has rank 0 raise the level). With
 `NCCL_DEBUG_FILE`, RCCL writes its WARN lines to that file too: `read_transport` logs those it
 finds on the rank's log, and the other ranks keep the pod's `NCCL_DEBUG=WARN` on their output.
 """
@@ -23,6 +26,7 @@ finds on the rank's log, and the other ranks keep the pod's `NCCL_DEBUG=WARN` on
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -93,6 +97,14 @@ def debug_env(environ: Mapping[str, str], log_dir: str) -> tuple[dict[str, str],
     return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_DEBUG_FILE": path}, path
 
 
+def raise_debug_level(log_dir: str) -> str | None:
+    """Set `debug_env`'s variables in this process, before its first collective creates a communicator (where
+    RCCL reads NCCL_DEBUG*); the file that will tell its network."""
+    env, template = debug_env(os.environ, log_dir)
+    os.environ.update(env)
+    return template
+
+
 def debug_file(template: str, host: str, pid: int) -> str:
     """The file RCCL opens for NCCL_DEBUG_FILE `template`: `%h` the host name up to its first '.', `%p` the
     process id, `%%` a '%' (src/debug.cc)."""
@@ -112,3 +124,16 @@ def read_transport(template: str | None, host: str, pid: int, log: logging.Logge
     for message in warning_messages(text):
         log.warning("RCCL: %s", message)
     return parse_transport(text)
+
+
+class TransportLog:
+    """Logs the network RCCL chose once: when a report first names it, or names another."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self._log = log
+        self._last: NetworkTransport | None = None
+
+    def seen(self, network: NetworkTransport | None) -> None:
+        if network is not None and network != self._last:
+            self._last = network
+            self._log.info("RCCL transport: %s", network.summary)

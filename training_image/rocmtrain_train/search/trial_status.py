@@ -2,7 +2,8 @@
 
 The driver keeps one `TrialView` per trial of Ray Tune (its id, state, hyper-parameters and
 the results it reported) and turns them into the contract's `TuningStatus`: counts, the best
-trial by the search's metric and mode, and a bounded table of trials.
+trial by the search's metric and mode, and a bounded table of trials; and the network RCCL chose
+(`search_network`), which the trials' rank 0 read as a single run's does (`rccl_log`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ from typing import Any, Literal
 
 from pydantic.alias_generators import to_snake
 
-from rocmtrain.api.models import EVAL_METRICS, TRIAL_TABLE_LENGTH, Trial, TrialConfig, TrialState, TuningStatus
+from rocmtrain.api.models import (
+    EVAL_METRICS,
+    TRIAL_TABLE_LENGTH,
+    NetworkTransport,
+    Trial,
+    TrialConfig,
+    TrialState,
+    TuningStatus,
+)
 
 # Ray Tune's trial states, as the status names them; TERMINATED is split by whether the run finished.
 _STATES: dict[str, TrialState] = {"PENDING": "Pending", "RUNNING": "Running", "PAUSED": "Running", "ERROR": "Failed"}
@@ -61,6 +70,17 @@ def best_trial(trials: Iterable[TrialView], metric: str, mode: Literal["max", "m
         return None
     sign = -1.0 if mode == "max" else 1.0
     return min(scored, key=lambda t: (sign * (t.metric(metric) or 0.0), t.id))
+
+
+def search_network(trials: Iterable[TrialView], best: TrialView | None) -> NetworkTransport | None:
+    """The network RCCL chose, as the best trial's rank 0 read it, else the first trial (in Tune's order) that
+    reported one; None while none did. The trials of a search run on the same pods with the same settings, so
+    they find the same network; the best trial's is that of the run whose model the search keeps, and it changes
+    only with the best trial."""
+    for trial in [*([best] if best else []), *trials]:
+        if (found := trial.result.get("network")) is not None:
+            return NetworkTransport.model_validate(found)
+    return None
 
 
 def _row(trial: TrialView, metric: str) -> Trial:

@@ -4,7 +4,9 @@ Each trial is a Tune function trainable that builds the job's TorchTrainer (`tor
 with the trial's hyper-parameters and fits it: a full data-parallel run with the job's ranks, its
 checkpoints under `<run>/trials/<trial id>/`, Ray Train's worker-failure recovery. `TrialReport`
 (Ray Train's `TuneReportCallback`) passes every new evaluation of rank 0 to Tune, so ASHA compares
-trials by evaluations (`evaluations` is its time attribute) and stops those that fall behind.
+trials by evaluations (`evaluations` is its time attribute) and stops those that fall behind. The
+network RCCL chose (`rccl_log`) rides along with it, and the search reports it and logs it once
+(`trial_status.search_network`).
 
 Tune keeps the experiment under `<run>/search/`; a restarted driver restores it
 (`Tuner.restore(..., resume_errored=True)`): finished trials keep their results and are not run
@@ -41,7 +43,8 @@ from rocmtrain_train.driver.torch_trainer import build_trainer
 from rocmtrain_train.reporting.driver_report import Sink
 from rocmtrain_train.reporting.log_files import main_logger
 from rocmtrain_train.reporting.rank_report import RankReport
-from rocmtrain_train.search.trial_status import TrialView, best_trial, tuning_status
+from rocmtrain_train.reporting.rccl_log import TransportLog
+from rocmtrain_train.search.trial_status import TrialView, best_trial, search_network, tuning_status
 from rocmtrain_train.storage import filesystem
 
 SEARCH_DIR = "search"
@@ -119,7 +122,8 @@ def trial_settings(settings: RunSettings, config: Mapping[str, Any], trial_id: s
 
 
 def tune_result(report: RankReport, evaluations: int) -> dict[str, Any]:
-    """What Tune gets of a rank-0 report: its evaluation, the count of evaluations, where it stands."""
+    """What Tune gets of a rank-0 report: its evaluation, the count of evaluations, where it stands, and the
+    network RCCL chose (GPU trials, where rank 0's RCCL log tells)."""
     values = {
         **report.evaluation,
         TIME_ATTR: evaluations,
@@ -127,6 +131,7 @@ def tune_result(report: RankReport, evaluations: int) -> dict[str, Any]:
         "epoch": report.epoch,
         "final": report.final,
         "model_path": report.model_path,
+        "network": report.network,
     }
     return {k: v for k, v in values.items() if v is not None}
 
@@ -168,6 +173,7 @@ class SearchReporter:
         self._sinks = sinks
         self._log = log
         self._best: str | None = None
+        self._network = TransportLog(log)
         self.trials: list[TrialView] = []
 
     def view(
@@ -210,12 +216,18 @@ class SearchReporter:
                 "new best trial %s: %s=%.4f with %s", best.id, self.metric, best.metric(self.metric), best.config
             )
         done = status.trials_done
-        report = ProgressReport(
-            progress=Progress(step=done, total_steps=self.total, percent=100.0 * done / self.total),
-            metrics=Metrics(**best.evaluation()) if best else Metrics(),
-            tuning=status,
-            final=final,
-        )
+        try:
+            report = ProgressReport(
+                progress=Progress(step=done, total_steps=self.total, percent=100.0 * done / self.total),
+                metrics=Metrics(**best.evaluation()) if best else Metrics(),
+                tuning=status,
+                final=final,
+                network=search_network(self.trials, best),
+            )
+        except ValueError as exc:  # a value outside the API's bounds: log it, keep searching
+            self._log.warning("progress report of the search not sent: %s", exc)
+            return
+        self._network.seen(report.network)
         for sink in self._sinks:
             try:
                 sink.emit(report)
