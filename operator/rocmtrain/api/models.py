@@ -1998,8 +1998,9 @@ class RocmTrainingJobStatus(ApiModel):
     )
     network: NetworkTransport | None = Field(
         default=None,
-        description="The network RCCL chose between the workers, as the training driver reported it (GPU jobs, "
-        "where RCCL's log tells): Socket where spec.resources.network names RDMA means RDMA is not in use.",
+        description="The network RCCL chose between the workers, as the job's progress reports tell it from rank "
+        "0's RCCL log (GPU jobs, where it tells): Socket where spec.resources.network names RDMA means RDMA is not "
+        "in use.",
     )
 
 

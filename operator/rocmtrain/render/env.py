@@ -31,9 +31,10 @@ from rocmtrain.render.volumes import PROGRESS_CA_PATH, PROGRESS_TOKEN_PATH
 # Runtime defaults for pods with AMD GPUs (RCCL reads the NCCL_* names):
 # - NCCL_DEBUG=WARN: RCCL reports unusual conditions (a fallback transport, a
 #   topology it cannot use) without the per-collective chatter of INFO. Rank 0 of
-#   the training loop raises it to INFO for INIT and NET, into a file of its own, to
-#   read which network RCCL chose (`rocmtrain_train.reporting.rccl_log`), so that
-#   `rocmtrain run` on GPUs does it too.
+#   the training loop (and of a job's own code, through `sdk.run_config`) raises it
+#   to INFO for INIT and NET, into a file of its own, to read which network RCCL
+#   chose (`rocmtrain_train.reporting.rccl_log`), so that `rocmtrain run` on GPUs
+#   does it too.
 # - HSA_FORCE_FINE_GRAIN_PCIE=1: enables RCCL's peer-to-peer transport between
 #   PCIe-connected GPUs of one pod (ROCm's RCCL usage tips); harmless over xGMI.
 # Not set: HIP_VISIBLE_DEVICES (the device plugin exposes only the allocated GPUs
