@@ -147,7 +147,7 @@ JOBS = Ref(GROUP, VERSION, PLURAL)
 RAYJOBS = Ref(RAYJOB_GROUP, RAYJOB_VERSION, RAYJOB_PLURAL)
 NETWORK_POLICIES = Ref(NETWORK_POLICY_GROUP, NETWORK_POLICY_VERSION, NETWORK_POLICY_PLURAL)
 LOCAL_QUEUES = Ref(WORKLOAD_GROUP, WORKLOAD_VERSION, LOCAL_QUEUE_PLURAL)
-CLUSTER_QUEUES = Ref(WORKLOAD_GROUP, WORKLOAD_VERSION, CLUSTER_QUEUE_PLURAL)  # cluster-scoped: `get_readable`
+CLUSTER_QUEUES = Ref(WORKLOAD_GROUP, WORKLOAD_VERSION, CLUSTER_QUEUE_PLURAL)  # cluster-scoped: `*_readable`
 
 
 async def retrying(call: Any, *args: Any, **kwargs: Any) -> Any:
@@ -243,6 +243,17 @@ class Kube:
             if exc.status in (403, 404):
                 return None
             raise
+
+    async def list_readable(self, ref: Ref) -> list[dict[str, Any]] | None:
+        """Every object of a cluster-scoped type, or None when its type is not served or the operator may not
+        list it (Kueue's ClusterQueues: few, read in one page)."""
+        try:
+            found = await retrying(self._objects.list_cluster_custom_object, ref.group, ref.version, ref.plural)
+        except ApiException as exc:
+            if exc.status in (403, 404):
+                return None
+            raise
+        return list(found.get("items") or [])
 
     async def delete(self, ref: Ref, namespace: str, name: str, *, uid: str) -> bool:
         """Delete the object with `uid` (its dependents in the background); False when it is gone or replaced."""

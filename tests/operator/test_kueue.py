@@ -188,7 +188,7 @@ def test_jobs_beyond_the_quota_wait_with_kueues_reason_and_start_as_others_finis
 
 # ---- queue estimates ---------------------------------------------------------------------------------
 
-SOLO_QUEUE = "solo"  # no cohort: no quota lent or borrowed, which the estimate does not count
+SOLO_QUEUE = "solo"  # no cohort: no quota lent or borrowed
 
 
 def solo_cluster_queue(gpus: int) -> dict[str, Any]:

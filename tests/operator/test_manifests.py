@@ -188,6 +188,8 @@ ALLOWED = [
     ("watch", "", "pods", ""),
     ("list", "kueue.x-k8s.io", "workloads", ""),
     ("watch", "kueue.x-k8s.io", "workloads", ""),
+    ("get", "kueue.x-k8s.io", "clusterqueues", ""),
+    ("list", "kueue.x-k8s.io", "clusterqueues", ""),  # a cohort's quotas, for status.queue
 ]
 DENIED = [
     ("update", "ray.io", "rayjobs", ""),
@@ -201,6 +203,7 @@ DENIED = [
     ("delete", "", "pods", ""),
     ("update", "kueue.x-k8s.io", "workloads", ""),
     ("patch", "kueue.x-k8s.io", "workloads", "status"),
+    ("watch", "kueue.x-k8s.io", "clusterqueues", ""),
     ("get", "", "nodes", ""),
     ("patch", "", "nodes", ""),
     ("create", "apiextensions.k8s.io", "customresourcedefinitions", ""),
@@ -227,7 +230,14 @@ def test_service_account_may_do_what_the_operator_needs_and_no_more(operator_kub
 
         def allowed(verb: str, group: str, resource: str, subresource: str) -> bool:
             attributes = {"verb": verb, "group": group, "resource": resource, "subresource": subresource}
-            if resource not in ("nodes", "customresourcedefinitions", "tokenreviews", "subjectaccessreviews"):
+            cluster_scoped = (
+                "nodes",
+                "customresourcedefinitions",
+                "tokenreviews",
+                "subjectaccessreviews",
+                "clusterqueues",
+            )
+            if resource not in cluster_scoped:
                 attributes["namespace"] = "some-team"
             review = request(
                 api,

@@ -194,12 +194,18 @@ async def estimate_queues(runtime: OperatorRuntime) -> None:
         local = await runtime.kube.get_readable(LOCAL_QUEUES, namespace, local_queue)
         if cluster_queue := ((local or {}).get("spec") or {}).get("clusterQueue"):
             cluster_queue_of[(namespace, local_queue)] = cluster_queue
-    quotas = {}
-    for name in sorted(set(cluster_queue_of.values())):
-        if (found := await runtime.kube.get_readable(CLUSTER_QUEUES, None, name)) is not None:
-            quotas[name] = queue.cluster_queue_quota(found)
+    # Every ClusterQueue at once, for the cohorts; without `list` (an older ClusterRole), each one alone.
+    listed = await runtime.kube.list_readable(CLUSTER_QUEUES) if cluster_queue_of else []
+    found = listed or []
+    if listed is None:
+        for name in sorted(set(cluster_queue_of.values())):
+            if (one := await runtime.kube.get_readable(CLUSTER_QUEUES, None, name)) is not None:
+                found.append(one)
+    quotas = {quota.cluster_queue: quota for quota in map(queue.cluster_queue_quota, found)}
     now = dt.datetime.now(dt.UTC)
-    estimated = queue.estimates(workloads, cluster_queue_of, quotas, queue.known_jobs(jobs), now)
+    estimated = queue.estimates(
+        workloads, cluster_queue_of, quotas, queue.known_jobs(jobs), now, listed=listed is not None
+    )
     for job in waiting:
         meta = job["metadata"]
         await runtime.reconciler.set_queue(job, estimated.get((meta["namespace"], rayjob_name_of(meta["name"]))))

@@ -10,13 +10,24 @@ holding the rest with their ends, and the Workloads ahead with their GPUs:
   soon as enough GPUs are free, and keep them (their own ends are not known yet);
 - the job starts when enough GPUs are free after them.
 
+In a cohort it simulates, as Kueue shares quota, every ClusterQueue of the cohort that has
+one of the job's ClusterQueue's GPU flavors (the others can neither lend to it nor borrow
+from it): each keeps what its lendingLimit leaves it (all, without a cohort) and lends the
+rest of its unused nominal quota; the job's ClusterQueue may borrow up to its borrowingLimit
+(none: all the cohort lends). Their holders give GPUs back at their ends too, and their
+Workloads ahead of the job in Kueue's order (priority, then creation) compete for them,
+each ClusterQueue's in its own order. It approximates (early or late by what it leaves out):
+GPUs are summed over flavors (a job is taken to fit the sum of a ClusterQueue's flavors, and
+a cohort member sharing one flavor is counted whole); Workloads behind the job in other
+ClusterQueues that fit earlier, preemption, and hierarchical cohorts (a Cohort object's own
+quota, its parent cohorts) are not counted.
+
 Where the inputs are missing it says "unknown" and why, instead of guessing: a holder
-without an ETA (a job still starting, a workload of another kind, GPUs the ClusterQueue
+without an ETA (a job still starting, a workload of another kind, GPUs a ClusterQueue
 reports held by workloads the operator does not see) keeps its GPUs, so a job that needs
-them gets no time; nor does a job whose ClusterQueue's quota cannot be read. The estimate
-counts the ClusterQueue's own nominal quota: GPUs its cohort lends it can start a job
-earlier (the basis says so where the ClusterQueue has a cohort), and a BestEffortFIFO
-queue may start a smaller job out of order.
+them gets no time; nor does a job whose ClusterQueue's quota cannot be read, or whose
+cohort's ClusterQueues cannot be listed. A BestEffortFIFO queue may start a smaller job out
+of order.
 
 `estimates` applies it to every waiting Workload the operator watches, grouped by ClusterQueue.
 """
@@ -46,13 +57,28 @@ _LATEST = dt.datetime.max.replace(tzinfo=dt.UTC)
 
 @dataclass(frozen=True)
 class Quota:
-    """A ClusterQueue's AMD GPUs: its nominal quota and what its Workloads reserve now (None: not known),
-    and its cohort, whose lending the estimate does not count."""
+    """A ClusterQueue's AMD GPUs: its nominal quota and what its Workloads reserve now (None: not known), its
+    cohort, how many it may borrow from the cohort (None: no limit) and lend it (None: all its nominal quota),
+    and its GPU (flavor, resource) pairs, which it shares with the cohort."""
 
     cluster_queue: str
     gpus: int | None
     reserved: int | None = None
     cohort: str | None = None
+    borrowing_limit: int | None = None
+    lending_limit: int | None = None
+    flavors: frozenset[tuple[str, str]] = frozenset()
+
+    @property
+    def lendable(self) -> int:
+        """What of its nominal quota it lends its cohort when unused."""
+        nominal = self.gpus or 0
+        return nominal if self.lending_limit is None else min(nominal, self.lending_limit)
+
+    @property
+    def guaranteed(self) -> int:
+        """What of its nominal quota it keeps for itself (beyond its lendingLimit)."""
+        return (self.gpus or 0) - self.lendable
 
 
 @dataclass(frozen=True)
@@ -93,16 +119,24 @@ def expected_end(status: Mapping[str, Any]) -> dt.datetime | None:
 
 
 def cluster_queue_quota(cluster_queue: Mapping[str, Any]) -> Quota:
-    """The AMD GPU quota of a ClusterQueue (summed over its flavors, partitions counted as GPUs) and what is
-    reserved of it now."""
+    """The AMD GPU quota of a ClusterQueue (summed over its flavors, partitions counted as GPUs), its limits
+    of borrowing and lending (summed: one resource without a borrowingLimit makes borrowing unlimited) and
+    what is reserved of it now."""
     name = (cluster_queue.get("metadata") or {}).get("name", "")
     spec, status = cluster_queue.get("spec") or {}, cluster_queue.get("status") or {}
-    nominal = [
-        device_count(resource.get("nominalQuota"))
+    gpu_resources = [
+        (flavor.get("name", ""), resource)
         for group in spec.get("resourceGroups") or []
         for flavor in group.get("flavors") or []
         for resource in flavor.get("resources") or []
         if str(resource.get("name")).startswith(AMD_DEVICE_PREFIX)
+    ]
+    resources = [resource for _, resource in gpu_resources]
+    nominal = [device_count(resource.get("nominalQuota")) for resource in resources]
+    borrowing = [resource.get("borrowingLimit") for resource in resources]
+    lending = [
+        min(quota, device_count(limit)) if (limit := resource.get("lendingLimit")) is not None else quota
+        for resource, quota in zip(resources, nominal, strict=True)
     ]
     # Reserved counts Workloads holding quota before their admission checks pass; older Kueue reports usage only.
     reservation = status.get("flavorsReservation", status.get("flavorsUsage"))
@@ -117,12 +151,59 @@ def cluster_queue_quota(cluster_queue: Mapping[str, Any]) -> Quota:
         else None
     )
     cohort = spec.get("cohortName") or spec.get("cohort")  # v1beta2 names it cohortName
-    return Quota(name, sum(nominal) if nominal else None, reserved, cohort)
+    return Quota(
+        name,
+        sum(nominal) if nominal else None,
+        reserved,
+        cohort,
+        sum(device_count(limit) for limit in borrowing) if borrowing and None not in borrowing else None,
+        sum(lending) if any("lendingLimit" in resource for resource in resources) else None,
+        frozenset((flavor, str(resource["name"])) for flavor, resource in gpu_resources),
+    )
+
+
+def _order(waiting: Waiting) -> tuple[int, dt.datetime, Key]:
+    return -waiting.priority, waiting.created or _LATEST, waiting.key
 
 
 def kueue_order(waiting: Iterable[Waiting]) -> list[Waiting]:
     """Waiting Workloads in Kueue's order: higher priority first, then the older."""
-    return sorted(waiting, key=lambda w: (-w.priority, w.created or _LATEST, w.key))
+    return sorted(waiting, key=_order)
+
+
+@dataclass(frozen=True)
+class Member:
+    """A ClusterQueue of the job's cohort (sharing a GPU flavor with the job's): its quota, the Workloads
+    holding its GPUs, and its Workloads waiting ahead of the job in Kueue's order."""
+
+    quota: Quota
+    holders: Sequence[Holder]
+    ahead: Sequence[Waiting]
+
+
+class _Pool:
+    """The GPUs of a cohort's ClusterQueues (the job's first) as Kueue counts them: each uses its guaranteed
+    quota, then what the cohort lends, within its borrowingLimit."""
+
+    def __init__(self, quotas: Sequence[Quota], usage: Sequence[int]) -> None:
+        self.quotas, self.usage = quotas, list(usage)
+
+    def _pooled(self, index: int) -> int:
+        """What ClusterQueue `index` uses beyond its guaranteed quota: from the cohort's pool of lendable GPUs
+        (its own included)."""
+        return max(0, self.usage[index] - self.quotas[index].guaranteed)
+
+    def available(self, index: int) -> int:
+        """The GPUs ClusterQueue `index` can use now."""
+        quota = self.quotas[index]
+        lent = sum(q.lendable for q in self.quotas) - sum(self._pooled(i) for i in range(len(self.quotas)))
+        if quota.borrowing_limit is not None:
+            lent = min(lent, quota.lendable - self._pooled(index) + quota.borrowing_limit)
+        return max(0, quota.guaranteed - self.usage[index]) + lent
+
+    def largest(self, index: int) -> int:
+        """The most GPUs ClusterQueue `index` can ever use (the cohort idle)."""
+        return _Pool(self.quotas, [0] * len(self.quotas)).available(index)
 
 
 def _plural(count: int, one: str, many: str) -> str:
@@ -144,38 +225,91 @@ def _why_stuck(holders: Sequence[Holder], ahead: int) -> str:
     return f"the GPUs it waits for are held without an ETA by {named}"
 
 
+def _admit(pool: _Pool, pending: list[tuple[int, int, bool]]) -> bool:
+    """One round of admissions, in Kueue's order: each pending (ClusterQueue, GPUs, is the job) Workload that
+    fits starts, and keeps its GPUs; one that does not blocks those behind it in its ClusterQueue. True when
+    the job (last) fits."""
+    blocked: set[int] = set()
+    for item in list(pending):
+        index, need, job = item
+        if index in blocked or need > pool.available(index):
+            blocked.add(index)
+        elif job:
+            return True
+        else:
+            pool.usage[index] += need
+            pending.remove(item)
+    return False
+
+
+def _cohort_basis(quota: Quota, cohort: Sequence[Member]) -> str:
+    """Which ClusterQueues of the cohort were counted, and what each lends."""
+    limit = "without limit" if quota.borrowing_limit is None else f"up to {quota.borrowing_limit}"
+    lenders = ", ".join(f"{m.quota.cluster_queue} lends {m.quota.lendable}" for m in cohort)
+    return f"borrowing {limit} from cohort {quota.cohort}" + (
+        f": {lenders}" if lenders else ", where no other ClusterQueue has its GPU flavors"
+    )
+
+
 def estimate(
-    quota: Quota, holders: Sequence[Holder], ahead: Sequence[Waiting], gpus: int, now: dt.datetime
+    quota: Quota,
+    holders: Sequence[Holder],
+    ahead: Sequence[Waiting],
+    gpus: int,
+    now: dt.datetime,
+    cohort: Sequence[Member] = (),
 ) -> dict[str, Any]:
-    """`status.queue` (wire form) of a job needing `gpus` behind the Workloads `ahead` (see the module doc)."""
+    """`status.queue` (wire form) of a job needing `gpus` behind the Workloads `ahead` of its ClusterQueue,
+    and in `cohort`, the other ClusterQueues of its cohort (see the module doc)."""
     position, queue = len(ahead) + 1, quota.cluster_queue
     if quota.gpus is None:
         return _unknown(position, f"ClusterQueue {queue} has no {GPU_RESOURCE} quota the operator can read")
-    if gpus > quota.gpus:
-        return _unknown(position, f"the job needs {gpus} GPUs, more than ClusterQueue {queue}'s quota of {quota.gpus}")
-    held = sum(h.gpus for h in holders)
-    unseen = (quota.reserved if quota.reserved is not None else held) - held
-    everyone = [*holders, Holder("workloads the operator does not follow", unseen, None)] if unseen > 0 else holders
-    free = quota.gpus - held - max(unseen, 0)
-    releases = sorted((h for h in everyone if h.ends is not None and h.gpus), key=lambda h: h.ends or now)
+    members = [Member(quota, holders, ahead), *cohort]
+    everyone: list[list[Holder]] = []
+    for index, member in enumerate(members):
+        held = sum(h.gpus for h in member.holders)
+        unseen = (member.quota.reserved if member.quota.reserved is not None else held) - held
+        name = "workloads the operator does not follow" + (f" in {member.quota.cluster_queue}" if index else "")
+        everyone.append([*member.holders, Holder(name, unseen, None)] if unseen > 0 else list(member.holders))
+    pool = _Pool([m.quota for m in members], [sum(h.gpus for h in held) for held in everyone])
+    if gpus > (largest := pool.largest(0)):
+        lent = f" and the {largest - quota.gpus} GPUs cohort {quota.cohort} may lend it" if quota.cohort else ""
+        return _unknown(
+            position, f"the job needs {gpus} GPUs, more than ClusterQueue {queue}'s quota of {quota.gpus}{lent}"
+        )
+    member_of = {w.key: index for index, member in enumerate(members) for w in member.ahead}
+    # The Workloads ahead in Kueue's order (one too large for its ClusterQueue never starts), then the job.
+    order = kueue_order(w for member in members for w in member.ahead)
+    pending = [(member_of[w.key], w.gpus, False) for w in order if w.gpus <= pool.largest(member_of[w.key])]
+    pending.append((0, gpus, True))
+    others = sum(len(member.ahead) for member in cohort)
+    releases = sorted(
+        ((index, h) for index, held in enumerate(everyone) for h in held if h.ends is not None and h.gpus),
+        key=lambda release: release[1].ends or now,
+    )
     released, start = 0, now
-    for need in [w.gpus for w in ahead if w.gpus <= quota.gpus] + [gpus]:  # a Workload too large never starts
-        while free < need:
-            if released == len(releases):
-                return _unknown(position, _why_stuck(everyone, len(ahead)))
-            holder = releases[released]
-            free, start, released = free + holder.gpus, max(start, holder.ends or now), released + 1
-        free -= need
+    while not _admit(pool, pending):
+        if released == len(releases):
+            return _unknown(position, _why_stuck([h for held in everyone for h in held], len(ahead) + others))
+        index, holder = releases[released]
+        pool.usage[index] -= holder.gpus
+        start, released = max(start, holder.ends or now), released + 1
     basis = [
         _plural(released, "running job's ETA", "running jobs' ETAs") if released else "GPUs free now",
-        _plural(len(ahead), "job ahead", "jobs ahead"),
+        _plural(len(ahead), "job ahead", "jobs ahead")
+        + (f" (and {others} in cohort {quota.cohort})" if others else ""),
         f"ClusterQueue {queue}'s quota of {quota.gpus} GPUs",
     ]
     if quota.cohort:
-        basis.append(f"not counting what cohort {quota.cohort} may lend")
+        basis.append(_cohort_basis(quota, cohort))
     return QueueEstimate(
         position=position, expected_start_time=rfc3339(start), basis=bounded(", ".join(basis), QUEUE_BASIS_LIMIT)
     ).dump()
+
+
+def _ahead_of(job: Waiting, waiting: Iterable[Waiting]) -> list[Waiting]:
+    """The Workloads of `waiting` that Kueue takes before `job`."""
+    return [w for w in waiting if _order(w) < _order(job)]
 
 
 def known_jobs(jobs: Iterable[Mapping[str, Any]]) -> dict[Key, Known]:
@@ -203,12 +337,15 @@ def estimates(
     quotas: Mapping[str, Quota],
     known: Mapping[Key, Known],
     now: dt.datetime,
+    *,
+    listed: bool,
 ) -> dict[Key, dict[str, Any]]:
     """`status.queue` of every waiting Workload, by its RayJob's key.
 
     `workloads`: the Workload views (`rocmtrain.status.kueue.workload_view`); `cluster_queue_of`: the
     ClusterQueue of each (namespace, LocalQueue) that could be read; `quotas`: the quota of each
-    ClusterQueue read; `known`: the operator's jobs by their RayJob's key.
+    ClusterQueue read; `listed`: whether those are every ClusterQueue (listed), so that each cohort's
+    ClusterQueues are known; `known`: the operator's jobs by their RayJob's key.
     """
     holders: dict[str, list[Holder]] = defaultdict(list)
     waiting: dict[str, list[Waiting]] = defaultdict(list)
@@ -233,6 +370,22 @@ def estimates(
     for queue, members in waiting.items():
         quota = quotas.get(queue, Quota(queue, None))
         ordered = kueue_order(members)
+        if quota.cohort and quota.gpus is not None and not listed:
+            reason = f"the ClusterQueues of cohort {quota.cohort} cannot be listed"
+            result.update((member.key, _unknown(index + 1, reason)) for index, member in enumerate(ordered))
+            continue
+        cohort = [
+            other
+            for other in quotas.values()
+            if quota.cohort and other.cohort == quota.cohort and other.cluster_queue != queue
+            if other.flavors & quota.flavors
+        ]
         for index, member in enumerate(ordered):
-            result[member.key] = estimate(quota, holders[queue], ordered[:index], member.gpus, now)
+            shares = [
+                Member(
+                    other, holders.get(other.cluster_queue, []), _ahead_of(member, waiting.get(other.cluster_queue, []))
+                )
+                for other in cohort
+            ]
+            result[member.key] = estimate(quota, holders.get(queue, []), ordered[:index], member.gpus, now, shares)
     return result
