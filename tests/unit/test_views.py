@@ -150,6 +150,20 @@ def test_status_says_when_a_queued_job_is_expected_to_start():
     assert "queue " not in job_text(queued_job("admitted", {}), [], [], {}, NOW)
 
 
+def test_status_says_which_network_rccl_chose_and_flags_sockets_where_rdma_was_asked_for():
+    roce = {"transport": "IB", "devices": ["mlx5_0:1", "mlx5_1:1"], "link": "RoCE"}
+    spec = {"resources": {"workers": 2, "network": {"rdmaResource": "rdma/roce"}}}
+    running = {"metadata": {"namespace": "ml", "name": "big"}, "spec": spec, "status": {"phase": "Running"}}
+    assert "network " not in job_text(running, [], [], {}, NOW)
+    running["status"]["network"] = roce
+    assert "network    IB over mlx5_0:1, mlx5_1:1 (RoCE)" in job_text(running, [], [], {}, NOW).splitlines()
+    running["status"]["network"] = {"transport": "Socket", "devices": ["eth0"]}
+    lines = job_text(running, [], [], {}, NOW).splitlines()
+    assert "network    Socket over eth0: not RDMA, although the job requests rdma/roce" in lines
+    spec["resources"]["workers"] = 1  # one pod: no network between pods to miss
+    assert "network    Socket over eth0" in job_text(running, [], [], {}, NOW).splitlines()
+
+
 def test_pool_lists_the_queued_jobs_soonest_first_the_unknown_last():
     jobs = [queued_job("stuck", UNKNOWN), queued_job("next", QUEUE), {"metadata": {"namespace": "ml", "name": "run"}}]
     view = pool_view([], [], jobs)

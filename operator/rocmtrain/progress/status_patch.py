@@ -38,6 +38,7 @@ from rocmtrain.api.models import (
 )
 from rocmtrain.api.timestamps import rfc3339
 from rocmtrain.status.events import Event
+from rocmtrain.status.network import unused_rdma
 from rocmtrain.status.phase import TERMINAL_PHASES
 
 _PROGRESS_FIELDS = tuple(field.alias or name for name, field in Progress.model_fields.items())
@@ -144,12 +145,9 @@ def network_events(report: ProgressReport, job: Mapping[str, Any]) -> list[Event
     """The warning a report brings when RCCL newly reports TCP sockets between the pods of a job whose
     `spec.resources.network` names an RDMA resource: a silent fallback, many times slower than RDMA."""
     new = report.network
-    resources = (job.get("spec") or {}).get("resources") or {}
-    rdma = (resources.get("network") or {}).get("rdmaResource")
     seen = (job.get("status") or {}).get("network") or {}
-    if new is None or new.transport != "Socket" or not rdma or resources.get("workers", 1) < 2:
-        return []
-    if seen.get("transport") == new.transport:
+    rdma = unused_rdma(new.transport if new else None, job.get("spec") or {})
+    if new is None or rdma is None or seen.get("transport") == new.transport:
         return []
     message = (
         f"RCCL uses TCP sockets between the worker pods ({new.summary}), not RDMA, although the job requests {rdma}: "

@@ -6,11 +6,14 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 from rocmtrain.api.contract import GPU_NODE_LABELS
-from rocmtrain.api.models import metric_rows
+from rocmtrain.api.models import NetworkTransport, metric_rows
 from rocmtrain.api.timestamps import parse_time
 from rocmtrain.status.accounting import gpu_seconds_at
 from rocmtrain.status.gauges import WHOLE_GPU_KIND, gpu_kind
+from rocmtrain.status.network import unused_rdma
 from rocmtrain.views.pool import pod_gpus
 from rocmtrain.views.table import table
 
@@ -92,6 +95,18 @@ def _gpu_line(job: Mapping[str, Any], now: dt.datetime) -> str:
     return ", ".join(parts)
 
 
+def network_text(network: Mapping[str, Any], spec: Mapping[str, Any]) -> str:
+    """`status.network` in words: `IB over mlx5_0:1 (RoCE)`, or a Socket transport flagged where the job
+    requests RDMA."""
+    try:
+        text = NetworkTransport.model_validate(network).summary
+    except ValidationError:  # written by another version: its transport as it stands
+        text = str(network.get("transport"))
+    if rdma := unused_rdma(network.get("transport"), spec):
+        text += f": not RDMA, although the job requests {rdma}"
+    return text
+
+
 def job_text(
     job: Mapping[str, Any],
     pods: Sequence[Mapping[str, Any]],
@@ -116,6 +131,8 @@ def job_text(
     ]
     if queue := status.get("queue"):
         sections.append("queue      " + queue_text(queue, now))
+    if network := status.get("network"):
+        sections.append("network    " + network_text(network, job.get("spec") or {}))
     if shown:
         sections.append("metrics    " + _wrapped(shown, METRICS_WIDTH, indent=len("metrics    ")))
     if conditions:
