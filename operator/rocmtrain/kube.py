@@ -15,6 +15,7 @@ watch and namespace) can take the reconciler's connections.
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dt
 import json
 import logging
@@ -309,6 +310,16 @@ class Kube:
             if exc.status == 404:
                 return None
             raise
+
+    async def read_secret(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A Secret's data, decoded; None when it does not exist or the operator may not read it."""
+        try:
+            secret = await retrying(self._core.read_namespaced_secret, name, namespace)
+        except ApiException as exc:
+            if exc.status in (403, 404):
+                return None
+            raise
+        return {key: base64.b64decode(value).decode(errors="replace") for key, value in (secret.data or {}).items()}
 
     async def post_event(self, obj: Any, *, type: str, reason: str, message: str) -> None:
         """Post a core/v1 Event about `obj` (a job); best effort: a failure is logged, not raised."""

@@ -739,6 +739,36 @@ class SecretKeyRef(ApiModel):
     key: ConfigKey = Field(description="Key within the Secret.")
 
 
+NotifyEvent = Literal["Queued", "Running", "Succeeded", "Failed", "Stalled", "NewBestTrial"]
+NOTIFY_EVENTS: tuple[NotifyEvent, ...] = ("Queued", "Running", "Succeeded", "Failed", "Stalled", "NewBestTrial")
+# Receivers one job may notify.
+MAX_NOTIFICATIONS = 4
+
+
+class NotificationSecretRef(ApiModel):
+    """The Secret in the job's namespace that holds a receiver's URL (and signing key)."""
+
+    name: DnsSubdomain = Field(description="Secret name (the operator needs `get` on it: docs/guides/observing.md).")
+    url_key: ConfigKey = Field(default="url", description="Key holding the receiver's http(s) URL.")
+    signing_key_key: ConfigKey | None = Field(
+        default=None,
+        description="Key holding the HMAC-SHA256 signing key; when set, each body is signed (X-Rocmtrain-Signature).",
+    )
+
+
+class Notification(ApiModel):
+    """An HTTP receiver told about the job's phase changes (a JSON POST, Slack-compatible `text`)."""
+
+    secret_ref: NotificationSecretRef = Field(description="Where the receiver's URL and signing key are.")
+    events: list[NotifyEvent] = Field(
+        default_factory=lambda: list(NOTIFY_EVENTS),
+        min_length=1,
+        max_length=len(NOTIFY_EVENTS),
+        description="Events that notify it (all by default).",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
+
 class EnvVarSource(ApiModel):
     """Where an environment variable's value comes from."""
 
@@ -1466,6 +1496,14 @@ class RocmTrainingJobSpec(ApiModel):
         description=(
             "Hyper-parameter search: run numTrials trials of this job with hyper-parameters from a search "
             "space, maxConcurrentTrials at a time, and keep the best one's model."
+        ),
+    )
+    notifications: list[Notification] = Field(
+        default_factory=list,
+        max_length=MAX_NOTIFICATIONS,
+        description=(
+            "HTTP receivers of the job's phase changes (the operator's default receiver, if any, when empty); "
+            "see docs/guides/observing.md#notifications."
         ),
     )
     suspend: bool = Field(

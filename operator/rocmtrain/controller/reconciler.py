@@ -111,17 +111,20 @@ class Reconciler:
         before_render: Callable[[str], Awaitable[Hold | None]] | None = None,
         pods: Callable[[str, str], Sequence[Mapping[str, Any]]] = lambda namespace, job: (),
         workload: Callable[[Mapping[str, Any]], Mapping[str, Any] | None] = lambda rayjob: None,
+        notify: Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]], object] | None = None,
     ) -> None:
         """`known(namespace, name)`: the watched view of a RayJob, if any (saves a read);
         `before_render(namespace)`: awaited before a job there is rendered (the progress CA),
         it returns what holds the RayJob back, if anything does;
-        `pods(namespace, job)`: the job's Ray pods; `workload(rayjob)`: Kueue's Workload of a RayJob."""
+        `pods(namespace, job)`: the job's Ray pods; `workload(rayjob)`: Kueue's Workload of a RayJob;
+        `notify(job, old status, new status)`: queues the job's phase notifications (never waits)."""
         self._kube = kube
         self._config = config
         self._known = known
         self._before_render = before_render
         self._pods = pods
         self._workload = workload
+        self._notify = notify
         self._states: dict[str, JobState] = {}
         self._forgotten: OrderedDict[str, None] = OrderedDict()
         self._slots = asyncio.Semaphore(ACTIVE_RECONCILES)
@@ -381,3 +384,5 @@ class Reconciler:
         for event in transition_events(current, new):
             logger.info("%s/%s %s: %s", meta["namespace"], meta["name"], event.reason, event.message)
             await self._kube.post_event(job, type=event.type, reason=event.reason, message=event.message)
+        if self._notify is not None:
+            self._notify(job, current, {**current, **new})

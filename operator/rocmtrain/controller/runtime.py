@@ -1,12 +1,12 @@
 """What the operator's handlers share: one typed object, built once at startup, closed on cleanup.
 
-`open_runtime` builds it in order, with nothing running yet: the API connection, the
-progress endpoint, the metrics server (which serves the endpoint's certificate), the
-watches' own API client, the three watches (RayJobs, Ray pods, Kueue Workloads) and
-the reconciler; `OperatorRuntime.start` then starts the watches and the operator's
-loops; `OperatorRuntime.close` stops and closes everything in the reverse order (as
-does a build that fails half-way). kopf's memo holds it as its one attribute
-`runtime` (`runtime_of`).
+`open_runtime` builds it in order, with nothing running yet but the notifier's senders
+(`rocmtrain.controller.notifier`): the API connection, the notifier, the progress endpoint,
+the metrics server (which serves the endpoint's certificate), the watches' own API client,
+the three watches (RayJobs, Ray pods, Kueue Workloads) and the reconciler;
+`OperatorRuntime.start` then starts the watches and the operator's loops;
+`OperatorRuntime.close` stops and closes everything in the reverse order (as does a build
+that fails half-way). kopf's memo holds it as its one attribute `runtime` (`runtime_of`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from rocmtrain.api.conditions import Reason
 from rocmtrain.api.contract import MANAGED_SELECTOR
 from rocmtrain.api.names import rayjob_name_of
 from rocmtrain.controller.informer import Informer, Key, View
+from rocmtrain.controller.notifier import Notifier
 from rocmtrain.controller.pod_watch import PodWatch
 from rocmtrain.controller.rayjob_watch import RayJobWatch
 from rocmtrain.controller.reconciler import Reconciler
@@ -113,9 +114,14 @@ async def open_runtime(
     try:
         kube = await Kube.connect(timeout=config.api_timeout_seconds)
         resources.push_async_callback(kube.close)
+        notifier = Notifier(kube.read_secret, config.notification)
+        notifier.start()
+        resources.push_async_callback(notifier.stop)
         # The endpoint talks to the API server through a small client of its own, so a flood
         # of reports never takes the connections that reconciles and the watches use.
-        progress = await start_progress_server(config.progress) if config.progress is not None else None
+        progress = None
+        if config.progress is not None:
+            progress = await start_progress_server(config.progress, notify=notifier.notify)
         if progress is not None:
             resources.push_async_callback(progress.stop)
         if config.metrics_port:
@@ -147,6 +153,7 @@ async def open_runtime(
             before_render=functools.partial(publish_progress_ca, progress, kube) if progress is not None else None,
             pods=pods.of_job,
             workload=workloads.of_rayjob,
+            notify=notifier.notify,
         )
         resources.push_async_callback(reconciler.stop)
         for watch in (rayjobs, pods, workloads):  # stopped before the reconciler: no retry is scheduled after

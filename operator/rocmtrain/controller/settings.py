@@ -24,6 +24,9 @@
 | ROCMTRAIN_METRICS_MAX_JOBS               | 500       | jobs with per-job metric series; 0 turns them off    |
 | ROCMTRAIN_GPU_PRICES                     | (none)    | price per GPU-hour by product: `NAME=PRICE,default=` |
 | ROCMTRAIN_COST_CURRENCY                  | USD       | ISO 4217 currency of those prices (`status.cost`)    |
+| ROCMTRAIN_NOTIFY_URL                     | (none)    | default receiver of jobs without spec.notifications  |
+| ROCMTRAIN_NOTIFY_SIGNING_KEY             | (none)    | its HMAC-SHA256 signing key                          |
+| ROCMTRAIN_NOTIFY_EVENTS                  | (all)     | comma-separated events the default receiver gets     |
 
 ROCMTRAIN_PROTECTED_NAMESPACES defaults to `kube-system` and the operator's own namespace
 (`ROCMTRAIN_OPERATOR_NAMESPACE`); set it to `-` to protect none.
@@ -50,6 +53,7 @@ from dataclasses import dataclass, field
 import kopf
 
 from rocmtrain.api.contract import OPERATOR_NAME
+from rocmtrain.api.models import NOTIFY_EVENTS
 from rocmtrain.api.patterns import DNS_LABEL, DNS_SUBDOMAIN, IMAGE
 from rocmtrain.controller.supervision import RestartPolicy
 from rocmtrain.policy import DEFAULT_MAX_GPUS, DEFAULT_MAX_WORKER_PODS, Policy
@@ -57,6 +61,8 @@ from rocmtrain.progress.server import ProgressServerConfig, listen_host
 from rocmtrain.render import RenderOptions
 from rocmtrain.render.options import MAX_SUBMITTER_RETRIES
 from rocmtrain.status.accounting import Pricing, parse_currency, parse_pricing
+
+NOTIFY_EVENTS_ALL = frozenset(NOTIFY_EVENTS)
 
 
 class ConfigError(ValueError):
@@ -153,6 +159,28 @@ LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
+class DefaultNotification:
+    """The operator's default receiver (`rocmtrain.status.notifications`); never printed (a URL may hold a token)."""
+
+    url: str = field(repr=False)
+    signing_key: bytes | None = field(default=None, repr=False)
+    events: frozenset[str] = NOTIFY_EVENTS_ALL
+
+
+def _notification(env: Mapping[str, str]) -> DefaultNotification | None:
+    url = env.get("ROCMTRAIN_NOTIFY_URL", "").strip()
+    events = _names(env, "ROCMTRAIN_NOTIFY_EVENTS", "|".join(NOTIFY_EVENTS), "a notification event")
+    key = env.get("ROCMTRAIN_NOTIFY_SIGNING_KEY", "").strip()
+    if not url:
+        if key or events:
+            raise ConfigError("ROCMTRAIN_NOTIFY_SIGNING_KEY and ROCMTRAIN_NOTIFY_EVENTS need ROCMTRAIN_NOTIFY_URL")
+        return None
+    if not re.fullmatch(r"https?://[^\s]{1,2040}", url):
+        raise ConfigError("ROCMTRAIN_NOTIFY_URL must be an http:// or https:// URL")  # the value is never quoted
+    return DefaultNotification(url, key.encode() or None, frozenset(events) or NOTIFY_EVENTS_ALL)
+
+
+@dataclass(frozen=True)
 class OperatorConfig:
     """Everything the operator reads from its environment."""
 
@@ -174,6 +202,7 @@ class OperatorConfig:
     pricing: Pricing | None = None  # None: no prices, no status.cost
     render_options: RenderOptions = field(default_factory=RenderOptions)
     progress: ProgressServerConfig | None = None  # None: the progress endpoint is off
+    notification: DefaultNotification | None = None  # the receiver of jobs without spec.notifications
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> OperatorConfig:
@@ -201,6 +230,7 @@ class OperatorConfig:
             pricing=_pricing(env),
             render_options=progress.render_options(render) if progress else render,
             progress=progress,
+            notification=_notification(env),
         )
 
     @property

@@ -104,6 +104,8 @@ _LABEL = re.compile(DNS_LABEL)
 
 Authenticate = Callable[[str], Awaitable[Identity]]
 Authorise = Callable[[Identity, Mapping[str, Any]], Awaitable[None]]
+# notify(job, old status, new status): queue the job's notifications (`rocmtrain.controller.notifier`).
+Notify = Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]], object]
 
 
 class JobStore(Protocol):
@@ -169,9 +171,9 @@ async def _read_bounded(request: web.Request, limit: int, timeout: float) -> byt
 
 async def _record(
     jobs: JobStore, job: dict[str, Any], report: ProgressReport, now: Callable[[], dt.datetime]
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Patch `report` into the job's status, re-reading the job when it changed meanwhile; the job
-    as it was before the patch.
+    as it was before the patch, and the status fields the patch wrote.
 
     The patch carries the resourceVersion it was computed from, so a concurrent
     write (another report, the operator's own status updates) is never lost.
@@ -186,7 +188,7 @@ async def _record(
         patch["metadata"] = {"resourceVersion": job["metadata"]["resourceVersion"]}
         try:
             await jobs.patch_status(namespace, name, patch)
-            return job
+            return job, patch["status"]
         except Conflict:
             fresh = await jobs.get(namespace, name)
         if fresh is None or fresh["metadata"].get("uid") != uid:
@@ -211,9 +213,11 @@ def make_app(
     events: RateLimiter | None = None,
     body_timeout: float = 10.0,
     now: Callable[[], dt.datetime] = _utcnow,
+    notify: Notify | None = None,
 ) -> web.Application:
     """The endpoint's aiohttp application, built from its parts (`sources`: the per-address limit;
-    `events`: the limit of the events reports bring, per job and reason).
+    `events`: the limit of the events reports bring, per job and reason; `notify(job, old status,
+    new status)`: queues the job's notifications, a new best trial's, never waiting).
 
     Handlers refuse a request by raising a `Refusal`; one middleware turns it into the answer.
     """
@@ -254,7 +258,10 @@ def make_app(
             if wait > 0:
                 raise TooManyRequests(wait)
             report = parse(await _read_bounded(request, MAX_BODY_BYTES, body_timeout))
-            before = await _record(jobs, job, report, now)
+            before, written = await _record(jobs, job, report, now)
+            if notify is not None:
+                status = before.get("status") or {}
+                notify(before, status, {**status, **written})
             for event in report_events(report, before):
                 if events.acquire(f"{namespace}/{name}/{event.reason}") == 0:
                     await jobs.post_event(before, type=event.type, reason=event.reason, message=event.message)
@@ -548,8 +555,10 @@ class ProgressServer:
             await self._api.close()
 
 
-async def start_progress_server(cfg: ProgressServerConfig, api: client.ApiClient | None = None) -> ProgressServer:
-    """Load or create the TLS Secret and serve the endpoint; stop it with `stop()`.
+async def start_progress_server(
+    cfg: ProgressServerConfig, api: client.ApiClient | None = None, notify: Notify | None = None
+) -> ProgressServer:
+    """Load or create the TLS Secret and serve the endpoint; stop it with `stop()`. `notify`: see `make_app`.
 
     Without `api`, the endpoint makes a small client of its own (closed by `stop()`);
     a given `api` stays the caller's.
@@ -572,6 +581,7 @@ async def start_progress_server(cfg: ProgressServerConfig, api: client.ApiClient
         limiter=RateLimiter(cfg.rate_per_second, cfg.burst),
         sources=RateLimiter(cfg.source_rate_per_second, cfg.source_burst),
         body_timeout=cfg.body_timeout,
+        notify=notify,
     )
     await server.start(app)
     return server

@@ -1,0 +1,172 @@
+"""Phase notifications: which status change notifies which target, with what body and signature (pure).
+
+A job's `spec.notifications` (else the operator's default target) names HTTP(S) receivers and the
+events each one wants. `notices` reads the events out of two statuses (before and after one write):
+a phase change into Queued, Running, Succeeded or Failed, `Stalled` turning True on a job that has
+not failed, a new best trial. `payload` is the JSON document sent for one of them, `signature` its
+HMAC-SHA256 under the target's signing key. `retry_delay` is the delivery plan: which answers are
+tried again, and after how long.
+
+Nothing here holds a URL or a key: the targets name where those are (a Secret's keys), and the
+delivery shell (`rocmtrain.controller.notifier`) reads them only to send.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rocmtrain.api.conditions import ConditionType
+from rocmtrain.api.models import NOTIFY_EVENTS, NotifyEvent
+from rocmtrain.api.timestamps import rfc3339
+from rocmtrain.status.conditions import Condition, find
+from rocmtrain.status.messages import EVENT_MESSAGE_LIMIT, bounded
+
+_PHASES = frozenset({"Queued", "Running", "Succeeded", "Failed"})
+
+SIGNATURE_HEADER = "X-Rocmtrain-Signature"
+DELIVERY_HEADER = "X-Rocmtrain-Delivery"
+# The message of a notice, cut to this (as an event's).
+MESSAGE_LIMIT = EVENT_MESSAGE_LIMIT
+# Metrics a body carries: the first of the status' numbers, at most this many.
+MAX_METRICS = 16
+# Delivery: tries of one notice (the first included), and the back-off between them.
+MAX_ATTEMPTS = 8
+FIRST_RETRY_SECONDS = 1.0
+MAX_RETRY_SECONDS = 60.0
+# Answers tried again besides 5xx: a receiver's timeout and its throttling.
+_RETRIED_4XX = frozenset({408, 429})
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one receiver's URL and signing key are, and which events it wants.
+
+    `secret` is a Secret in the job's namespace; None for the operator's default target, whose URL and
+    key the operator's configuration holds."""
+
+    label: str  # how logs, events and status name the target (never its URL)
+    events: frozenset[str]
+    secret: str | None = None
+    url_key: str = "url"
+    signing_key_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One event of one job, as its receivers are told."""
+
+    event: NotifyEvent
+    reason: str
+    message: str
+
+
+def targets(spec: Mapping[str, Any], default: Target | None) -> list[Target]:
+    """The targets of a job (its spec as the API server holds it): its own, else the operator's default."""
+    own = [
+        Target(
+            label=f"spec.notifications[{index}]",
+            events=frozenset(item.get("events") or NOTIFY_EVENTS),
+            secret=item["secretRef"]["name"],
+            url_key=item["secretRef"].get("urlKey") or "url",
+            signing_key_key=item["secretRef"].get("signingKeyKey"),
+        )
+        for index, item in enumerate(spec.get("notifications") or [])
+    ]
+    return own or ([default] if default is not None else [])
+
+
+def _condition(status: Mapping[str, Any], kind: ConditionType) -> Condition | None:
+    return Condition.read(find(status.get("conditions") or [], kind))
+
+
+def notices(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Notice]:
+    """The notices the change from status `old` to `new` brings."""
+    found: list[Notice] = []
+    phase = new.get("phase")
+    if phase in _PHASES and phase != old.get("phase"):
+        ready = _condition(new, ConditionType.READY)
+        reason = (ready.reason if ready else None) or phase
+        found.append(Notice(phase, reason, (ready.message if ready else None) or f"the job is {phase}"))
+    stalled, was = _condition(new, ConditionType.STALLED), _condition(old, ConditionType.STALLED)
+    if phase != "Failed" and stalled is not None and stalled.holds and (was is None or not was.holds):
+        found.append(Notice("Stalled", stalled.reason or "Stalled", stalled.message or "the job makes no progress"))
+    tuning, before = new.get("tuning") or {}, old.get("tuning") or {}
+    best = tuning.get("bestTrialId")
+    if best is not None and best != before.get("bestTrialId"):
+        message = f"trial {best} is the best so far: {tuning.get('metric')}={tuning.get('bestMetric')}"
+        found.append(Notice("NewBestTrial", "NewBestTrial", message))
+    return found
+
+
+def _metrics(status: Mapping[str, Any]) -> dict[str, float]:
+    numbers = {
+        key: value
+        for key, value in (status.get("metrics") or {}).items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
+    return dict(list(numbers.items())[:MAX_METRICS])
+
+
+def payload(job: Mapping[str, Any], notice: Notice, status: Mapping[str, Any], now: dt.datetime) -> dict[str, Any]:
+    """The JSON body for `notice` of `job` (whose status is now `status`): its identity, phase, reason,
+    message (cut), key metrics, a `kubectl` hint, and a Slack-compatible `text`."""
+    meta = job["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    message = bounded(notice.message, MESSAGE_LIMIT)
+    body: dict[str, Any] = {
+        "event": notice.event,
+        "job": {"namespace": namespace, "name": name, "uid": meta.get("uid")},
+        "phase": status.get("phase"),
+        "reason": bounded(notice.reason, 128),
+        "message": message,
+        "metrics": _metrics(status),
+        "kubectl": f"kubectl -n {namespace} describe rocmtrainingjob {name}",
+        "time": rfc3339(now),
+        "text": f"RocmTrainingJob {namespace}/{name}: {notice.event} ({notice.reason}): {message}",
+    }
+    tuning = status.get("tuning") or {}
+    if notice.event == "NewBestTrial":
+        body["bestTrial"] = {key: tuning.get(key) for key in ("bestTrialId", "metric", "bestMetric")}
+    return body
+
+
+def encode(body: Mapping[str, Any]) -> bytes:
+    """The bytes sent (and signed): compact JSON, keys sorted."""
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def signature(data: bytes, key: bytes) -> str:
+    """The `X-Rocmtrain-Signature` header's value: `sha256=` and the HMAC-SHA256 of the body, in hex."""
+    return "sha256=" + hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
+def delivery_id(job: Mapping[str, Any], notice: Notice, status: Mapping[str, Any]) -> str:
+    """The same for every try of one notice (a receiver drops repeats by it): job uid, event, and when the
+    change happened (the condition's transition time, else the best trial's id)."""
+    stamps = [c.get("lastTransitionTime") or "" for c in status.get("conditions") or [] if c.get("type") == "Ready"]
+    when = (status.get("tuning") or {}).get("bestTrialId") if notice.event == "NewBestTrial" else "".join(stamps)
+    seed = f"{job['metadata'].get('uid')}/{notice.event}/{when}"
+    return hashlib.sha256(seed.encode()).hexdigest()[:32]
+
+
+def retry_delay(attempt: int, status: int | None) -> float | None:
+    """Seconds before try `attempt + 1` after try `attempt` (from 1) got HTTP `status` (None: no answer:
+    refused, reset, timed out); None when it is not tried again: a 2xx/3xx, a 4xx other than 408 and 429,
+    or the last of `MAX_ATTEMPTS` tries. The back-off doubles from `FIRST_RETRY_SECONDS` up to
+    `MAX_RETRY_SECONDS`."""
+    if status is not None and (status < 400 or (status < 500 and status not in _RETRIED_4XX)):
+        return None
+    if attempt >= MAX_ATTEMPTS:
+        return None
+    return min(MAX_RETRY_SECONDS, FIRST_RETRY_SECONDS * 2.0 ** (attempt - 1))
+
+
+def wanted(target: Target, found: Sequence[Notice]) -> list[Notice]:
+    """The notices `target` asked for."""
+    return [notice for notice in found if notice.event in target.events]
