@@ -25,6 +25,7 @@ from rocmtrain.progress.errors import Conflict, Forbidden, Gone, Unauthenticated
 from rocmtrain.progress.limits import MAX_BODY_BYTES, RateLimiter
 from rocmtrain.progress.server import ProgressServerConfig, make_app
 from rocmtrain.render import RenderOptions, render_rayjob
+from rocmtrain.status import notifications
 
 NOW = dt.datetime(2025, 3, 1, tzinfo=dt.UTC)
 POD = Identity(namespace="team-a", service_account="default", pod_name="job1-head", pod_uid="uid-1")
@@ -326,9 +327,15 @@ def test_render_options_point_the_head_pod_at_the_endpoint():
     assert [s["configMap"]["name"] for s in sources if "configMap" in s] == [tls.CA_CONFIGMAP]
 
 
-async def test_a_new_best_trial_posts_one_event(jobs: Jobs):
+async def test_a_new_best_trial_posts_one_event_and_hands_its_change_to_the_notifications(jobs: Jobs):
+    changes: list[tuple[Mapping[str, Any], Mapping[str, Any]]] = []
     app = make_app(
-        authenticate=authenticate, authorise=authorise, jobs=jobs, limiter=RateLimiter(100, 100), now=lambda: NOW
+        authenticate=authenticate,
+        authorise=authorise,
+        jobs=jobs,
+        limiter=RateLimiter(100, 100),
+        now=lambda: NOW,
+        notify=lambda job, old, new: changes.append((old, new)),
     )
     tuning = {"metric": "evalLoss", "mode": "min", "trialsTotal": 2, "trialsRunning": 2}
     best = {"bestTrialId": "t_1", "bestMetric": 0.5}
@@ -338,6 +345,11 @@ async def test_a_new_best_trial_posts_one_event(jobs: Jobs):
             assert (await client.post(URL, json=body, headers=bearer("good"))).status == 204
     assert jobs.events == [("job1", "Normal", Reason.NEW_BEST_TRIAL)] * 2
     assert jobs.objects["team-a", "job1"]["status"]["tuning"]["bestTrialId"] == "t_2"
+    found = [notice for old, new in changes for notice in notifications.notices(old, new)]
+    assert [(n.event, n.message) for n in found] == [
+        ("NewBestTrial", "trial t_1 is the best so far: evalLoss=0.5"),
+        ("NewBestTrial", "trial t_2 is the best so far: evalLoss=0.25"),
+    ]
 
 
 async def test_events_from_reports_are_limited_per_job_and_reason(jobs: Jobs):

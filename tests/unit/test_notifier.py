@@ -1,0 +1,229 @@
+"""Phase notifications delivered to a real HTTP receiver on loopback (`rocmtrain.controller.notifier`).
+
+Back-offs are scaled down (`retry_scale`), so every scenario takes a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+
+import pytest
+from aiohttp import web
+
+from rocmtrain.controller.notifier import Notifier
+from rocmtrain.controller.reconciler import JobState, Reconciler
+from rocmtrain.controller.settings import OperatorConfig
+from rocmtrain.progress.limits import RateLimiter
+from rocmtrain.status.notifications import DELIVERY_HEADER, MAX_ATTEMPTS, SIGNATURE_HEADER
+
+KEY = "s1gning-k3y"
+TOKEN = "T0KEN-in-the-url"
+RUNNING = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True", "reason": "Running"}]}
+
+
+def _job(name: str, hook: str = "hooks", **target: object) -> dict:
+    """A job whose one receiver's URL and key are in Secret `hook`."""
+    ref = {"name": hook, "signingKeyKey": "key"}
+    return {
+        "apiVersion": "rocmtrain.dev/v1alpha1",
+        "kind": "RocmTrainingJob",
+        "metadata": {"namespace": "ml", "name": name, "uid": f"uid-{name}"},
+        "spec": {"notifications": [{"secretRef": ref, **target}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Receiver:
+    """An HTTP server on loopback that records each POST and answers from `answers` (then 200)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.received: list[tuple[str, Mapping[str, str], bytes]] = []
+        self.answers: dict[str, list[int]] = {}
+        self.hold: dict[str, asyncio.Event] = {}
+        self._runner: web.AppRunner | None = None
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{TOKEN}/{path}"
+
+    def paths(self) -> list[str]:
+        return [path for path, _, _ in self.received]
+
+    async def _receive(self, request: web.Request) -> web.Response:
+        path = request.match_info["path"]
+        self.received.append((path, dict(request.headers), await request.read()))
+        if path in self.hold:
+            await self.hold[path].wait()
+        answers = self.answers.get(path) or [200]
+        return web.Response(status=answers.pop(0) if len(answers) > 1 else answers[0])
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post(f"/{TOKEN}/{{path}}", self._receive)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    server = Receiver(_free_port())
+    yield server
+    for event in server.hold.values():
+        event.set()
+    await server.stop()
+
+
+def _secrets(receiver: Receiver) -> Callable[[str, str], object]:
+    data = {name: {"url": receiver.url(name), "key": KEY} for name in ("hooks", "slow", "fast", "gone")}
+    data["bad"] = {"url": "ftp://" + TOKEN}
+
+    async def read(namespace: str, name: str) -> Mapping[str, str] | None:
+        assert namespace == "ml"
+        return data.get(name) if name != "missing" else None
+
+    return read
+
+
+@contextlib.asynccontextmanager
+async def _notifier(receiver: Receiver, scale: float = 0.01, **options: object) -> AsyncIterator[Notifier]:
+    notifier = Notifier(_secrets(receiver), retry_scale=scale, **options)  # type: ignore[arg-type]
+    notifier.start()
+    try:
+        yield notifier
+    finally:
+        await notifier.stop()
+
+
+async def _until(done: Callable[[], bool], timeout: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def _no_secrets_in(caplog: pytest.LogCaptureFixture) -> None:
+    """The operator's log lines (the receiver's own access log aside) show neither URL nor key."""
+    text = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("rocmtrain"))
+    assert text and TOKEN not in text and KEY not in text and "127.0.0.1" not in text
+
+
+async def test_a_receiver_that_is_down_gets_the_notice_once_it_is_up_signed_with_the_secrets_key(
+    receiver: Receiver, caplog: pytest.LogCaptureFixture
+):
+    caplog.set_level(logging.DEBUG)
+    async with _notifier(receiver) as notifier:
+        assert notifier.notify(_job("bert"), {"phase": "Pending"}, RUNNING) == 1
+        await _until(lambda: caplog.text.count("no answer (ClientConnectorError)") >= 2)
+        await receiver.start()
+        await _until(lambda: notifier.pending == 0)
+    ((path, headers, body),) = receiver.received
+    assert path == "hooks"
+    expected = "sha256=" + hmac.new(KEY.encode(), body, hashlib.sha256).hexdigest()
+    assert hmac.compare_digest(headers[SIGNATURE_HEADER], expected)
+    document = json.loads(body)
+    assert (document["event"], document["job"]["name"], document["phase"]) == ("Running", "bert", "Running")
+    assert "Running" in document["text"] and len(headers[DELIVERY_HEADER]) == 32
+    assert "delivered" in caplog.text
+    _no_secrets_in(caplog)
+
+
+async def test_a_slow_receiver_holds_neither_a_reconcile_nor_the_other_receivers(receiver: Receiver):
+    receiver.hold["slow"] = asyncio.Event()
+    await receiver.start()
+    async with _notifier(receiver) as notifier:
+        assert notifier.notify(_job("a", "slow"), {}, RUNNING) == 1
+        await _until(lambda: receiver.paths() == ["slow"])
+
+        posted: list[str] = []
+
+        class Kube:
+            async def patch_status(self, *args: object, **kwargs: object) -> dict:
+                return {}
+
+            async def post_event(self, job: object, *, reason: str, **kwargs: object) -> None:
+                posted.append(reason)
+
+        reconciler = Reconciler(Kube(), OperatorConfig(), known=lambda *_: None, notify=notifier.notify)  # type: ignore[arg-type]
+        started = time.monotonic()
+        for name in ("b", "c"):  # the first to the slow receiver again, the other to a fast one
+            await asyncio.wait_for(
+                reconciler._write(_job(name, "slow" if name == "b" else "fast"), JobState(), {}, RUNNING), 0.5
+            )
+        assert time.monotonic() - started < 0.2 and posted == ["Running", "Running"]
+        await _until(lambda: "fast" in receiver.paths(), timeout=1.0)
+        assert notifier.pending == 2, "the slow receiver still holds its two notices"
+        receiver.hold["slow"].set()
+        await _until(lambda: notifier.pending == 0)
+    assert sorted(receiver.paths()) == ["fast", "slow", "slow"]
+
+
+async def test_a_4xx_is_not_tried_again_but_429_and_5xx_are(receiver: Receiver, caplog: pytest.LogCaptureFixture):
+    receiver.answers = {"hooks": [404], "fast": [429, 503, 200]}
+    await receiver.start()
+    async with _notifier(receiver) as notifier:
+        notifier.notify(_job("a", "hooks"), {}, RUNNING)
+        notifier.notify(_job("b", "fast"), {}, RUNNING)
+        await _until(lambda: notifier.pending == 0)
+        await asyncio.sleep(0.05)  # several back-offs' time: nothing more comes
+    assert sorted(receiver.paths()) == ["fast", "fast", "fast", "hooks"]
+    assert "HTTP 404, given up" in caplog.text
+    _no_secrets_in(caplog)
+
+
+async def test_a_missing_secret_or_a_bad_url_is_logged_by_name_and_given_up_after_the_bounded_tries(
+    receiver: Receiver, caplog: pytest.LogCaptureFixture
+):
+    async with _notifier(receiver, scale=0.001) as notifier:
+        notifier.notify(_job("a", "missing"), {}, RUNNING)
+        notifier.notify(_job("b", "bad"), {}, RUNNING)
+        await _until(lambda: notifier.pending == 0)
+    assert f"(try {MAX_ATTEMPTS}): no answer, given up" in caplog.text
+    assert "Secret missing not found or not readable" in caplog.text
+    assert "key url of Secret bad is not an http(s) URL" in caplog.text
+    _no_secrets_in(caplog)
+
+
+async def test_the_queue_is_bounded_and_each_job_rate_limited(receiver: Receiver, caplog: pytest.LogCaptureFixture):
+    notifier = Notifier(_secrets(receiver), queue_size=2, rate=RateLimiter(0.001, 1))  # not started: nothing sends
+    assert notifier.notify(_job("a"), {}, RUNNING) == 1
+    assert notifier.notify(_job("a"), {}, {"phase": "Succeeded"}) == 0, "rate limited"
+    assert notifier.notify(_job("b"), {}, RUNNING) == 1
+    assert notifier.notify(_job("c"), {}, RUNNING) == 0, "the queue is full"
+    assert notifier.notify(_job("d", events=["Failed"]), {}, RUNNING) == 0, "not an event it wants"
+    assert notifier.pending == 2
+    assert "dropped: rate limited" in caplog.text and "dropped: the queue is full" in caplog.text
+
+
+async def test_the_default_receiver_serves_jobs_without_notifications_of_their_own(receiver: Receiver):
+    await receiver.start()
+    default = OperatorConfig.from_env(
+        {"ROCMTRAIN_NOTIFY_URL": receiver.url("default"), "ROCMTRAIN_NOTIFY_EVENTS": "Running"}
+    )
+    async with _notifier(receiver, default=default.notification) as notifier:
+        job = {**_job("a"), "spec": {}}
+        assert notifier.notify(job, {}, {"phase": "Queued"}) == 0
+        assert notifier.notify(job, {}, RUNNING) == 1
+        assert notifier.notify(_job("b"), {}, RUNNING) == 1, "a job's own receivers replace the default"
+        await _until(lambda: notifier.pending == 0)
+    assert sorted(receiver.paths()) == ["default", "hooks"]
+    assert next(h for p, h, _ in receiver.received if p == "default").get(SIGNATURE_HEADER) is None
