@@ -14,6 +14,7 @@ import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -105,8 +106,14 @@ def _secrets(receiver: Receiver) -> Callable[[str, str], object]:
 
 
 @contextlib.asynccontextmanager
-async def _notifier(receiver: Receiver, scale: float = 0.01, **options: object) -> AsyncIterator[Notifier]:
-    notifier = Notifier(_secrets(receiver), retry_scale=scale, **options)  # type: ignore[arg-type]
+async def _notifier(
+    receiver: Receiver, scale: float = 0.01, warned: list[str] | None = None, **options: object
+) -> AsyncIterator[Notifier]:
+    async def warn(job: Mapping[str, Any], message: str) -> None:
+        assert job["kind"] == "RocmTrainingJob"
+        (warned if warned is not None else []).append(f"{job['metadata']['name']}: {message}")
+
+    notifier = Notifier(_secrets(receiver), retry_scale=scale, warn=warn, **options)  # type: ignore[arg-type]
     notifier.start()
     try:
         yield notifier
@@ -180,26 +187,33 @@ async def test_a_slow_receiver_holds_neither_a_reconcile_nor_the_other_receivers
 async def test_a_4xx_is_not_tried_again_but_429_and_5xx_are(receiver: Receiver, caplog: pytest.LogCaptureFixture):
     receiver.answers = {"hooks": [404], "fast": [429, 503, 200]}
     await receiver.start()
-    async with _notifier(receiver) as notifier:
+    warned: list[str] = []
+    async with _notifier(receiver, warned=warned) as notifier:
         notifier.notify(_job("a", "hooks"), {}, RUNNING)
         notifier.notify(_job("b", "fast"), {}, RUNNING)
         await _until(lambda: notifier.pending == 0)
         await asyncio.sleep(0.05)  # several back-offs' time: nothing more comes
     assert sorted(receiver.paths()) == ["fast", "fast", "fast", "hooks"]
     assert "HTTP 404, given up" in caplog.text
+    assert warned == ["a: Running notification to spec.notifications[0]: HTTP 404, given up after 1 try"]
     _no_secrets_in(caplog)
 
 
 async def test_a_missing_secret_or_a_bad_url_is_logged_by_name_and_given_up_after_the_bounded_tries(
     receiver: Receiver, caplog: pytest.LogCaptureFixture
 ):
-    async with _notifier(receiver, scale=0.001) as notifier:
+    warned: list[str] = []
+    async with _notifier(receiver, scale=0.001, warned=warned) as notifier:
         notifier.notify(_job("a", "missing"), {}, RUNNING)
         notifier.notify(_job("b", "bad"), {}, RUNNING)
         await _until(lambda: notifier.pending == 0)
-    assert f"(try {MAX_ATTEMPTS}): no answer, given up" in caplog.text
-    assert "Secret missing not found or not readable" in caplog.text
-    assert "key url of Secret bad is not an http(s) URL" in caplog.text
+    assert f"(try {MAX_ATTEMPTS}): Secret missing not found or not readable, given up" in caplog.text
+    assert sorted(warned) == [
+        f"a: Running notification to spec.notifications[0]: Secret missing not found or not readable, "
+        f"given up after {MAX_ATTEMPTS} tries",
+        f"b: Running notification to spec.notifications[0]: key url of Secret bad is not an http(s) URL, "
+        f"given up after {MAX_ATTEMPTS} tries",
+    ]
     _no_secrets_in(caplog)
 
 

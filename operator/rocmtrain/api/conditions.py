@@ -84,3 +84,5 @@ class Reason(StrEnum):
     WORKER_FAILURE_RECOVERED = "WorkerFailureRecovered"
     NEW_BEST_TRIAL = "NewBestTrial"
     RDMA_NOT_USED = "RDMANotUsed"
+    # Events only, from the notifier: a phase notification given up (rocmtrain.controller.notifier).
+    NOTIFICATION_FAILED = "NotificationFailed"

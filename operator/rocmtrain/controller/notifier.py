@@ -42,6 +42,8 @@ _URL = re.compile(r"https?://\S{1,2040}")
 
 # secret(namespace, name): the Secret's data, decoded; None when it does not exist or may not be read.
 SecretReader = Callable[[str, str], Awaitable[Mapping[str, str] | None]]
+# warn(job, message): post a Warning event `NotificationFailed` on the job (`Kube.post_event`, best effort).
+Warn = Callable[[Mapping[str, Any], str], Awaitable[None]]
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +57,10 @@ class Delivery:
     """One notice to one target: the bytes to send, and how many tries it has had."""
 
     job: str  # namespace/name, for logs
+    ref: Mapping[str, Any]  # the job's apiVersion, kind and metadata, for its event
     namespace: str
     target: Target
+    event: str
     body: bytes
     id: str
     attempt: int = 1
@@ -74,6 +78,7 @@ class Notifier:
         secret: SecretReader,
         default: DefaultNotification | None = None,
         *,
+        warn: Warn | None = None,
         queue_size: int = QUEUE_SIZE,
         senders: int = SENDERS,
         timeout: float = REQUEST_TIMEOUT_SECONDS,
@@ -81,8 +86,10 @@ class Notifier:
         retry_scale: float = 1.0,
         now: Callable[[], dt.datetime] = _now,
     ) -> None:
-        """`retry_scale` multiplies every back-off (tests shorten it)."""
+        """`warn`: tells the job's owner of a notice given up; `retry_scale` multiplies every back-off (tests
+        shorten it)."""
         self._secret = secret
+        self._warn = warn
         self._default = default
         self._default_target = (
             Target(label="default", events=default.events, signing_key_key=None) if default is not None else None
@@ -120,8 +127,10 @@ class Notifier:
                 body = notifications.payload(job, notice, new, self._now())
                 delivery = Delivery(
                     key,
+                    {"apiVersion": job.get("apiVersion"), "kind": job.get("kind"), "metadata": meta},
                     meta["namespace"],
                     target,
+                    notice.event,
                     notifications.encode(body),
                     notifications.delivery_id(job, notice, new),
                 )
@@ -197,8 +206,9 @@ class Notifier:
     async def _send(self, delivery: Delivery) -> float | None:
         """One try; the seconds before the next, or None when there is none (delivered, or given up)."""
         assert self._session is not None, "start() first"
-        what = f"notification of {delivery.job} to {delivery.target.label} (try {delivery.attempt})"
+        what = f"{delivery.event} notification of {delivery.job} to {delivery.target.label} (try {delivery.attempt})"
         status: int | None = None
+        problem = ""
         try:
             url, key = await self._where(delivery)
             headers = {"Content-Type": "application/json", DELIVERY_HEADER: delivery.id}
@@ -207,14 +217,20 @@ class Notifier:
             async with self._session.post(url, data=delivery.body, headers=headers, allow_redirects=False) as answer:
                 status = answer.status
         except Unusable as exc:
-            logger.warning("%s: %s", what, exc)
+            problem = str(exc)
         except (aiohttp.ClientError, TimeoutError) as exc:  # its text may hold the URL: the type alone
-            logger.warning("%s: no answer (%s)", what, type(exc).__name__)
+            problem = f"no answer ({type(exc).__name__})"
         if status is not None and 200 <= status < 300:
             logger.info("%s delivered", what)
             return None
+        problem = problem or f"HTTP {status}"
         delay = notifications.retry_delay(delivery.attempt, status)
-        answered = f"HTTP {status}" if status is not None else "no answer"
-        if delay is None:
-            logger.warning("%s: %s, given up", what, answered)
-        return delay
+        if delay is not None:
+            logger.warning("%s: %s", what, problem)
+            return delay
+        logger.warning("%s: %s, given up", what, problem)
+        if self._warn is not None:
+            tries = f"{delivery.attempt} {'try' if delivery.attempt == 1 else 'tries'}"
+            message = f"{delivery.event} notification to {delivery.target.label}: {problem}, given up after {tries}"
+            await self._warn(delivery.ref, message)
+        return None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,7 +114,7 @@ async def open_runtime(
     try:
         kube = await Kube.connect(timeout=config.api_timeout_seconds)
         resources.push_async_callback(kube.close)
-        notifier = Notifier(kube.read_secret, config.notification)
+        notifier = Notifier(kube.read_secret, config.notification, warn=functools.partial(notice_failed, kube))
         notifier.start()
         resources.push_async_callback(notifier.stop)
         # The endpoint talks to the API server through a small client of its own, so a flood
@@ -203,6 +203,11 @@ async def publish_progress_ca(progress: ProgressServer, kube: Kube, namespace: s
     except ConfigMapTaken as exc:
         return Hold(HoldKind.BLOCKED, Reason.PROGRESS_CA_CONFLICT, str(exc))
     return None
+
+
+async def notice_failed(kube: Kube, job: Mapping[str, Any], message: str) -> None:
+    """Tell a job's owner that a notification of it was given up (a Warning event on the job)."""
+    await kube.post_event(job, type="Warning", reason=Reason.NOTIFICATION_FAILED, message=message)
 
 
 def _stop_job_metrics() -> None:
