@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from rocmtrain.api.models import NOTIFY_EVENTS, RocmTrainingJobSpec
+from rocmtrain.api.models import NOTIFY_EVENTS, RocmTrainingJobSpec, RocmTrainingJobStatus
 from rocmtrain.controller.settings import ConfigError, OperatorConfig
 from rocmtrain.status import notifications
 from rocmtrain.status.notifications import MAX_ATTEMPTS, MESSAGE_LIMIT, Notice, Target
@@ -163,3 +163,36 @@ def test_the_default_receiver_refuses_bad_settings_without_quoting_the_url(env):
     with pytest.raises(ConfigError) as refused:
         OperatorConfig.from_env(env)
     assert "secret-token" not in str(refused.value)
+
+
+def test_the_record_keeps_one_entry_per_receiver_its_last_notice_and_its_state():
+    first, default = Target("spec.notifications[0]", frozenset(NOTIFY_EVENTS)), Target("default", frozenset())
+    running, failed = Notice("Running", "Running", ""), Notice("Failed", "TrainingFailed", "boom")
+    entries = notifications.recorded([], first, running, "a" * 32, "Pending", NOW)
+    entries = notifications.recorded(entries, default, running, "b" * 32, "Delivered", NOW)
+    entries = notifications.recorded(entries, first, failed, "c" * 32, "Pending", NOW)
+    assert [(e["target"], e["event"], e["reason"], e["deliveryId"], e["state"]) for e in entries] == [
+        ("default", "Running", "Running", "b" * 32, "Delivered"),
+        ("spec.notifications[0]", "Failed", "TrainingFailed", "c" * 32, "Pending"),
+    ]
+    assert entries[0]["time"] == "2026-12-05T12:00:00Z"
+    status = {"notifications": entries}
+    RocmTrainingJobStatus.model_validate(status)  # as the CRD takes it
+
+
+def test_pending_notices_are_rebuilt_from_the_status_for_the_receivers_the_job_still_has():
+    spec = {"notifications": [{"secretRef": {"name": "hooks"}}]}
+    status = {
+        **_status("Failed", Ready=("False", "TrainingFailed", "boom")),
+        "notifications": [
+            {"target": "spec.notifications[0]", "event": "Failed", "reason": "TrainingFailed", "deliveryId": "a" * 32,
+             "state": "Pending", "time": "t"},
+            {"target": "spec.notifications[1]", "event": "Failed", "reason": "TrainingFailed", "deliveryId": "b" * 32,
+             "state": "Pending", "time": "t"},
+            {"target": "default", "event": "Running", "reason": "Running", "deliveryId": "c" * 32,
+             "state": "Delivered", "time": "t"},
+        ],
+    }  # fmt: skip
+    ((target, notice, delivery),) = notifications.pending(spec, status, None)
+    assert (target.secret, notice, delivery) == ("hooks", Notice("Failed", "TrainingFailed", "boom"), "a" * 32)
+    assert notifications.pending(spec, {**status, "notifications": status["notifications"][1:]}, None) == []

@@ -241,3 +241,30 @@ async def test_the_default_receiver_serves_jobs_without_notifications_of_their_o
         await _until(lambda: notifier.pending == 0)
     assert sorted(receiver.paths()) == ["default", "hooks"]
     assert next(h for p, h, _ in receiver.received if p == "default").get(SIGNATURE_HEADER) is None
+
+
+async def test_each_notice_is_recorded_and_one_left_pending_by_a_stopped_operator_goes_after_its_restart(
+    receiver: Receiver,
+):
+    records: list[list[dict[str, Any]]] = []
+
+    async def record(job: Mapping[str, Any], entries: list[dict[str, Any]]) -> None:
+        assert job["metadata"]["uid"] == "uid-a"
+        records.append(entries)
+
+    job = _job("a")
+    async with _notifier(receiver, record=record) as notifier:  # the receiver is down: the notice stays Pending
+        notifier.notify(job, {"phase": "Pending"}, RUNNING)
+        await _until(lambda: len(records) == 1)
+    ((entry,),) = records
+    assert (entry["target"], entry["event"], entry["state"]) == ("spec.notifications[0]", "Running", "Pending")
+    job["status"] = {**RUNNING, "notifications": records[-1]}  # as the operator wrote it
+    await receiver.start()
+    async with _notifier(receiver, record=record) as restarted:
+        assert restarted.resume(job) == 1
+        assert restarted.resume(job) == 0, "once per job"
+        await _until(lambda: restarted.pending == 0)
+    ((_, headers, body),) = receiver.received
+    assert headers[DELIVERY_HEADER] == entry["deliveryId"] and json.loads(body)["event"] == "Running"
+    assert [e[0]["state"] for e in records] == ["Pending", "Delivered"]
+    assert all(TOKEN not in json.dumps(e) and KEY not in json.dumps(e) for e in records)

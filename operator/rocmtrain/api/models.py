@@ -19,12 +19,14 @@ from pydantic.alias_generators import to_camel, to_snake
 from rocmtrain.api.contract import GPU_NODE_LABELS, GPU_RESOURCE, PYTHON
 from rocmtrain.api.patterns import (
     CURRENCY,
+    DELIVERY_ID,
     DNS_SUBDOMAIN,
     EXTENDED_RESOURCE,
     FS_TYPE,
     HCA_NAME,
     INTERFACE_NAME,
     NETWORK_ATTACHMENT,
+    NOTIFICATION_TARGET,
     RCCL_NETWORK,
     TEXT,
 )
@@ -1944,6 +1946,21 @@ class ProgressReport(ApiModel):
     )
 
 
+class NotificationState(ApiModel):
+    """The last notice of one receiver of the job, and whether it got there."""
+
+    target: Annotated[str, StringConstraints(pattern=NOTIFICATION_TARGET, max_length=32)] = Field(
+        description="The receiver: spec.notifications[i], or default (the operator's)."
+    )
+    event: NotifyEvent = Field(description="The event notified.")
+    reason: str = Field(max_length=128, description="The event's reason, as the notice told it.")
+    delivery_id: str = Field(pattern=DELIVERY_ID, description="The X-Rocmtrain-Delivery header of every try.")
+    state: Literal["Pending", "Delivered", "Failed"] = Field(
+        description="Pending (sent again after an operator restart), Delivered, or Failed (given up)."
+    )
+    time: str = Field(max_length=40, description="When the state was last written (RFC 3339).")
+
+
 class Cost(ApiModel):
     """What a job's GPU-seconds cost at the operator's prices."""
 
@@ -2033,6 +2050,12 @@ class RocmTrainingJobStatus(ApiModel):
         default=None,
         description="While Queued: its place in its Kueue ClusterQueue and when it is expected to start, from the "
         "running jobs' ETAs; cleared on admission.",
+    )
+    notifications: list[NotificationState] = Field(
+        default_factory=list,
+        max_length=MAX_NOTIFICATIONS + 1,
+        description="The last notice of each receiver (spec.notifications, or the operator's default) and its state.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["target"]},
     )
     network: NetworkTransport | None = Field(
         default=None,

@@ -78,8 +78,14 @@ HCA_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}(:[0-9]{1,3})?$"
 INTERFACE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$"
 # A network of RCCL as its log names it: IB, Socket, or a net plugin's name (`AWS Libfabric`).
 RCCL_NETWORK = r"^[A-Za-z0-9][A-Za-z0-9 _.+-]{0,63}$"
+# A receiver of a job's notifications as its status names it: `spec.notifications[i]`, or the operator's `default`.
+NOTIFICATION_TARGET = r"^(default|spec\.notifications\[[0-9]\])$"
+# A notification's delivery id (its X-Rocmtrain-Delivery header): 32 lowercase hex digits.
+DELIVERY_ID = r"^[0-9a-f]{32}$"
 
 PATTERN_DESCRIPTIONS = {
+    NOTIFICATION_TARGET: "spec.notifications[i] or default",
+    DELIVERY_ID: "32 lowercase hexadecimal digits",
     EXTENDED_RESOURCE: "an extended resource name: a DNS prefix, '/', then a name (rdma/rdma_shared_device_a)",
     NETWORK_ATTACHMENT: "a secondary network: [namespace/]name[@interface], lowercase DNS names",
     HCA_NAME: "an HCA name such as mlx5_0, optionally with a port (mlx5_0:1)",

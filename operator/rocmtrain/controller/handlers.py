@@ -122,7 +122,9 @@ async def job_event(type: str, body: kopf.Body, uid: str, memo: kopf.Memo, **_: 
     if type == "DELETED":
         runtime.reconciler.forget(uid)
     elif "deletionTimestamp" not in body["metadata"]:
-        await sync(runtime, job_view(body))
+        job = job_view(body)
+        runtime.notifier.resume(job)  # notices an earlier operator left Pending (once per job)
+        await sync(runtime, job)
 
 
 async def sync(runtime: OperatorRuntime, job: Mapping[str, Any]) -> None:

@@ -8,8 +8,10 @@ anywhere), POSTs the body with a deadline, and on no answer, a 5xx, 408 or 429 s
 try after the back-off of `retry_delay`. A slow receiver holds one sender for at most
 `REQUEST_TIMEOUT_SECONDS`.
 
-Delivery is at least once per notice while the operator runs: a notice still waiting when the
-operator stops is lost (the job's events and status still tell what happened).
+Each receiver's last notice and its state (Pending, Delivered, Failed) are written into the job's
+`status.notifications` before its first try and after its last, so delivery is at least once per
+notice across operator restarts too: `resume` queues again, once per job after a start, the notices
+its status holds as Pending, rebuilt from its status then, with their delivery ids.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import contextlib
 import datetime as dt
 import logging
 import re
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +31,7 @@ import aiohttp
 from rocmtrain.controller.settings import DefaultNotification
 from rocmtrain.progress.limits import RateLimiter
 from rocmtrain.status import notifications
-from rocmtrain.status.notifications import DELIVERY_HEADER, SIGNATURE_HEADER, Target
+from rocmtrain.status.notifications import DELIVERY_HEADER, SIGNATURE_HEADER, Notice, Target
 
 # Notices waiting (or scheduled for another try) across all jobs.
 QUEUE_SIZE = 1000
@@ -44,6 +47,10 @@ _URL = re.compile(r"https?://\S{1,2040}")
 SecretReader = Callable[[str, str], Awaitable[Mapping[str, str] | None]]
 # warn(job, message): post a Warning event `NotificationFailed` on the job (`Kube.post_event`, best effort).
 Warn = Callable[[Mapping[str, Any], str], Awaitable[None]]
+# record(job, entries): write the job's `status.notifications`.
+Record = Callable[[Mapping[str, Any], list[dict[str, Any]]], Awaitable[None]]
+# Jobs whose notification states are remembered (the most recent ones).
+TRACKED_JOBS = 4096
 
 logger = logging.getLogger(__name__)
 
@@ -57,13 +64,13 @@ class Delivery:
     """One notice to one target: the bytes to send, and how many tries it has had."""
 
     job: str  # namespace/name, for logs
-    ref: Mapping[str, Any]  # the job's apiVersion, kind and metadata, for its event
-    namespace: str
+    ref: Mapping[str, Any]  # the job's apiVersion, kind and metadata, for its event and status
     target: Target
-    event: str
+    notice: Notice
     body: bytes
     id: str
     attempt: int = 1
+    resumed: bool = False  # queued again after a restart: its status already says Pending
 
 
 def _now() -> dt.datetime:
@@ -79,6 +86,7 @@ class Notifier:
         default: DefaultNotification | None = None,
         *,
         warn: Warn | None = None,
+        record: Record | None = None,
         queue_size: int = QUEUE_SIZE,
         senders: int = SENDERS,
         timeout: float = REQUEST_TIMEOUT_SECONDS,
@@ -86,10 +94,13 @@ class Notifier:
         retry_scale: float = 1.0,
         now: Callable[[], dt.datetime] = _now,
     ) -> None:
-        """`warn`: tells the job's owner of a notice given up; `retry_scale` multiplies every back-off (tests
-        shorten it)."""
+        """`warn`: tells the job's owner of a notice given up; `record`: writes each notice's state into the
+        job's status; `retry_scale` multiplies every back-off (tests shorten it)."""
         self._secret = secret
         self._warn = warn
+        self._record = record
+        # Per job uid: its status.notifications as last written, and the lock that orders those writes.
+        self._states: OrderedDict[str, tuple[asyncio.Lock, list[dict[str, Any]]]] = OrderedDict()
         self._default = default
         self._default_target = (
             Target(label="default", events=default.events, signing_key_key=None) if default is not None else None
@@ -116,26 +127,52 @@ class Notifier:
         found = notifications.notices(old, new)
         if not found:
             return 0
-        meta = job["metadata"]
-        key = f"{meta['namespace']}/{meta['name']}"
+        self._track(job)
         queued = 0
         for target in notifications.targets(job.get("spec") or {}, self._default_target):
             for notice in notifications.wanted(target, found):
-                if self._rate.acquire(key) > 0:
-                    logger.warning("notification %s of %s to %s dropped: rate limited", notice.event, key, target.label)
-                    continue
-                body = notifications.payload(job, notice, new, self._now())
-                delivery = Delivery(
-                    key,
-                    {"apiVersion": job.get("apiVersion"), "kind": job.get("kind"), "metadata": meta},
-                    meta["namespace"],
-                    target,
-                    notice.event,
-                    notifications.encode(body),
-                    notifications.delivery_id(job, notice, new),
-                )
-                queued += self._offer(delivery)
+                queued += self._queue_notice(job, target, notice, new, notifications.delivery_id(job, notice, new))
         return queued
+
+    def resume(self, job: Mapping[str, Any]) -> int:
+        """Queue again the notices the job's status holds as Pending, once per job after a start (an operator
+        that stopped before it delivered them); how many were queued."""
+        if job["metadata"]["uid"] in self._states:
+            return 0
+        self._track(job)
+        status = job.get("status") or {}
+        pending = notifications.pending(job.get("spec") or {}, status, self._default_target)
+        return sum(self._queue_notice(job, target, notice, status, id, resumed=True) for target, notice, id in pending)
+
+    def _track(self, job: Mapping[str, Any]) -> None:
+        """Remember the job's status.notifications, as its status has them, unless already remembered."""
+        uid = job["metadata"]["uid"]
+        if uid in self._states:
+            self._states.move_to_end(uid)
+            return
+        written = [dict(entry) for entry in (job.get("status") or {}).get("notifications") or []]
+        self._states[uid] = (asyncio.Lock(), written)
+        while len(self._states) > TRACKED_JOBS:
+            self._states.popitem(last=False)
+
+    def _queue_notice(
+        self,
+        job: Mapping[str, Any],
+        target: Target,
+        notice: Notice,
+        status: Mapping[str, Any],
+        delivery_id: str,
+        *,
+        resumed: bool = False,
+    ) -> int:
+        meta = job["metadata"]
+        key = f"{meta['namespace']}/{meta['name']}"
+        if self._rate.acquire(key) > 0:
+            logger.warning("%s notification of %s to %s dropped: rate limited", notice.event, key, target.label)
+            return 0
+        body = notifications.encode(notifications.payload(job, notice, status, self._now()))
+        ref = {"apiVersion": job.get("apiVersion"), "kind": job.get("kind"), "metadata": meta}
+        return self._offer(Delivery(key, ref, target, notice, body, delivery_id, resumed=resumed))
 
     def _offer(self, delivery: Delivery) -> int:
         if self._pending >= self._bound:
@@ -191,7 +228,7 @@ class Notifier:
         if target.secret is None:
             assert self._default is not None, "a target without a Secret is the default one"
             return self._default.url, self._default.signing_key
-        data = await self._secret(delivery.namespace, target.secret)
+        data = await self._secret(delivery.ref["metadata"]["namespace"], target.secret)
         if data is None:
             raise Unusable(f"Secret {target.secret} not found or not readable")
         url = data.get(target.url_key, "").strip()
@@ -206,7 +243,10 @@ class Notifier:
     async def _send(self, delivery: Delivery) -> float | None:
         """One try; the seconds before the next, or None when there is none (delivered, or given up)."""
         assert self._session is not None, "start() first"
-        what = f"{delivery.event} notification of {delivery.job} to {delivery.target.label} (try {delivery.attempt})"
+        event, label = delivery.notice.event, delivery.target.label
+        what = f"{event} notification of {delivery.job} to {label} (try {delivery.attempt})"
+        if delivery.attempt == 1 and not delivery.resumed:
+            await self._write(delivery, "Pending")
         status: int | None = None
         problem = ""
         try:
@@ -222,6 +262,7 @@ class Notifier:
             problem = f"no answer ({type(exc).__name__})"
         if status is not None and 200 <= status < 300:
             logger.info("%s delivered", what)
+            await self._write(delivery, "Delivered")
             return None
         problem = problem or f"HTTP {status}"
         delay = notifications.retry_delay(delivery.attempt, status)
@@ -229,8 +270,28 @@ class Notifier:
             logger.warning("%s: %s", what, problem)
             return delay
         logger.warning("%s: %s, given up", what, problem)
+        await self._write(delivery, "Failed")
         if self._warn is not None:
             tries = f"{delivery.attempt} {'try' if delivery.attempt == 1 else 'tries'}"
-            message = f"{delivery.event} notification to {delivery.target.label}: {problem}, given up after {tries}"
+            message = (
+                f"{delivery.notice.event} notification to {delivery.target.label}: {problem}, given up after {tries}"
+            )
             await self._warn(delivery.ref, message)
         return None
+
+    async def _write(self, delivery: Delivery, state: str) -> None:
+        """Write the notice's state into the job's `status.notifications` (best effort: a failure is logged)."""
+        uid = delivery.ref["metadata"]["uid"]
+        if self._record is None or uid not in self._states:
+            return
+        lock, written = self._states[uid]
+        async with lock:
+            entries = notifications.recorded(written, delivery.target, delivery.notice, delivery.id, state, self._now())
+            if entries == written:
+                return
+            try:
+                await self._record(delivery.ref, entries)
+            except Exception as exc:
+                logger.warning("could not record the notification state of %s: %s", delivery.job, type(exc).__name__)
+                return
+            written[:] = entries

@@ -31,7 +31,7 @@ from rocmtrain.controller.rayjob_watch import RayJobWatch
 from rocmtrain.controller.reconciler import Reconciler
 from rocmtrain.controller.settings import OperatorConfig
 from rocmtrain.controller.workload_watch import WorkloadWatch, rayjob_key
-from rocmtrain.kube import Kube, new_api_client
+from rocmtrain.kube import JOBS, Kube, new_api_client
 from rocmtrain.metrics_access import MetricsAccess
 from rocmtrain.node_fit import NodeInfo
 from rocmtrain.progress.server import ProgressServer, start_progress_server
@@ -65,6 +65,7 @@ class OperatorRuntime:
     pods: PodWatch
     workloads: WorkloadWatch
     reconciler: Reconciler
+    notifier: Notifier
     progress: ProgressServer | None
     _resources: contextlib.AsyncExitStack = field(repr=False)
 
@@ -114,7 +115,12 @@ async def open_runtime(
     try:
         kube = await Kube.connect(timeout=config.api_timeout_seconds)
         resources.push_async_callback(kube.close)
-        notifier = Notifier(kube.read_secret, config.notification, warn=functools.partial(notice_failed, kube))
+        notifier = Notifier(
+            kube.read_secret,
+            config.notification,
+            warn=functools.partial(notice_failed, kube),
+            record=functools.partial(record_notifications, kube),
+        )
         notifier.start()
         resources.push_async_callback(notifier.stop)
         # The endpoint talks to the API server through a small client of its own, so a flood
@@ -161,7 +167,9 @@ async def open_runtime(
     except BaseException:
         await resources.aclose()
         raise
-    runtime = OperatorRuntime(config, kube, jobs, nodes, rayjobs, pods, workloads, reconciler, progress, resources)
+    runtime = OperatorRuntime(
+        config, kube, jobs, nodes, rayjobs, pods, workloads, reconciler, notifier, progress, resources
+    )
     return runtime
 
 
@@ -208,6 +216,12 @@ async def publish_progress_ca(progress: ProgressServer, kube: Kube, namespace: s
 async def notice_failed(kube: Kube, job: Mapping[str, Any], message: str) -> None:
     """Tell a job's owner that a notification of it was given up (a Warning event on the job)."""
     await kube.post_event(job, type="Warning", reason=Reason.NOTIFICATION_FAILED, message=message)
+
+
+async def record_notifications(kube: Kube, job: Mapping[str, Any], entries: list[dict[str, Any]]) -> None:
+    """Write a job's `status.notifications` (the notifier's record of each receiver's last notice)."""
+    meta = job["metadata"]
+    await kube.patch_status(JOBS, meta["namespace"], meta["name"], {"notifications": entries}, uid=meta["uid"])
 
 
 def _stop_job_metrics() -> None:

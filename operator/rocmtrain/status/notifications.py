@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rocmtrain.api.conditions import ConditionType
-from rocmtrain.api.models import NOTIFY_EVENTS, NotifyEvent
+from rocmtrain.api.models import MAX_NOTIFICATIONS, NOTIFY_EVENTS, NotifyEvent
 from rocmtrain.api.timestamps import rfc3339
 from rocmtrain.status.conditions import Condition, find
 from rocmtrain.status.messages import EVENT_MESSAGE_LIMIT, bounded
@@ -31,8 +31,9 @@ _PHASES = frozenset({"Queued", "Running", "Succeeded", "Failed"})
 
 SIGNATURE_HEADER = "X-Rocmtrain-Signature"
 DELIVERY_HEADER = "X-Rocmtrain-Delivery"
-# The message of a notice, cut to this (as an event's).
+# The message of a notice, cut to this (as an event's); its reason, to this.
 MESSAGE_LIMIT = EVENT_MESSAGE_LIMIT
+REASON_LIMIT = 128
 # Metrics a body carries: the first of the status' numbers, at most this many.
 MAX_METRICS = 16
 # Delivery: tries of one notice (the first included), and the back-off between them.
@@ -85,22 +86,76 @@ def _condition(status: Mapping[str, Any], kind: ConditionType) -> Condition | No
     return Condition.read(find(status.get("conditions") or [], kind))
 
 
+def _phase_notice(phase: NotifyEvent, status: Mapping[str, Any]) -> Notice:
+    ready = _condition(status, ConditionType.READY)
+    return Notice(
+        phase, (ready.reason if ready else None) or phase, (ready.message if ready else None) or f"the job is {phase}"
+    )
+
+
+def _stalled_notice(status: Mapping[str, Any]) -> Notice:
+    stalled = _condition(status, ConditionType.STALLED)
+    return Notice(
+        "Stalled",
+        (stalled.reason if stalled else None) or "Stalled",
+        (stalled.message if stalled else None) or "the job makes no progress",
+    )
+
+
+def _best_trial_notice(status: Mapping[str, Any]) -> Notice:
+    tuning = status.get("tuning") or {}
+    message = f"trial {tuning.get('bestTrialId')} is the best so far: {tuning.get('metric')}={tuning.get('bestMetric')}"
+    return Notice("NewBestTrial", "NewBestTrial", message)
+
+
 def notices(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Notice]:
     """The notices the change from status `old` to `new` brings."""
     found: list[Notice] = []
     phase = new.get("phase")
     if phase in _PHASES and phase != old.get("phase"):
-        ready = _condition(new, ConditionType.READY)
-        reason = (ready.reason if ready else None) or phase
-        found.append(Notice(phase, reason, (ready.message if ready else None) or f"the job is {phase}"))
+        found.append(_phase_notice(phase, new))
     stalled, was = _condition(new, ConditionType.STALLED), _condition(old, ConditionType.STALLED)
     if phase != "Failed" and stalled is not None and stalled.holds and (was is None or not was.holds):
-        found.append(Notice("Stalled", stalled.reason or "Stalled", stalled.message or "the job makes no progress"))
-    tuning, before = new.get("tuning") or {}, old.get("tuning") or {}
-    best = tuning.get("bestTrialId")
-    if best is not None and best != before.get("bestTrialId"):
-        message = f"trial {best} is the best so far: {tuning.get('metric')}={tuning.get('bestMetric')}"
-        found.append(Notice("NewBestTrial", "NewBestTrial", message))
+        found.append(_stalled_notice(new))
+    best = (new.get("tuning") or {}).get("bestTrialId")
+    if best is not None and best != (old.get("tuning") or {}).get("bestTrialId"):
+        found.append(_best_trial_notice(new))
+    return found
+
+
+def recorded(
+    entries: Sequence[Mapping[str, Any]], target: Target, notice: Notice, delivery: str, state: str, now: dt.datetime
+) -> list[dict[str, Any]]:
+    """`status.notifications` with the entry of `target` replaced: its last notice, and that notice's state."""
+    entry = {
+        "target": target.label,
+        "event": notice.event,
+        "reason": bounded(notice.reason, REASON_LIMIT),
+        "deliveryId": delivery,
+        "state": state,
+        "time": rfc3339(now),
+    }
+    kept = [dict(e) for e in entries if e.get("target") != target.label]
+    return sorted([*kept, entry], key=lambda e: str(e.get("target")))[: MAX_NOTIFICATIONS + 1]
+
+
+def pending(
+    spec: Mapping[str, Any], status: Mapping[str, Any], default: Target | None
+) -> list[tuple[Target, Notice, str]]:
+    """The notices `status.notifications` holds as Pending (an operator that stopped before it delivered them),
+    each with its target and delivery id, rebuilt from the job's status now; none for a target the job no
+    longer has."""
+    by_label = {target.label: target for target in targets(spec, default)}
+    rebuild = {"Stalled": _stalled_notice, "NewBestTrial": _best_trial_notice}
+    found = []
+    for entry in status.get("notifications") or []:
+        target, event = by_label.get(entry.get("target")), entry.get("event")
+        if entry.get("state") != "Pending" or target is None or event not in NOTIFY_EVENTS:
+            continue
+        notice = rebuild[event](status) if event in rebuild else _phase_notice(event, status)
+        found.append(
+            (target, Notice(notice.event, entry.get("reason") or notice.reason, notice.message), entry["deliveryId"])
+        )
     return found
 
 
@@ -123,7 +178,7 @@ def payload(job: Mapping[str, Any], notice: Notice, status: Mapping[str, Any], n
         "event": notice.event,
         "job": {"namespace": namespace, "name": name, "uid": meta.get("uid")},
         "phase": status.get("phase"),
-        "reason": bounded(notice.reason, 128),
+        "reason": bounded(notice.reason, REASON_LIMIT),
         "message": message,
         "metrics": _metrics(status),
         "kubectl": f"kubectl -n {namespace} describe rocmtrainingjob {name}",
