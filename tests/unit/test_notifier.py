@@ -100,6 +100,8 @@ def _secrets(receiver: Receiver) -> Callable[[str, str], object]:
 
     async def read(namespace: str, name: str) -> Mapping[str, str] | None:
         assert namespace == "ml"
+        if name == "broken":
+            raise TimeoutError("the API server took too long")
         return data.get(name) if name != "missing" else None
 
     return read
@@ -206,12 +208,16 @@ async def test_a_missing_secret_or_a_bad_url_is_logged_by_name_and_given_up_afte
     async with _notifier(receiver, scale=0.001, warned=warned) as notifier:
         notifier.notify(_job("a", "missing"), {}, RUNNING)
         notifier.notify(_job("b", "bad"), {}, RUNNING)
+        notifier.notify(_job("c", "broken"), {}, RUNNING)
         await _until(lambda: notifier.pending == 0)
     assert f"(try {MAX_ATTEMPTS}): Secret missing not found or not readable, given up" in caplog.text
+    assert f"(try {MAX_ATTEMPTS}): Secret broken could not be read (TimeoutError), given up" in caplog.text
     assert sorted(warned) == [
         f"a: Running notification to spec.notifications[0]: Secret missing not found or not readable, "
         f"given up after {MAX_ATTEMPTS} tries",
         f"b: Running notification to spec.notifications[0]: key url of Secret bad is not an http(s) URL, "
+        f"given up after {MAX_ATTEMPTS} tries",
+        f"c: Running notification to spec.notifications[0]: Secret broken could not be read (TimeoutError), "
         f"given up after {MAX_ATTEMPTS} tries",
     ]
     _no_secrets_in(caplog)

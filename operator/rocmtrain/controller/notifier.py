@@ -228,7 +228,10 @@ class Notifier:
         if target.secret is None:
             assert self._default is not None, "a target without a Secret is the default one"
             return self._default.url, self._default.signing_key
-        data = await self._secret(delivery.ref["metadata"]["namespace"], target.secret)
+        try:
+            data = await self._secret(delivery.ref["metadata"]["namespace"], target.secret)
+        except Exception as exc:  # an API error or timeout: tried again, as no answer
+            raise Unusable(f"Secret {target.secret} could not be read ({type(exc).__name__})") from None
         if data is None:
             raise Unusable(f"Secret {target.secret} not found or not readable")
         url = data.get(target.url_key, "").strip()
