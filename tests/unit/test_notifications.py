@@ -79,7 +79,7 @@ def test_the_spec_bounds_notifications_and_their_events():
     base = minimal_job()["spec"]
     one = {"secretRef": {"name": "hooks"}}
     spec = RocmTrainingJobSpec.model_validate({**base, "notifications": [one]})
-    assert spec.notifications[0].events == list(NOTIFY_EVENTS)
+    assert spec.notifications[0].events is None, "all of them"
     with pytest.raises(ValueError, match="notifications"):
         RocmTrainingJobSpec.model_validate({**base, "notifications": [one] * 5})
     with pytest.raises(ValueError, match="events"):

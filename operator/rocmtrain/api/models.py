@@ -762,11 +762,11 @@ class Notification(ApiModel):
     """An HTTP receiver told about the job's phase changes (a JSON POST, Slack-compatible `text`)."""
 
     secret_ref: NotificationSecretRef = Field(description="Where the receiver's URL and signing key are.")
-    events: list[NotifyEvent] = Field(
-        default_factory=lambda: list(NOTIFY_EVENTS),
+    events: list[NotifyEvent] | None = Field(
+        default=None,
         min_length=1,
         max_length=len(NOTIFY_EVENTS),
-        description="Events that notify it (all by default).",
+        description="Events that notify it; all when unset.",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
 
