@@ -171,6 +171,17 @@ async def retrying(call: Any, *args: Any, **kwargs: Any) -> Any:
     return await call(*args, **kwargs)
 
 
+async def readable(call: Any, *args: Any) -> Any:
+    """`retrying(call, *args)`, or None when the object does not exist, its type is not served or the operator
+    may not read it (403, 404)."""
+    try:
+        return await retrying(call, *args)
+    except ApiException as exc:
+        if exc.status in (403, 404):
+            return None
+        raise
+
+
 class Kube:
     """Async access to RocmTrainingJobs, RayJobs and Events through one pooled connection."""
 
@@ -236,25 +247,17 @@ class Kube:
     async def get_readable(self, ref: Ref, namespace: str | None, name: str) -> dict[str, Any] | None:
         """The object (cluster-scoped without `namespace`), or None when it does not exist, its type is not
         served or the operator may not read it (Kueue's queues: optional, and read only where RBAC allows)."""
-        try:
-            if namespace is None:
-                return await retrying(self._objects.get_cluster_custom_object, ref.group, ref.version, ref.plural, name)
-            return await self.get(ref, namespace, name)
-        except ApiException as exc:
-            if exc.status in (403, 404):
-                return None
-            raise
+        if namespace is None:
+            return await readable(self._objects.get_cluster_custom_object, ref.group, ref.version, ref.plural, name)
+        return await readable(
+            self._objects.get_namespaced_custom_object, ref.group, ref.version, namespace, ref.plural, name
+        )
 
     async def list_readable(self, ref: Ref) -> list[dict[str, Any]] | None:
         """Every object of a cluster-scoped type, or None when its type is not served or the operator may not
         list it (Kueue's ClusterQueues: few, read in one page)."""
-        try:
-            found = await retrying(self._objects.list_cluster_custom_object, ref.group, ref.version, ref.plural)
-        except ApiException as exc:
-            if exc.status in (403, 404):
-                return None
-            raise
-        return list(found.get("items") or [])
+        found = await readable(self._objects.list_cluster_custom_object, ref.group, ref.version, ref.plural)
+        return None if found is None else list(found.get("items") or [])
 
     async def delete(self, ref: Ref, namespace: str, name: str, *, uid: str) -> bool:
         """Delete the object with `uid` (its dependents in the background); False when it is gone or replaced."""
@@ -313,12 +316,8 @@ class Kube:
 
     async def read_secret(self, namespace: str, name: str) -> dict[str, str] | None:
         """A Secret's data, decoded; None when it does not exist or the operator may not read it."""
-        try:
-            secret = await retrying(self._core.read_namespaced_secret, name, namespace)
-        except ApiException as exc:
-            if exc.status in (403, 404):
-                return None
-            raise
+        if (secret := await readable(self._core.read_namespaced_secret, name, namespace)) is None:
+            return None
         return {key: base64.b64decode(value).decode(errors="replace") for key, value in (secret.data or {}).items()}
 
     async def post_event(self, obj: Any, *, type: str, reason: str, message: str) -> None:
