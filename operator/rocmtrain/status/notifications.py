@@ -204,8 +204,10 @@ def signature(data: bytes, key: bytes) -> str:
 def delivery_id(job: Mapping[str, Any], notice: Notice, status: Mapping[str, Any]) -> str:
     """The same for every try of one notice (a receiver drops repeats by it): job uid, event, and when the
     change happened (the condition's transition time, else the best trial's id)."""
-    stamps = [c.get("lastTransitionTime") or "" for c in status.get("conditions") or [] if c.get("type") == "Ready"]
-    when = (status.get("tuning") or {}).get("bestTrialId") if notice.event == "NewBestTrial" else "".join(stamps)
+    if notice.event == "NewBestTrial":
+        when = (status.get("tuning") or {}).get("bestTrialId")
+    else:
+        when = (find(status.get("conditions") or [], ConditionType.READY) or {}).get("lastTransitionTime") or ""
     seed = f"{job['metadata'].get('uid')}/{notice.event}/{when}"
     return hashlib.sha256(seed.encode()).hexdigest()[:32]
 
