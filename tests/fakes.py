@@ -1,5 +1,5 @@
-"""Small stand-ins shared by the pure tests: the API server's merge patch, a clock set by hand, and an API
-client whose requests a local server answers (for the review APIs)."""
+"""Small stand-ins shared by the pure tests: the API server's merge patch, a clock set by hand, a progress sink
+that keeps what it gets, and an API client whose requests a local server answers (for the review APIs)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,22 @@ def merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str
         else:
             out[key] = value
     return out
+
+
+class Sent:
+    """A progress sink (the driver's `Sink`, the SDK's operator sink) that keeps every report it gets."""
+
+    def __init__(self) -> None:
+        self.reports: list[Any] = []
+
+    def emit(self, report: Any) -> None:
+        self.reports.append(report)
+
+    def flush(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        """Nothing to close."""
 
 
 class Clock:

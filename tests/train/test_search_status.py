@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from fakes import Sent
 from rocmtrain.api.models import TRIAL_TABLE_LENGTH, ProgressReport, TuningStatus
 from rocmtrain.progress.limits import MAX_BODY_BYTES
 from rocmtrain_train.search.trial_status import TrialView, best_trial, search_network, tuning_status
@@ -107,21 +108,14 @@ def test_the_searchs_network_is_the_best_trials_else_the_first_that_reported_one
 
 def test_the_search_reports_the_network_and_logs_it_once(tmp_path, caplog):
     search = job("search", {"tuning": {"searchSpace": {"learningRate": {"min": 1e-5, "max": 1e-4}}}})
-    sent: list[ProgressReport] = []
-
-    class Sink:
-        def emit(self, report: ProgressReport) -> None:
-            sent.append(report)
-
-        def close(self) -> None: ...
-
+    sink = Sent()
     log = logging.getLogger("test.search.network")
-    reporter = SearchReporter(settings(search, tmp_path), [Sink()], log)
+    reporter = SearchReporter(settings(search, tmp_path), [sink], log)
     with caplog.at_level(logging.INFO, logger=log.name):
         reporter.trials = TRIALS
         reporter.emit(final=False)
         reporter.trials = [with_network(t, ROCE) if t.id in ("t1", "t2") else t for t in TRIALS]
         reporter.emit(final=False)
         reporter.emit(final=True)
-    assert [report.dump().get("network") for report in sent] == [None, ROCE, ROCE]
+    assert [report.dump().get("network") for report in sink.reports] == [None, ROCE, ROCE]
     assert caplog.text.count("RCCL transport: IB over mlx5_0:1 (RoCE)") == 1

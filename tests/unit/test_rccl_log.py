@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rocmtrain.api.models import NetworkTransport, ProgressReport
+from fakes import Sent
+from rocmtrain.api.models import NetworkTransport
 from rocmtrain_train import sdk
 from rocmtrain_train.reporting import rccl_log
 
@@ -125,19 +126,6 @@ def test_read_transport_reads_this_process_file_and_logs_rccl_warnings(tmp_path,
     assert "RCCL: NET/IB : Got async event : port error" in caplog.text
     assert rccl_log.read_transport(str(tmp_path / "nccl-%h-%p.log"), "node-0", 43, log) is None, "no file"
     assert rccl_log.read_transport(None, "node-0", 42, log) is None, "no file known"
-
-
-class Sent:
-    """A progress sink that keeps what `sdk.report` sends."""
-
-    def __init__(self) -> None:
-        self.reports: list[ProgressReport] = []
-
-    def emit(self, report: ProgressReport) -> None:
-        self.reports.append(report)
-
-    def flush(self) -> bool:
-        return True
 
 
 @pytest.fixture
