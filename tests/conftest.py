@@ -69,11 +69,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """A failed test in the world reports its namespaces' pods and their logs (and the process runtime's)."""
+    """A failed test in the world reports its namespaces' pods and their logs (and the process runtime's): those
+    of its `scope`, or of another Scope it was given (such as a module's)."""
     report = yield
-    scope = getattr(item, "funcargs", {}).get("scope")
-    if report.when == "call" and report.failed and scope is not None:
-        report.sections.append(("the world's pods and logs", scope.describe()))
+    if report.when == "call" and report.failed:
+        from rocmtrain_testworld.world import Scope
+
+        given = getattr(item, "funcargs", {}).values()
+        if (scope := next((value for value in given if isinstance(value, Scope)), None)) is not None:
+            report.sections.append(("the world's pods and logs", scope.describe()))
     return report
 
 
