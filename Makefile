@@ -42,10 +42,21 @@ quickstart: install
 
 run: quickstart
 
-# The README's test command: installs everything (Python deps, Go-built control plane), lints,
-# then every test in one pytest session (one control plane).
+# The README's test command: installs everything (Python deps, Go-built control plane), lints, then
+# runs the tests in two pytest sessions at once (docs/development/tests.md#two-sessions-at-once): the
+# training tests on an embedded Ray and then the end-to-end ones, bound by CPU, in the foreground;
+# beside them every other test, which mostly waits on its control plane, with its report printed when
+# both have ended. Each session prints its 25 slowest tests; the status fails if either does.
+OTHER_TESTS := --ignore=tests/train --ignore=tests/e2e tests
 test: deps
-	$(BIN)/pytest -q -ra --durations=25 tests
+	@others=$$(mktemp); start=$$SECONDS; \
+	$(BIN)/pytest -q -ra --durations=25 -p no:cacheprovider $(OTHER_TESTS) > "$$others" 2>&1 & beside=$$!; \
+	$(BIN)/pytest -q -ra --durations=25 tests/train tests/e2e; ray=$$?; \
+	wait $$beside; rest=$$?; \
+	echo "======== beside them: the other tests ========"; cat "$$others"; rm -f "$$others"; \
+	took=$$((SECONDS - start)); \
+	echo "make test: both sessions took $$((took / 60)) min $$((took % 60)) s; exit status $$ray and $$rest"; \
+	[ $$ray -eq 0 ] && [ $$rest -eq 0 ]
 
 # The Go-built control plane beside the Python side (install, then lint): pip waits on the network and
 # the disk, and mypy takes one core, while Go compiles on both.
