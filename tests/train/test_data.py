@@ -22,6 +22,7 @@ from rocmtrain_train.data.records import (
     split_files,
     text_lengths,
 )
+from rocmtrain_train.storage import object_store_filesystem, s3_endpoint
 
 ROWS = [{"text": f"review number {i}", "label": i % 3} for i in range(10)]
 CLASSIFY = ModelSpec(source="/models/x", numLabels=3)
@@ -93,6 +94,19 @@ def test_object_store_uris_read_through_their_pyarrow_filesystem(tmp_path):
 
     assert read("s3://bucket/reviews", object_store=object_store) == EXPECTED
     assert opened == ["s3://bucket/reviews"]
+
+
+def test_s3_takes_its_endpoint_from_the_aws_variables(monkeypatch):
+    """As the AWS SDKs and CLI do (the S3-specific variable first). pyarrow's S3FileSystem reads neither
+    itself: without them it asks `<bucket>.s3.<region>.amazonaws.com`, whatever the variables say."""
+    assert s3_endpoint({}) is None
+    assert s3_endpoint({"AWS_ENDPOINT_URL": "http://a:9000"}) == "http://a:9000"
+    assert s3_endpoint({"AWS_ENDPOINT_URL": "http://a:9000", "AWS_ENDPOINT_URL_S3": "http://b:9000"}) == "http://b:9000"
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    fs, path = object_store_filesystem("s3://bucket/reviews")
+    options = fs.__reduce__()[1][0]  # pyarrow pickles an S3FileSystem as its options
+    assert (options["endpoint_override"], path) == ("http://127.0.0.1:9", "bucket/reviews")
 
 
 def memory_hub(files: dict[str, list[dict]]) -> pafs.FileSystem:

@@ -7,7 +7,8 @@ schemes this module opens.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 
 import pyarrow.fs as pafs
 
@@ -18,16 +19,27 @@ from rocmtrain_train.config import ConfigError, resolve_relative
 ObjectStoreFactory = Callable[[str], tuple[pafs.FileSystem, str]]
 HubFactory = Callable[[], pafs.FileSystem]
 
+S3_SCHEME = "s3://"
+# Where the AWS SDKs and CLI take a custom S3 endpoint from (MinIO, SeaweedFS, Ceph...): the S3-specific
+# variable first. pyarrow's S3FileSystem reads neither.
+S3_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+
+
+def s3_endpoint(environ: Mapping[str, str]) -> str | None:
+    """The S3 endpoint that `environ` configures, or None for AWS's own."""
+    return next((environ[name] for name in S3_ENDPOINT_VARIABLES if environ.get(name)), None)
+
 
 def object_store_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     """The pyarrow filesystem of an object-store URI.
 
-    S3 uses the AWS SDK's own configuration (AWS_REGION, AWS_ENDPOINT_URL, credentials chain)
-    instead of `from_uri`, which would look the bucket's region up over the network first.
+    S3 takes its endpoint from AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (`s3_endpoint`; path-style
+    requests then), and the rest from the AWS SDK's own configuration (AWS_REGION, the credentials
+    chain), instead of `from_uri`, which would look the bucket's region up on AWS first.
     """
     try:
-        if uri.startswith("s3://"):
-            return pafs.S3FileSystem(), uri.removeprefix("s3://")
+        if uri.startswith(S3_SCHEME):
+            return pafs.S3FileSystem(endpoint_override=s3_endpoint(os.environ)), uri.removeprefix(S3_SCHEME)
         return pafs.FileSystem.from_uri(uri)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot open {uri}: {exc}") from exc
