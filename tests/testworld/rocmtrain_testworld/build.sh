@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Build the local test cluster from pinned Go modules:
 #   - etcd, kube-apiserver, kube-controller-manager, kube-scheduler, Kueue, kwok,
-#     promtool and kstatus from go.mod here (k8s.io/kubernetes, sigs.k8s.io/kueue,
-#     sigs.k8s.io/kwok, github.com/prometheus/prometheus; cmd/kstatus around
-#     sigs.k8s.io/cli-utils), in one `go build`: one module graph, so the k8s.io
+#     promtool, kstatus and helm from go.mod here (k8s.io/kubernetes, sigs.k8s.io/kueue,
+#     sigs.k8s.io/kwok, github.com/prometheus/prometheus, helm.sh/helm/v4; cmd/kstatus
+#     around sigs.k8s.io/cli-utils), in one `go build`: one module graph, so the k8s.io
 #     libraries, gRPC and the rest that they share compile once;
 #   - the KubeRay operator from its own module (`go install module@version`:
 #     it needs k8s.io v0.34 and controller-runtime v0.22);
@@ -13,7 +13,7 @@
 #
 # Output (.cluster/bin):
 #   etcd kube-apiserver kube-controller-manager kube-scheduler
-#   kwok kuberay-operator kueue kustomize promtool kstatus
+#   kwok kuberay-operator kueue kustomize promtool kstatus helm
 #   crds/ray.io_*.yaml  manifests/{kuberay,kueue,kwok}.yaml
 # The build is skipped when the stamp (hash of go.mod, go.sum, the wrapper
 # sources, this script) matches and every output exists.
@@ -32,13 +32,14 @@ KWOK_MODULE=sigs.k8s.io/kwok
 KWOK_STAGES=(node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml
   pod/fast/pod-ready.yaml pod/fast/pod-delete.yaml)
 KUEUE_MODULE=sigs.k8s.io/kueue
+HELM_MODULE=helm.sh/helm/v4
 KUSTOMIZE_VERSION=v5.8.2
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../../.." && pwd)" # the checkout (this is tests/testworld/rocmtrain_testworld)
 bin="${CLUSTER_BIN_DIR:-$root/.cluster/bin}"
 stamp="$bin/.stamp"
-kube_binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kueue kwok promtool kstatus)
+kube_binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kueue kwok promtool kstatus helm)
 module_binaries=(kuberay-operator)
 manifests=(kuberay.yaml kueue.yaml kwok.yaml)
 
@@ -84,6 +85,7 @@ go_mod_version() { awk -v m="$1" '$1 == m { print $2; exit }' go.mod; }
 kube_version="$(go_mod_version k8s.io/kubernetes)"
 KUEUE_VERSION="$(go_mod_version "$KUEUE_MODULE")"
 KWOK_VERSION="$(go_mod_version "$KWOK_MODULE")"
+HELM_VERSION="$(go_mod_version "$HELM_MODULE")"
 kube_minor="$(echo "$kube_version" | cut -d. -f2)"
 ldflags="-s -w"
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -92,13 +94,14 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 build_kube() {
-  # One `go build` for all eight so that shared packages are compiled once (of the Go source that
+  # One `go build` for all nine so that shared packages are compiled once (of the Go source that
   # Kueue's build alone compiles, 22% is not shared with Kubernetes; of kwok's, 10%; of promtool's,
-  # 24%). promtool is used for `check rules` / `test rules` only, so it is built without the
-  # service-discovery plugins (tag remove_all_sd: a much smaller build; the other binaries have no
-  # code under that tag).
+  # 24%; helm brings 258 packages of its own and shares 779). promtool is used for `check rules` /
+  # `test rules` only, so it is built without the service-discovery plugins (tag remove_all_sd: a
+  # much smaller build; the other binaries have no code under that tag).
   go build -trimpath -tags remove_all_sd \
-    -ldflags "$ldflags -X $KUEUE_MODULE/pkg/version.GitVersion=$KUEUE_VERSION" -o "$tmp/" \
+    -ldflags "$ldflags -X $KUEUE_MODULE/pkg/version.GitVersion=$KUEUE_VERSION -X $HELM_MODULE/internal/version.version=$HELM_VERSION" \
+    -o "$tmp/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler \
@@ -106,6 +109,7 @@ build_kube() {
     "$KUEUE_MODULE/cmd/kueue" \
     "$KWOK_MODULE/cmd/kwok" \
     github.com/prometheus/prometheus/cmd/promtool \
+    "$HELM_MODULE/cmd/helm" \
     ./cmd/kstatus
 }
 

@@ -6,6 +6,7 @@ package tools
 
 import (
 	_ "github.com/prometheus/prometheus/cmd/promtool"
+	_ "helm.sh/helm/v4/cmd/helm"
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
