@@ -79,10 +79,12 @@ format: install
 crds: install
 	$(PY) -m rocmtrain.api.crd crds
 
-# kustomize reads no file outside manifests/, so the base carries a copy of crds/ (a test keeps them equal).
+# kustomize reads no file outside manifests/, so the base carries a copy of crds/ (a test keeps them equal);
+# the Helm chart manifests/helm/rocm-train-operator is generated from the base (tests/operator/test_helm.py).
 manifests: crds
 	mkdir -p manifests/crd
 	cp crds/*.yaml manifests/crd/
+	$(PY) -m rocmtrain.chart
 
 # The generated parts of docs/ (the field reference, the pure-module list); tests/unit/test_docs.py checks them.
 docs: install
