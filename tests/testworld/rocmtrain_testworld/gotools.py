@@ -1,4 +1,4 @@
-"""The Go-built tools of build.sh (kustomize, promtool, kstatus): where they are, or why not.
+"""The Go-built tools of build.sh (kustomize, promtool, kstatus, helm): where they are, or why not.
 
 A missing tool skips the test that needs it, and fails it under CI (`CI` set), where
 `make test` builds every tool first.
