@@ -64,15 +64,23 @@ def test_default_values_render_what_kustomize_builds(helm_home: Path, kustomized
 
 
 def test_cert_manager_and_monitoring_values_render_what_their_components_build(helm_home: Path, tmp_path: Path):
+    values = {"namespace.create": "true", "certManager.enabled": "true"}
     with_cert_manager = overlay(tmp_path / "cm", namespace=OPERATOR_NAMESPACE, components=["cert-manager"])
-    assert keyed(
-        template(helm_home, OPERATOR_NAMESPACE, {"namespace.create": "true", "certManager.enabled": "true"})
-    ) == (keyed(with_cert_manager))
-    # The certificate names the Services of the release's namespace, whichever it is.
+    assert keyed(template(helm_home, OPERATOR_NAMESPACE, values)) == keyed(with_cert_manager)
+    # In another namespace: every object there, the Namespace named so, the ServiceAccount bound there, the
+    # certificate for the Services' names there. (An overlay of manifests/ with another `namespace:` keeps
+    # the bindings' subjects in rocm-train-system: kustomize's namespace transformer moves only subjects
+    # named `default` unless told `setRoleBindingSubjects: allServiceAccounts`.)
+    rendered = template(helm_home, "ml-platform", values)
+    namespaced = [o for o in rendered if o["kind"] not in ("ClusterRole", "ClusterRoleBinding", "Namespace")]
+    namespaced = [o for o in namespaced if o["kind"] != "CustomResourceDefinition"]
+    assert {o["metadata"]["namespace"] for o in namespaced} == {"ml-platform"}
+    assert [o["metadata"]["name"] for o in rendered if o["kind"] == "Namespace"] == ["ml-platform"]
+    subjects = [s for o in rendered if o["kind"].endswith("RoleBinding") for s in o["subjects"]]
+    assert subjects and {s["namespace"] for s in subjects} == {"ml-platform"}
     (certificate,) = [
-        o for o in template(helm_home, "ml-platform", {"certManager.enabled": "true"}) if o["kind"] == "Certificate"
-        and o["metadata"]["name"] == "rocmtrain-progress"
-    ]  # fmt: skip
+        o for o in rendered if o["kind"] == "Certificate" and o["metadata"]["name"] == "rocmtrain-progress"
+    ]
     assert certificate["spec"]["dnsNames"] == ProgressServerConfig("ml-platform").hosts
     monitoring = {f"monitoring.{key}": "true" for key in ("serviceMonitor", "prometheusRule", "dashboard")}
     base = keyed(template(helm_home, OPERATOR_NAMESPACE))

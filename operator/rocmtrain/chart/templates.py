@@ -42,6 +42,8 @@ def kustomized(obj: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, A
     kind = out["kind"]
     if kind not in CLUSTER_KINDS:
         meta["namespace"] = RELEASE_NAMESPACE
+    if kind == "Namespace":  # kustomize's `namespace:` renames it too
+        meta["name"] = RELEASE_NAMESPACE
     if kind in ("ClusterRole", "ClusterRoleBinding"):
         meta["name"] = _release_name(meta["name"])
     if kind in ("ClusterRoleBinding", "RoleBinding"):
