@@ -1,6 +1,6 @@
 """Record the upgrade fixtures: what this operator version writes for a running, a queued and a finished job.
 
-    python tests/operator/record_upgrade_fixtures.py tests/operator/upgrade_fixtures
+    python tests/operator/record_upgrade.py tests/upgrade/recorded
 
 (from the checkout, with the test world built: `make cluster-binaries`). It starts the lean control plane,
 installs the manifests, runs the operator as its ServiceAccount, and makes three jobs in the namespace
@@ -10,15 +10,18 @@ installs the manifests, runs the operator as its ServiceAccount, and makes three
 - `queued`: a job of the Kueue queue `team-a` (Kueue is not installed: it waits for Kueue's admission);
 - `succeeded`: a Ray job that SUCCEEDED.
 
-Each becomes `<case>.yaml`: the job and its RayJob as the API server holds them (spec, status, labels,
-annotations, owner references), without what the server sets on every object (uid, resourceVersion,
-generation, creationTimestamp, managedFields) or the owner reference's uid. test_upgrade.py makes them again in
-a fresh namespace and starts the current operator on them; the fixtures stand for an earlier version's
-writes, so they are recorded once per release that changes them, never by the tests.
+Each becomes `<case>.yaml`, one mapping: `applied`, the job as it was sent; `job` and `rayjob`, the job and its
+RayJob as the API server holds them (spec with the CRD's defaults, status, labels, annotations, owner references),
+without what the server sets on every object (uid, resourceVersion, generation, creationTimestamp,
+managedFields) or the owner reference's uid. tests/upgrade/test_crd_compat.py checks the current CRD against
+them; tests/operator/test_upgrade.py makes them again in a fresh namespace and starts the current operator on
+them. The fixtures stand for an earlier version's writes: they are recorded once per release, never by the
+tests.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import subprocess
 import sys
 import tempfile
@@ -37,6 +40,7 @@ from operator_testkit import (
     SUCCEEDED_STEP,
     Api,
     Operator,
+    job_manifest,
     kustomize_build,
     wait_until,
 )
@@ -45,7 +49,11 @@ import rocmtrain
 from rocmtrain_testworld.kubecluster import KubeCluster, running_cluster
 
 NAMESPACE = "rocmtrain-upgrade-fixtures"
-CASES = ("running", "queued", "succeeded")
+APPLIED = {
+    "running": job_manifest("running", NAMESPACE),
+    "queued": job_manifest("queued", NAMESPACE, scheduling={"queueName": "team-a"}),
+    "succeeded": job_manifest("succeeded", NAMESPACE),
+}
 PROGRESS = {
     "progress": {"epoch": 0.4, "step": 120, "totalSteps": 285, "percent": 42.1, "etaSeconds": 610.0},
     "metrics": {"trainLoss": 0.412, "evalAccuracy": 0.91, "samplesPerSecond": 1520.0},
@@ -63,25 +71,26 @@ def stripped(obj: dict[str, Any]) -> dict[str, Any]:
 
 def _settled(api: Api, name: str, phase: str) -> None:
     wait_until(lambda: api.phase(NAMESPACE, name) == phase, timeout=10, what=f"{name} {phase}")
-    time.sleep(1.5)  # the writes that follow a transition (events, accounting) go through
+    time.sleep(1)  # the writes that follow a transition (events, accounting) go through
 
 
 def produce(kube: KubeCluster, api: Api) -> None:
     """The three jobs, each in the state of its case, on the running operator."""
-    api.create_job(NAMESPACE, "running")
+    for manifest in APPLIED.values():
+        kube.create(manifest)
+        name = manifest["metadata"]["name"]
+        wait_until(lambda name=name: api.rayjob(NAMESPACE, name), timeout=10, what=f"RayJob {name}")
     for status, phase in RUNNING_STEPS:
         api.fake_kuberay(NAMESPACE, "running", status)
         wait_until(lambda phase=phase: api.phase(NAMESPACE, "running") == phase, timeout=5, what=phase)
     kube.request(
         "PATCH",
         JOBS.format(ns=NAMESPACE) + "/running/status",
-        body={"status": {**PROGRESS, "lastProgressTime": api.status(NAMESPACE, "running")["startTime"]}},
+        body={"status": {**PROGRESS, "lastProgressTime": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}},
         content_type="application/merge-patch+json",
     )
     _settled(api, "running", "Running")
-    api.create_job(NAMESPACE, "queued", scheduling={"queueName": "team-a"})
     _settled(api, "queued", "Queued")
-    api.create_job(NAMESPACE, "succeeded")
     for status, _ in [*RUNNING_STEPS, SUCCEEDED_STEP]:
         api.fake_kuberay(NAMESPACE, "succeeded", status)
     _settled(api, "succeeded", "Succeeded")
@@ -104,15 +113,16 @@ def record(folder: Path) -> None:
         operator.start()
         try:
             produce(kube, api)
-            objects = {case: [api.job(NAMESPACE, case), api.rayjob(NAMESPACE, case)] for case in CASES}
+            objects = {case: (api.job(NAMESPACE, case), api.rayjob(NAMESPACE, case)) for case in APPLIED}
         finally:
             operator.stop()
     folder.mkdir(parents=True, exist_ok=True)
     header = f"# Recorded by tests/operator/record_upgrade_fixtures.py from the operator at {_commit()}.\n"
-    for case, pair in objects.items():
-        text = yaml.safe_dump_all([stripped(obj) for obj in pair if obj is not None], sort_keys=True, width=1 << 20)
-        (folder / f"{case}.yaml").write_text(header + text)
+    for case, (job, rayjob) in objects.items():
+        assert job is not None and rayjob is not None, case
+        recorded = {"applied": APPLIED[case], "job": stripped(job), "rayjob": stripped(rayjob)}
+        (folder / f"{case}.yaml").write_text(header + yaml.safe_dump(recorded, sort_keys=True, width=1 << 20))
 
 
 if __name__ == "__main__":
-    record(Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "tests" / "operator" / "upgrade_fixtures")
+    record(Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "tests" / "upgrade" / "recorded")
