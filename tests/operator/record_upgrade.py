@@ -109,7 +109,7 @@ def record(folder: Path) -> None:
             kube.apply(obj, dry_run=obj["kind"] not in APPLIED_KINDS)
         kubeconfig = kube.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_SA, Path(tmp) / "kubeconfig")
         kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-        api, operator = Api(kube), Operator(kubeconfig)
+        api, operator = Api(kube), Operator(kubeconfig, {"ROCMTRAIN_STALL_SECONDS": "900"})  # the default
         operator.start()
         try:
             produce(kube, api)
@@ -117,7 +117,7 @@ def record(folder: Path) -> None:
         finally:
             operator.stop()
     folder.mkdir(parents=True, exist_ok=True)
-    header = f"# Recorded by tests/operator/record_upgrade_fixtures.py from the operator at {_commit()}.\n"
+    header = f"# Recorded by tests/operator/record_upgrade.py from the operator at {_commit()}.\n"
     for case, (job, rayjob) in objects.items():
         assert job is not None and rayjob is not None, case
         recorded = {"applied": APPLIED[case], "job": stripped(job), "rayjob": stripped(rayjob)}
