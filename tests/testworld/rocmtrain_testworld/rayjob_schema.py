@@ -68,18 +68,22 @@ def crd_path() -> Path:
     return Path(json.loads(result.stdout)["Dir"]) / "config" / "crd" / "bases" / CRD_FILE
 
 
-def _strict(node: Any) -> Any:
+def strict(node: Any) -> Any:
     """OpenAPI v3 (Kubernetes dialect) -> JSON Schema, refusing fields the schema does not name."""
     if isinstance(node, list):
-        return [_strict(item) for item in node]
+        return [strict(item) for item in node]
     if not isinstance(node, dict):
         return node
-    out = {key: _strict(value) for key, value in node.items()}
+    out = {key: strict(value) for key, value in node.items()}
     if out.pop("x-kubernetes-int-or-string", False) and "anyOf" not in out:
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
     preserve = out.pop("x-kubernetes-preserve-unknown-fields", False)
     if out.pop("nullable", False) and "type" in out:
         out["type"] = [out["type"], "null"]
+    for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        # OpenAPI 3.0's flag on the limit; JSON Schema's is the number.
+        if isinstance(out.get(bound), bool) and out.pop(bound) and limit in out:
+            out[bound] = out.pop(limit)
     if "properties" in out and "additionalProperties" not in out and not preserve:
         out["additionalProperties"] = False
     return out
@@ -107,7 +111,7 @@ def rayjob_schema(version: str = KUBERAY_VERSION) -> dict[str, Any]:
     """The strict JSON Schema of a RayJob (`ray.io/v1`) of KubeRay `version`."""
     crd = yaml.safe_load(crd_text(version))
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-    schema = _strict(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
+    schema = strict(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
     schema["properties"]["metadata"] = _OBJECT_META
     schema["required"] = ["apiVersion", "kind", "metadata", "spec"]
     return schema
