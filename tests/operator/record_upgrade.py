@@ -13,10 +13,10 @@ installs the manifests, runs the operator as its ServiceAccount, and makes three
 Each becomes `<case>.yaml`, one mapping: `applied`, the job as it was sent; `job` and `rayjob`, the job and its
 RayJob as the API server holds them (spec with the CRD's defaults, status, labels, annotations, owner references),
 without what the server sets on every object (uid, resourceVersion, generation, creationTimestamp,
-managedFields) or the owner reference's uid. tests/upgrade/test_crd_compat.py checks the current CRD against
-them; tests/operator/test_upgrade.py makes them again in a fresh namespace and starts the current operator on
-them. The fixtures stand for an earlier version's writes: they are recorded once per release, never by the
-tests.
+managedFields) or the owner reference's uid; the job's uid reads `UID` wherever the RayJob names it.
+tests/upgrade/test_crd_compat.py checks the current CRD against them; tests/operator/test_upgrade.py makes them
+again in a fresh namespace and starts the current operator on them. The fixtures stand for an earlier
+version's writes: they are recorded once per release, never by the tests.
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ PROGRESS = {
     "progress": {"epoch": 0.4, "step": 120, "totalSteps": 285, "percent": 42.1, "etaSeconds": 610.0},
     "metrics": {"trainLoss": 0.412, "evalAccuracy": 0.91, "samplesPerSecond": 1520.0},
 }
+# Stands for the job's uid wherever the RayJob names it (the job's configuration in the head's environment).
+UID = "RECORDED-JOB-UID"
 SERVER_SET = ("uid", "resourceVersion", "generation", "creationTimestamp", "managedFields", "selfLink")
 
 
@@ -121,7 +123,8 @@ def record(folder: Path) -> None:
     for case, (job, rayjob) in objects.items():
         assert job is not None and rayjob is not None, case
         recorded = {"applied": APPLIED[case], "job": stripped(job), "rayjob": stripped(rayjob)}
-        (folder / f"{case}.yaml").write_text(header + yaml.safe_dump(recorded, sort_keys=True, width=1 << 20))
+        text = yaml.safe_dump(recorded, sort_keys=True, width=1 << 20).replace(job["metadata"]["uid"], UID)
+        (folder / f"{case}.yaml").write_text(header + text)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,14 @@ import yaml
 
 RECORDED = Path(__file__).resolve().parent / "recorded"
 CASES = ("running", "queued", "succeeded")
-# The namespace the fixtures were recorded in (tests/operator/record_upgrade.py's NAMESPACE).
+# The namespace the fixtures were recorded in, and what stands for the job's uid (record_upgrade.py's).
 NAMESPACE = "rocmtrain-upgrade-fixtures"
+UID = "RECORDED-JOB-UID"
 
 
-def recorded(case: str, namespace: str = NAMESPACE) -> dict[str, Any]:
+def recorded(case: str, namespace: str = NAMESPACE, uid: str = UID) -> dict[str, Any]:
     """The recorded `case`, moved to `namespace` (every mention of the recording's namespace: the objects'
-    namespace, and the checkpoint paths and the job's configuration that name it)."""
-    loaded: dict[str, Any] = yaml.safe_load((RECORDED / f"{case}.yaml").read_text().replace(NAMESPACE, namespace))
+    namespace, and the checkpoint paths and the job's configuration that name it), its job's uid `uid`."""
+    text = (RECORDED / f"{case}.yaml").read_text().replace(NAMESPACE, namespace).replace(UID, uid)
+    loaded: dict[str, Any] = yaml.safe_load(text)
     return loaded

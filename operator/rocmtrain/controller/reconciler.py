@@ -328,6 +328,8 @@ class Reconciler:
             conflict = f"a RayJob named {name} exists and is not this job's"
             return None, Hold(HoldKind.CONFLICT, Reason.RAYJOB_CONFLICT, conflict, retry_seconds=CONFLICT_RETRY_SECONDS)
         kueue = bool(valid.spec.scheduling.queue_name) or queued(live)
+        if "rayClusterSpec" not in (live.get("spec") or {}):  # the watch's view: the fixed fields are left out
+            live = await self._kube.get(RAYJOBS, namespace, name) or live
         update = rayjob_update(rendered["spec"], live.get("spec") or {}, queued=kueue)
         if update.patch:
             live = await self._kube.patch(RAYJOBS, namespace, name, {"spec": update.patch}) or live
