@@ -37,6 +37,32 @@ APPLIED_KINDS = {
     "CustomResourceDefinition",
 }  # fmt: skip
 
+# KubeRay's status writes for a RayJob whose Ray job starts (each with the job's phase it gives), and then succeeds:
+# written by hand on the lean cluster (`Api.fake_kuberay`), as Ray's job states need a running Ray.
+_NOW = "2026-01-02T03:04:05Z"
+_UP = {"readyWorkerReplicas": 2, "desiredWorkerReplicas": 2, "availableWorkerReplicas": 2, "state": "ready"}
+RUNNING_STEPS: list[tuple[dict[str, Any], str]] = [
+    (
+        {
+            "jobDeploymentStatus": "Initializing",
+            "jobStatus": "",
+            "jobId": "bert-x1",
+            "rayClusterName": "bert-abcde",
+            "startTime": _NOW,
+        },
+        "Initializing",
+    ),
+    (
+        {"jobDeploymentStatus": "Running", "rayClusterStatus": _UP, "dashboardURL": "bert-head-svc.ns.svc:8265"},
+        "Initializing",
+    ),
+    ({"jobStatus": "RUNNING"}, "Running"),
+]
+SUCCEEDED_STEP: tuple[dict[str, Any], str] = (
+    {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED", "endTime": _NOW, "succeeded": 1, "failed": 0},
+    "Succeeded",
+)
+
 
 def wait_until(check: Callable[[], Any], timeout: float = 2.0, what: str = "condition", interval: float = 0.02) -> Any:
     """Poll `check` until it returns something truthy; return that, or fail after `timeout` seconds."""

@@ -24,7 +24,16 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
-from operator_testkit import RAYJOBS, STALL_SECONDS, Api, Operator, job_manifest, wait_until
+from operator_testkit import (
+    RAYJOBS,
+    RUNNING_STEPS,
+    STALL_SECONDS,
+    SUCCEEDED_STEP,
+    Api,
+    Operator,
+    job_manifest,
+    wait_until,
+)
 
 from rocmtrain.api.conditions import ConditionType, Reason
 from rocmtrain.api.validate import validate_job
@@ -33,8 +42,7 @@ from rocmtrain_testworld.kubecluster import KUBERAY_CRDS_DIR, KubeCluster
 
 pytestmark = pytest.mark.cluster
 
-NOW = "2026-01-02T03:04:05Z"
-WORKERS_UP = {"readyWorkerReplicas": 2, "desiredWorkerReplicas": 2, "availableWorkerReplicas": 2, "state": "ready"}
+NOW = RUNNING_STEPS[0][0]["startTime"]
 
 
 def _now() -> str:
@@ -84,38 +92,13 @@ def test_job_gets_its_rendered_rayjob_with_owner_and_status(kube: KubeCluster, a
 
 # ---- status from the (fake) KubeRay controller ------------------------------------------------
 
-RUNNING = [
-    (
-        {
-            "jobDeploymentStatus": "Initializing",
-            "jobStatus": "",
-            "jobId": "bert-x1",
-            "rayClusterName": "bert-abcde",
-            "startTime": NOW,
-        },
-        "Initializing",
-    ),
-    (
-        {"jobDeploymentStatus": "Running", "rayClusterStatus": WORKERS_UP, "dashboardURL": "bert-head-svc.ns.svc:8265"},
-        "Initializing",
-    ),
-    ({"jobStatus": "RUNNING"}, "Running"),
-]
+RUNNING = RUNNING_STEPS
 SEQUENCES = {
     "succeeded": (
         {},
         [
             *RUNNING,
-            (
-                {
-                    "jobDeploymentStatus": "Complete",
-                    "jobStatus": "SUCCEEDED",
-                    "endTime": NOW,
-                    "succeeded": 1,
-                    "failed": 0,
-                },
-                "Succeeded",
-            ),
+            SUCCEEDED_STEP,
         ],
         {"Ready": ("True", Reason.SUCCEEDED), "Succeeded": ("True", Reason.SUCCEEDED)},
         ["Pending", "Initializing", "Running", "Succeeded"],

@@ -31,11 +31,11 @@ from rocmtrain.status.objects import (
     controller_ref,
     is_jobs_rayjob,
     job_view,
-    mutable_patch,
     rayjob_view,
     requested_gpus,
 )
 from rocmtrain.status.pods import pod_view
+from rocmtrain.status.rayjob_update import mutable_patch
 from unit.samples import full_job
 
 

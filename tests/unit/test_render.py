@@ -1,7 +1,7 @@
-"""The RayJob renderer: structure, determinism, and KubeRay's real RayJob schema (v1.5.1).
+"""The RayJob renderer: structure, determinism, and KubeRay's real RayJob schemas (v1.5.1 and v1.7.0).
 
-Every rendered RayJob is checked against the CRD KubeRay ships (see rocmtrain_testworld/rayjob_schema.py);
-no KubeRay controller runs here.
+Every rendered RayJob is checked against the CRDs KubeRay ships, of the version the world runs and of the
+newest (see rocmtrain_testworld/rayjob_schema.py); no KubeRay controller runs here.
 """
 
 from __future__ import annotations
@@ -89,9 +89,22 @@ def test_schema_check_catches_typos_and_wrong_types(full: RocmTrainingJob) -> No
     head_pod(rayjob)["spec"]["containers"][0]["volumeMount"] = []
     worker_group(rayjob)["replicas"] = "3"
     errors = rayjob_schema.schema_errors(rayjob)
-    assert len(errors) == 2
-    assert any("'volumeMount' was unexpected" in error for error in errors)
-    assert any("workerGroupSpecs.0.replicas: '3' is not of type 'integer'" in error for error in errors)
+    assert len(errors) == 2 * len(rayjob_schema.VERSIONS)
+    for version in rayjob_schema.VERSIONS:
+        assert any(e.startswith(f"{version}: ") and "'volumeMount' was unexpected" in e for e in errors)
+        assert f"{version}: spec.rayClusterSpec.workerGroupSpecs.0.replicas: '3' is not of type 'integer'" in errors
+
+
+def test_both_kuberay_schemas_are_checked_and_each_is_its_versions(full: RocmTrainingJob) -> None:
+    """A field only v1.7.0 knows is refused by v1.5.1's schema alone; the vendored CRD is upstream's, unedited."""
+    assert rayjob_schema.VERSIONS == (KUBERAY_VERSION, "v1.7.0")
+    rayjob = render_rayjob(full)
+    rayjob["spec"]["preRunningDeadlineSeconds"] = 600
+    assert rayjob_schema.schema_errors(rayjob) == [
+        f"{KUBERAY_VERSION}: spec: Additional properties are not allowed ('preRunningDeadlineSeconds' was unexpected)"
+    ]
+    named, actual = rayjob_schema.upstream_blob("v1.7.0")
+    assert named == actual == "c7d3f081af8cf08c256a8c33a0c3b6ea28b816a0"
 
 
 def _reordered(value: Any) -> Any:

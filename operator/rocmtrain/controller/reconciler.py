@@ -59,12 +59,12 @@ from rocmtrain.status.objects import (
     controller_ref,
     is_jobs_rayjob,
     job_document,
-    mutable_patch,
     owner_reference,
     queued,
     rayjob_view,
 )
 from rocmtrain.status.phase import Hold, HoldKind
+from rocmtrain.status.rayjob_update import DEFERRED_REASON, deferred_message, rayjob_update
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +97,7 @@ class JobState:
     written: dict[str, Any] | None = None  # owned status fields as last written
     synced: int | None = None  # the generation whose RayJob is in line with the spec (or that was refused)
     tried: int | None = None  # the generation last tried while a retry is scheduled
+    deferred: tuple[str, ...] = ()  # the RayJob's fixed fields whose render change was announced
     retry: asyncio.TimerHandle | None = None
 
 
@@ -259,7 +260,7 @@ class Reconciler:
             if current.get("phase") in phase.TERMINAL_PHASES:
                 rayjob = await self._read_rayjob(meta["namespace"], meta["name"])
             else:
-                rayjob, hold = await self._apply_rayjob(job, valid, nodes, blocked)
+                rayjob, hold = await self._apply_rayjob(job, valid, nodes, blocked, state)
             view = rayjob_view(rayjob) if rayjob is not None else None
             new = phase.compute_status(
                 self._observe(job, valid, current, generation=meta.get("generation"), rayjob=view, hold=hold)
@@ -292,8 +293,10 @@ class Reconciler:
         valid: RocmTrainingJob,
         nodes: Iterable[node_fit.NodeInfo],
         blocked: Hold | None,
+        state: JobState,
     ) -> tuple[Mapping[str, Any] | None, Hold | None]:
-        """Create the RayJob or carry the mutable fields over: the RayJob, or what holds it back."""
+        """Create the RayJob or carry the mutable fields over (`rocmtrain.status.rayjob_update`): the RayJob, or
+        what holds it back."""
         meta = job["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         rendered = await asyncio.to_thread(render_rayjob, valid, options=self._config.render_options)
@@ -325,10 +328,17 @@ class Reconciler:
             conflict = f"a RayJob named {name} exists and is not this job's"
             return None, Hold(HoldKind.CONFLICT, Reason.RAYJOB_CONFLICT, conflict, retry_seconds=CONFLICT_RETRY_SECONDS)
         kueue = bool(valid.spec.scheduling.queue_name) or queued(live)
-        patch = mutable_patch(rendered["spec"], live.get("spec") or {}, queued=kueue)
-        if patch:
-            live = await self._kube.patch(RAYJOBS, namespace, name, {"spec": patch}) or live
-            logger.info("updated RayJob %s/%s: %s", namespace, name, sorted(patch))
+        if "rayClusterSpec" not in (live.get("spec") or {}):  # the watch's view: the fixed fields are left out
+            live = await self._kube.get(RAYJOBS, namespace, name) or live
+        update = rayjob_update(rendered["spec"], live.get("spec") or {}, queued=kueue)
+        if update.patch:
+            live = await self._kube.patch(RAYJOBS, namespace, name, {"spec": update.patch}) or live
+            logger.info("updated RayJob %s/%s: %s", namespace, name, sorted(update.patch))
+        if update.deferred and update.deferred != state.deferred:  # announced once per change
+            message = deferred_message(name, update.deferred)
+            logger.info("%s/%s %s: %s", namespace, name, DEFERRED_REASON, message)
+            await self._kube.post_event(job, type="Normal", reason=DEFERRED_REASON, message=message)
+        state.deferred = update.deferred
         return live, None
 
     async def _protect(self, job: Mapping[str, Any], valid: RocmTrainingJob) -> Hold | None:

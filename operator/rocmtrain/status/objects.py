@@ -7,8 +7,8 @@
 - `owner_reference` and `controller_ref`: the reference that makes a job the controller
   of its RayJob (garbage collection deletes the RayJob with the job), and reading it back;
 - `is_jobs_rayjob`: whether a RayJob is the one whose state a job's status follows;
-- `queued` and `mutable_patch`: whether Kueue manages a RayJob, and the RayJob merge
-  patch that carries the job's mutable fields over (leaving Kueue's `suspend` alone).
+- `queued`: whether Kueue manages a RayJob (what the operator may change in one that exists is
+  `rocmtrain.status.rayjob_update`'s).
 
 No I/O and no kopf: plain mappings in, plain mappings out.
 """
@@ -125,19 +125,3 @@ def is_jobs_rayjob(job: Mapping[str, Any], rayjob: Mapping[str, Any]) -> bool:
 def queued(rayjob: Mapping[str, Any]) -> bool:
     """Whether Kueue manages the RayJob (it carries a queue label, ours or the one Kueue's webhook set)."""
     return KUEUE_QUEUE_LABEL in ((rayjob.get("metadata") or {}).get("labels") or {})
-
-
-def mutable_patch(rendered: Mapping[str, Any], live: Mapping[str, Any], *, queued: bool) -> dict[str, Any]:
-    """The RayJob spec merge patch that carries the job's mutable fields over; {} when in step.
-
-    `rendered` and `live` are RayJob specs; a field either leaves unset counts as KubeRay's
-    default. `suspend` is Kueue's once the job is queued, so it is left alone then.
-    """
-    patch = {}
-    for key, default in MUTABLE_RAYJOB_DEFAULTS.items():
-        if queued and key == "suspend":
-            continue
-        want = rendered.get(key, default)
-        if live.get(key, default) != want:
-            patch[key] = want
-    return patch
