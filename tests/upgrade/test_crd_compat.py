@@ -17,12 +17,11 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-import jsonschema
 import pytest
 
 from rocmtrain.api import crd
 from rocmtrain.api.validate import validate_job
-from rocmtrain_testworld.rayjob_schema import strict
+from rocmtrain_testworld.rayjob_schema import strict, violations
 from upgrade.fixtures import CASES, NAMESPACE, RECORDED, recorded
 
 # Spec paths whose default was added after the fixtures were recorded, each with why it keeps old jobs' meaning.
@@ -38,8 +37,7 @@ def job_schema(schema: dict[str, Any]) -> dict[str, Any]:
 
 def refusals(schema: dict[str, Any], job: dict[str, Any]) -> list[str]:
     """Every way `job` breaks `schema`, as `path: message` lines."""
-    errors = jsonschema.Draft7Validator(job_schema(schema)).iter_errors(job)
-    return sorted(f"{'.'.join(map(str, error.absolute_path))}: {error.message}" for error in errors)
+    return violations(job_schema(schema), job)
 
 
 def defaulted(node: dict[str, Any], value: Any) -> Any:

@@ -117,13 +117,15 @@ def rayjob_schema(version: str = KUBERAY_VERSION) -> dict[str, Any]:
     return schema
 
 
+def violations(schema: dict[str, Any], document: Any) -> list[str]:
+    """Every way `document` breaks the JSON Schema `schema` (a `strict` one), as `path: message` lines by path."""
+    found = jsonschema.Draft7Validator(schema).iter_errors(document)
+    return [
+        f"{'.'.join(str(p) for p in error.absolute_path)}: {error.message}"
+        for error in sorted(found, key=lambda e: list(map(str, e.absolute_path)))
+    ]
+
+
 def schema_errors(rayjob: dict[str, Any], versions: tuple[str, ...] = VERSIONS) -> list[str]:
     """Every way `rayjob` breaks the RayJob schema of each KubeRay version, as `version: path: message` lines."""
-    errors = []
-    for version in versions:
-        validator = jsonschema.Draft7Validator(rayjob_schema(version))
-        errors += [
-            f"{version}: {'.'.join(str(p) for p in error.absolute_path)}: {error.message}"
-            for error in sorted(validator.iter_errors(rayjob), key=lambda e: list(map(str, e.absolute_path)))
-        ]
-    return errors
+    return [f"{version}: {line}" for version in versions for line in violations(rayjob_schema(version), rayjob)]
