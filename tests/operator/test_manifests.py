@@ -123,18 +123,38 @@ def test_prometheus_scrapes_over_https_with_its_token_and_the_operators_ca(kusto
     assert reader["rules"] == [{"nonResourceURLs": [METRICS_PATH], "verbs": ["get"]}]
 
 
+def _namespace_overlay(folder: Path, namespace: str) -> list[str]:
+    """The lines of install.md's overlay into another namespace, for an overlay in `folder`."""
+    section = (REPO / "docs" / "operations" / "install.md").read_text().split("## Another namespace", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    base = os.path.relpath(REPO / "manifests", folder)
+    return block.replace("../rocm-train-operator/manifests", base).replace("ml-platform", namespace).splitlines()
+
+
 def _cert_manager_overlay(folder: Path, namespace: str | None = None) -> list[dict[str, Any]]:
     """Build an overlay of the base with the cert-manager component (and, as documented, another namespace)."""
     component = REPO / "manifests" / "cert-manager"
-    lines = [
-        f"resources: [{os.path.relpath(REPO / 'manifests', folder)}]",
-        f"components: [{os.path.relpath(component, folder)}]",
-    ]
+    lines = [f"resources: [{os.path.relpath(REPO / 'manifests', folder)}]"]
     if namespace is not None:
         text = (component / "kustomization.yaml").read_text()
-        lines += [f"namespace: {namespace}", text[text.index("replacements:") :]]
+        lines = [*_namespace_overlay(folder, namespace), text[text.index("replacements:") :]]
+    lines.append(f"components: [{os.path.relpath(component, folder)}]")
     (folder / "kustomization.yaml").write_text("\n".join(lines) + "\n")
     return kustomize_build(folder)
+
+
+def test_the_documented_overlay_moves_the_operator_and_its_bindings_to_another_namespace(tmp_path: Path):
+    """install.md's overlay: every object, the Namespace and every binding's subject in the new namespace
+    (kustomize's `namespace:` alone leaves the subjects behind, and the operator without its permissions)."""
+    (tmp_path / "kustomization.yaml").write_text("\n".join(_namespace_overlay(tmp_path, "ml-platform")) + "\n")
+    objs = kustomize_build(tmp_path)
+    assert OPERATOR_NAMESPACE not in str(objs)
+    assert _one(objs, "Namespace")["metadata"]["name"] == "ml-platform"
+    bindings = [o for o in objs if o["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    subjects = [s for o in bindings for s in o["subjects"]]
+    assert len(bindings) >= 3 and {(s["name"], s["namespace"]) for s in subjects} == {
+        ("rocm-train-operator", "ml-platform")
+    }
 
 
 @pytest.mark.parametrize("namespace", [None, "ml-platform"])
