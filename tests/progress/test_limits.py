@@ -7,6 +7,7 @@ import json
 import pytest
 
 from fakes import Clock
+from rocmtrain.api.models import PREFLIGHT_ERROR_LIMIT, Progress, ProgressReport
 from rocmtrain.progress.limits import MAX_BODY_BYTES, MAX_KEYS, RateLimiter, ReportError, parse_report
 
 GOOD = {"progress": {"step": 10, "totalSteps": 100, "percent": 10.0}, "metrics": {"trainLoss": 0.7}}
@@ -56,6 +57,15 @@ def test_bounds_size_and_field_count():
     many = {"progress": {"step": 1}, **{f"k{i}": i for i in range(MAX_KEYS)}}
     with pytest.raises(ReportError, match="more than"):
         parse_report(json.dumps(many).encode())
+
+
+def test_the_longest_preflight_refusal_fits_a_body_and_a_longer_one_is_refused():
+    """The driver sends its refusal as pydantic writes it (UTF-8, not escaped): 2048 four-byte characters fit."""
+    longest = ProgressReport(progress=Progress(), final=True, preflight_error="\U0001f4a5" * PREFLIGHT_ERROR_LIMIT)
+    body = longest.model_dump_json(by_alias=True, exclude_none=True).encode()
+    assert len(body) < MAX_BODY_BYTES and parse_report(body) == longest
+    with pytest.raises(ReportError, match="preflightError"):
+        parse_report(json.dumps({"progress": {}, "preflightError": "x" * (PREFLIGHT_ERROR_LIMIT + 1)}).encode())
 
 
 def test_rate_limiter_allows_a_burst_then_the_rate():

@@ -6,12 +6,13 @@ import datetime as dt
 
 from fakes import merge_patch
 from rocmtrain.api.conditions import Reason
-from rocmtrain.api.models import HISTORY_LENGTH, ProgressReport, RocmTrainingJobStatus
+from rocmtrain.api.models import HISTORY_LENGTH, PREFLIGHT_ERROR_LIMIT, ProgressReport, RocmTrainingJobStatus
 from rocmtrain.progress.status_patch import (
     network_events,
     progress_patch,
     recovery_events,
     report_events,
+    takes_reports,
     tuning_events,
 )
 
@@ -165,3 +166,17 @@ def test_sockets_where_the_job_asks_for_rdma_are_a_warning_once():
     assert network_events(network_report(SOCKET), rdma_job({}, rdma=None)) == [], "no RDMA asked for"
     assert network_events(network_report(SOCKET), rdma_job({}, workers=1)) == [], "one pod: no network between pods"
     assert network_events(report(1, trainLoss=1.0), rdma_job({})) == []
+
+
+def test_a_preflight_refusal_is_written_bounded_and_ends_the_reports():
+    """The driver's last report: `preflightError` goes to the status, control characters escaped within the bound,
+    and no report is taken after it."""
+    refusal = "spec.data.train.uri: s3://b/t.jsonl is not readable: AWS Error NETWORK_CONNECTION \x1b[31m"
+    refused = ProgressReport.model_validate({"progress": {}, "final": True, "preflightError": refusal})
+    status = merge_patch({"phase": "Running"}, progress_patch(refused, {"phase": "Running"}, NOW)["status"])
+    assert status["preflightError"] == refusal.replace("\x1b", "\\x1b")
+    assert not takes_reports(status) and takes_reports({"phase": "Running"})
+    longest = ProgressReport.model_validate({"progress": {}, "preflightError": "\x07" * PREFLIGHT_ERROR_LIMIT})
+    written = progress_patch(longest, None, NOW)["status"]["preflightError"]
+    assert len(written) == PREFLIGHT_ERROR_LIMIT
+    RocmTrainingJobStatus.model_validate({**status, "preflightError": written})

@@ -29,6 +29,7 @@ from rocmtrain.status.phase import (
     HoldKind,
     Observation,
     compute_status,
+    has_ended,
     invalid_status,
     last_rayjob_change,
     refused_create,
@@ -255,6 +256,57 @@ def test_final_failure_after_retries_counts_retries_not_failures():
         spec(faultTolerance={"jobRetries": 1}),
     )
     assert statuses[-1]["phase"] == "Failed" and statuses[-1]["restarts"] == 1
+
+
+REFUSAL = (
+    "spec.checkpoint.storagePath: s3://ckpt/runs/ns is not writable: "
+    "AWS Error ACCESS_DENIED during PutObject operation: Access Denied"
+)
+
+
+@pytest.mark.parametrize(
+    "kuberay",
+    [
+        rayjob("Running", "RUNNING", **RUN),  # the report came before KubeRay saw the driver exit
+        rayjob("Running", "FAILED", **RUN),
+        rayjob("Retrying", "FAILED", **RUN, reason="AppFailed", failed=1),  # KubeRay began a retry first
+        rayjob(None, failed=1),
+        rayjob("Initializing", **RUN, failed=1),
+        rayjob("Failed", "FAILED", **RUN, reason="AppFailed", message="Job entrypoint command failed", failed=1),
+        None,  # the operator deleted the RayJob
+    ],
+    ids=["running", "ray-job-failed", "retrying", "new-again", "initializing-again", "kuberay-failed", "deleted"],
+)
+def test_the_drivers_preflight_refusal_fails_the_job_whatever_kuberay_says_and_spends_no_retry(kuberay):
+    job_spec = spec(faultTolerance={"jobRetries": 2})
+    running = run([rayjob("Running", "RUNNING", **RUN)], job_spec)[-1]
+    current = {**running, "preflightError": REFUSAL}  # as the progress endpoint writes the driver's last report
+    obs = Observation(
+        spec=job_spec, generation=1, current=current, rayjob=kuberay, now=T0 + dt.timedelta(seconds=5), stall_after=900
+    )
+    status = {**current, **status_patch(current, compute_status(obs))}
+    assert status["phase"] == "Failed" and status["restarts"] == 0 and "completionTime" in status
+    assert conditions(status)[ConditionType.FAILED] == ("True", Reason.PREFLIGHT_FAILED)
+    assert conditions(status)[ConditionType.STALLED] == ("True", Reason.PREFLIGHT_FAILED)
+    assert conditions(status)[ConditionType.READY] == ("False", Reason.PREFLIGHT_FAILED)
+    assert next(c for c in status["conditions"] if c["type"] == ConditionType.FAILED)["message"] == REFUSAL
+    (event,) = transition_events(running, status)
+    assert (event.type, event.reason) == ("Warning", "Failed") and REFUSAL in event.message
+
+
+@pytest.mark.parametrize(
+    ("status", "ended"),
+    [
+        ({}, False),
+        ({"phase": "Running"}, False),
+        ({"phase": "Succeeded"}, True),
+        ({"phase": "Failed"}, True),
+        ({"phase": "Running", "preflightError": REFUSAL}, True),  # refused, not yet written Failed
+        ({"phase": "Running", "preflightError": ""}, False),
+    ],
+)
+def test_a_job_has_ended_once_terminal_or_refused_by_its_driver(status, ended):
+    assert has_ended(status) is ended
 
 
 def test_kueue_queued_then_admitted():

@@ -45,6 +45,7 @@ class Reason(StrEnum):
     FAILED = "Failed"
     STOPPED = "Stopped"
     VALIDATION_FAILED = "ValidationFailed"
+    PREFLIGHT_FAILED = "PreflightFailed"  # the training driver's pre-flight refused the job (status.preflightError)
     INVALID_SPEC = "InvalidSpec"
     NOT_ALLOWED = "NotAllowed"
     # Kueue (Admitted, and Ready while queued).

@@ -1930,6 +1930,14 @@ class NetworkTransport(ApiModel):
         return f"{self.transport}{over}" + (f" ({self.link})" if self.link else "")
 
 
+# Characters of the driver's pre-flight refusal, in a report and in the status.
+PREFLIGHT_ERROR_LIMIT = 2048
+PREFLIGHT_ERROR = (
+    "Why the training driver's pre-flight refused the job (an object store it cannot reach or write, in the "
+    "store's own words): the job failed at once (reason PreflightFailed) and spent no retry."
+)
+
+
 class ProgressReport(ApiModel):
     """What the training driver pushes to the operator's progress endpoint."""
 
@@ -1943,6 +1951,11 @@ class ProgressReport(ApiModel):
     tuning: TuningStatus | None = Field(default=None, description="The search, for a job with spec.tuning.")
     network: NetworkTransport | None = Field(
         default=None, description="The network RCCL chose between nodes (GPU jobs, where its log tells)."
+    )
+    preflight_error: str | None = Field(
+        default=None,
+        max_length=PREFLIGHT_ERROR_LIMIT,
+        description="The driver's pre-flight refusal, on the last report of a run that never started.",
     )
 
 
@@ -2063,6 +2076,7 @@ class RocmTrainingJobStatus(ApiModel):
         "0's RCCL log (GPU jobs, where it tells): Socket where spec.resources.network names RDMA means RDMA is not "
         "in use.",
     )
+    preflight_error: str | None = Field(default=None, max_length=PREFLIGHT_ERROR_LIMIT, description=PREFLIGHT_ERROR)
 
 
 class ObjectMeta(ApiModel):

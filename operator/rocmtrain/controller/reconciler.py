@@ -17,6 +17,10 @@ A reconcile holds one of `ACTIVE_RECONCILES` slots, for at most the config's
 `reconcile_deadline` (every request also has its own deadline), so a hung API
 server delays jobs but never keeps a slot.
 
+A job whose training driver refused it at pre-flight (`status.preflightError`, written by the
+progress endpoint) is ended at its next event: its status Failed, then its RayJob deleted, before
+KubeRay retries the failed Ray job, so that the refusal spends no job retry and its Ray cluster goes.
+
 Every status is computed from everything known about the job: its RayJob, its Ray
 pods and Kueue's Workload (the watches' views, handed in as lookups), whichever
 of them changed.
@@ -98,6 +102,7 @@ class JobState:
     synced: int | None = None  # the generation whose RayJob is in line with the spec (or that was refused)
     tried: int | None = None  # the generation last tried while a retry is scheduled
     deferred: tuple[str, ...] = ()  # the RayJob's fixed fields whose render change was announced
+    ended: bool = False  # the driver's pre-flight refusal was acted on (`Reconciler.end_refused`)
     retry: asyncio.TimerHandle | None = None
 
 
@@ -221,11 +226,15 @@ class Reconciler:
         meta = job["metadata"]
         state = self._state(meta["uid"])
         generation = meta.get("generation")
-        if state.synced == generation or (state.retry is not None and state.tried == generation):
+        refused = phase.refusal(job.get("status")) is not None and not state.ended
+        if not refused and (state.synced == generation or (state.retry is not None and state.tried == generation)):
             return None  # in line, or a retry of this very generation is already scheduled
         state.tried = generation
         async with self._slots, asyncio.timeout(self._config.reconcile_deadline):
             with prometheus.RECONCILES_IN_FLIGHT.track_inprogress():
+                if refused:
+                    await self.end_refused(job)
+                    return None
                 blocked = await self._before_render(meta["namespace"]) if self._before_render else None
                 delay = await self._ensure(job, nodes, state, blocked)
         if delay is None:
@@ -248,7 +257,7 @@ class Reconciler:
                 if current.get("phase") in phase.TERMINAL_PHASES:
                     return None  # it ended as it was: a rule added since does not rewrite how
                 problems = [str(e) for e in refused]
-                await self._stop(job)
+                await self._stop(job, await self._read_rayjob(meta["namespace"], meta["name"]))
                 price = self._price(valid.spec) if valid is not None else None
                 new = phase.invalid_status(
                     current, problems, generation=meta.get("generation"), now=_now(), why=why, price=price
@@ -257,7 +266,7 @@ class Reconciler:
                 logger.warning("refused %s/%s: %s", meta["namespace"], meta["name"], "; ".join(problems))
                 return None  # nothing to retry: the user changes the spec, or deletes the job
             hold: Hold | None = None
-            if current.get("phase") in phase.TERMINAL_PHASES:
+            if phase.has_ended(current):
                 rayjob = await self._read_rayjob(meta["namespace"], meta["name"])
             else:
                 rayjob, hold = await self._apply_rayjob(job, valid, nodes, blocked, state)
@@ -272,14 +281,22 @@ class Reconciler:
         """What the operator's allow-lists and limits refuse in the job."""
         return self._config.policy.check(valid.spec, namespace)
 
-    async def _stop(self, job: Mapping[str, Any]) -> None:
-        """Delete the job's RayJob, if it has one: a job refused after it started (the allow-lists tightened,
-        or an operator upgrade added a rule) gives its Ray cluster, GPUs and Kueue quota back."""
+    async def end_refused(self, job: Mapping[str, Any]) -> None:
+        """End a job its driver refused at pre-flight (`status.preflightError`): its status Failed
+        (`rocmtrain.status.phase`), then its RayJob deleted before KubeRay retries the failed Ray job."""
         meta = job["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
-        live = await self._read_rayjob(namespace, name)
-        if live is None or not is_jobs_rayjob(job, live):
+        live = await self._read_rayjob(meta["namespace"], meta["name"])
+        await self.refresh(job, rayjob_view(live) if live is not None and is_jobs_rayjob(job, live) else None)
+        await self._stop(job, live)
+        self._state(meta["uid"]).ended = True
+
+    async def _stop(self, job: Mapping[str, Any], live: Mapping[str, Any] | None) -> None:
+        """Delete `live`, the job's RayJob unless it is gone or already going: a job refused after it started (the
+        allow-lists tightened, an operator upgrade added a rule, its driver's pre-flight) gives its Ray cluster,
+        GPUs and Kueue quota back."""
+        if live is None or not is_jobs_rayjob(job, live) or "deletionTimestamp" in live["metadata"]:
             return
+        namespace, name = live["metadata"]["namespace"], live["metadata"]["name"]
         if await self._kube.delete(RAYJOBS, namespace, name, uid=live["metadata"]["uid"]):
             logger.warning("deleted RayJob %s/%s: its job is refused", namespace, name)
 

@@ -17,6 +17,8 @@
   trial of a search.
 - `status.network` is the network RCCL chose, replaced as a whole when a report names another;
   `network_events` warns when it is TCP sockets although the job asks for RDMA.
+- `status.preflightError` is the driver's pre-flight refusal, from its last report: the operator
+  then fails the job at once (`rocmtrain.status.phase.refusal`), and takes no report after it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from rocmtrain.api.conditions import Reason
 from rocmtrain.api.models import (
     EVAL_METRICS,
     HISTORY_LENGTH,
+    PREFLIGHT_ERROR_LIMIT,
     HistoryPoint,
     Metrics,
     NetworkTransport,
@@ -38,8 +41,9 @@ from rocmtrain.api.models import (
 )
 from rocmtrain.api.timestamps import rfc3339
 from rocmtrain.status.events import Event
+from rocmtrain.status.messages import bounded
 from rocmtrain.status.network import unused_rdma
-from rocmtrain.status.phase import TERMINAL_PHASES
+from rocmtrain.status.phase import has_ended
 
 _PROGRESS_FIELDS = tuple(field.alias or name for name, field in Progress.model_fields.items())
 _TUNING_FIELDS = tuple(field.alias or name for name, field in TuningStatus.model_fields.items())
@@ -85,9 +89,9 @@ def extend_history(
 
 
 def takes_reports(status: Mapping[str, Any] | None) -> bool:
-    """Whether a job's status takes progress reports: not once the job has ended, so that what it ended with
-    (its final metrics, the cost it was charged) stays as it was."""
-    return (status or {}).get("phase") not in TERMINAL_PHASES
+    """Whether a job's status takes progress reports: not once the job has ended (or its driver refused it), so
+    that what it ended with (its final metrics, the cost it was charged, the refusal) stays as it was."""
+    return not has_ended(status)
 
 
 def progress_patch(report: ProgressReport, status: Mapping[str, Any] | None, now: dt.datetime) -> dict[str, Any]:
@@ -109,6 +113,8 @@ def progress_patch(report: ProgressReport, status: Mapping[str, Any] | None, now
         patch["history"] = extend_history(status.get("history") or [], point)
     if report.network is not None and (network := report.network.dump()) != status.get("network"):
         patch["network"] = {key: network.get(key) for key in _NETWORK_FIELDS}
+    if report.preflight_error is not None:
+        patch["preflightError"] = bounded(report.preflight_error, PREFLIGHT_ERROR_LIMIT)
     return {"status": patch}
 
 

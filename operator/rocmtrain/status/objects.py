@@ -76,6 +76,8 @@ def rayjob_view(body: Mapping[str, Any]) -> dict[str, Any]:
             # Kueue's queue label: set by the renderer, or by Kueue itself (a namespace's default LocalQueue).
             "labels": {KUEUE_QUEUE_LABEL: labels[KUEUE_QUEUE_LABEL]} if KUEUE_QUEUE_LABEL in labels else {},
             "creationTimestamp": meta.get("creationTimestamp"),
+            # A RayJob being deleted (KubeRay's finalizer still runs) is going away: never deleted again.
+            **({"deletionTimestamp": meta["deletionTimestamp"]} if meta.get("deletionTimestamp") else {}),
             "ownerReferences": list(meta.get("ownerReferences") or []),
             "managedFields": [
                 {"subresource": "status", "time": entry.get("time")}

@@ -33,6 +33,12 @@ the tail of the driver's log); the driver's own one-line error, found there by
 (spec.code) prints no such line: its last error and the user's frame of its traceback
 (`rocmtrain.api.tracebacks`) go first instead.
 
+The training driver's pre-flight may refuse a job on the cluster (an object store it cannot
+reach or write): it says why in its last progress report, which the endpoint writes as
+`status.preflightError`. That refusal is final and beats whatever KubeRay says: the job is
+Failed with reason `PreflightFailed` and the driver's words (`refusal`, `has_ended`); KubeRay's
+retry of the failed Ray job, if it began one, ends with it and counts as no restart.
+
 A job's own code need not report progress. Its `ProgressReported` condition says
 whether it has; stall detection follows its reports once it has sent one, and
 waits until then.
@@ -367,11 +373,24 @@ def _rayjob_state(obs: Observation, rayjob: Mapping[str, Any]) -> _State:
             return _State("Pending", Reason.UNKNOWN_STATE, f"KubeRay reports an unknown deployment status {unknown!r}")
 
 
+def refusal(status: Mapping[str, Any] | None) -> str | None:
+    """The driver's pre-flight refusal written in a job's status (`status.preflightError`), if any."""
+    error = (status or {}).get("preflightError")
+    return error if isinstance(error, str) and error else None
+
+
+def has_ended(status: Mapping[str, Any] | None) -> bool:
+    """Whether a job has ended: its phase is terminal, or its driver refused it (it is about to be Failed)."""
+    return (status or {}).get("phase") in TERMINAL_PHASES or refusal(status) is not None
+
+
 def _state(obs: Observation) -> _State:
     previous = obs.current.get("phase")
     if previous in TERMINAL_PHASES:
         ready = find(obs.current.get("conditions") or [], ConditionType.READY) or {}
         return _State(previous, ready.get("reason", previous), ready.get("message", ""))
+    if (refused := refusal(obs.current)) is not None:
+        return _State("Failed", Reason.PREFLIGHT_FAILED, refused)
     if obs.rayjob is not None:
         return _rayjob_state(obs, obs.rayjob)
     if obs.hold is not None:
@@ -501,7 +520,8 @@ def _desired_conditions(obs: Observation, state: _State) -> list[Condition]:
 
 
 def _restarts(rayjob: Mapping[str, Any] | None, phase: str) -> int:
-    """Whole-job retries: KubeRay's failure count, less the final failure."""
+    """Whole-job retries: KubeRay's failure count, less the final failure (of a refused job too, whose retry
+    KubeRay may have begun before the operator deleted the RayJob)."""
     if rayjob is None:
         return 0
     failed = count(_rayjob_status(rayjob).get("failed"))
