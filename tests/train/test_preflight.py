@@ -5,6 +5,7 @@ These use the real model files and the real quickstart data; only the faulty par
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import time
@@ -24,6 +25,7 @@ from rocmtrain_train.driver import train_job as local
 from rocmtrain_train.driver.driver_checks import preflight
 from rocmtrain_train.model.pretrained import position_limit
 from train.jobs import EXAMPLES, job, settings
+from train.test_object_store_checks import buckets
 
 
 @pytest.mark.parametrize(
@@ -315,11 +317,21 @@ def test_a_gpu_job_run_on_cpus_has_no_gpu_memory_to_plan(tmp_path):
 
 def cluster_lm_job(name: str, model, resources: dict) -> str:
     """A causal-lm job as the operator hands it to the driver (ROCMTRAIN_JOB), its checkpoints in an object store
-    (the pre-flight writes nothing there)."""
+    (`checkpoints_bucket`)."""
     cluster = lm_job(name, model, {"resources": resources, "checkpoint": {"storagePath": "s3://checkpoints/runs"}})
     return cluster.model_dump_json(by_alias=True)
 
 
+@pytest.fixture
+def checkpoints_bucket(tmp_path, monkeypatch) -> None:
+    """The bucket of `cluster_lm_job`'s checkpoints, a folder, where the cluster driver's pre-flight looks for it."""
+    from rocmtrain_train import __main__ as driver
+
+    (tmp_path / "buckets" / "checkpoints").mkdir(parents=True)
+    monkeypatch.setattr(driver, "preflight", functools.partial(preflight, object_store=buckets(tmp_path / "buckets")))
+
+
+@pytest.mark.usefixtures("checkpoints_bucket")
 def test_the_cluster_driver_exits_2_on_a_job_too_large_for_its_gpus(tmp_path, monkeypatch, capsys):
     import ray
 
@@ -334,6 +346,7 @@ def test_the_cluster_driver_exits_2_on_a_job_too_large_for_its_gpus(tmp_path, mo
     assert line == DRIVER_ERROR_PREFIX + planned_refusal(lm_job("too-big", folder, {"resources": MI300X_NODE}), folder)
 
 
+@pytest.mark.usefixtures("checkpoints_bucket")
 def test_the_cluster_driver_reports_the_planned_bytes_beside_the_measured_peak(tiny_lm, tmp_path, monkeypatch):
     """Every report the driver's sinks get carries the plan's bytes per GPU (`gpuMemoryPlannedBytes`)."""
     import ray

@@ -20,6 +20,13 @@ ObjectStoreFactory = Callable[[str], tuple[pafs.FileSystem, str]]
 HubFactory = Callable[[], pafs.FileSystem]
 
 S3_SCHEME = "s3://"
+# The AWS variables whose values never appear in a message (`without_secrets`).
+SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
+SECRET_MASK = "***"  # noqa: S105 - what a secret is replaced by, not one
+# How pyarrow quotes the AWS SDK: `AWS Error <CODE> during <operation> operation: <the store's message>`.
+AWS_ERROR = "AWS Error "
+# Characters of an object store's error quoted in a message.
+STORE_ERROR_CHARS = 500
 # Where the AWS SDKs and CLI take a custom S3 endpoint from (MinIO, SeaweedFS, Ceph...): the S3-specific
 # variable first. pyarrow's S3FileSystem reads neither.
 S3_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
@@ -28,6 +35,23 @@ S3_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 def s3_endpoint(environ: Mapping[str, str]) -> str | None:
     """The S3 endpoint that `environ` configures, or None for AWS's own."""
     return next((environ[name] for name in S3_ENDPOINT_VARIABLES if environ.get(name)), None)
+
+
+def without_secrets(text: str, environ: Mapping[str, str] | None = None) -> str:
+    """`text` with the values of the AWS credential variables (`SECRET_VARIABLES`) masked."""
+    env = os.environ if environ is None else environ
+    for name in SECRET_VARIABLES:
+        if len(value := env.get(name, "").strip()) >= 3:  # shorter ones would mask ordinary words
+            text = text.replace(value, SECRET_MASK)
+    return text
+
+
+def store_error(exc: BaseException) -> str:
+    """An object store's error in its own words, on one line, short and without secrets: from pyarrow's
+    `AWS Error <CODE> ...` on where it quotes the AWS SDK, else the whole message."""
+    text = " ".join(str(exc).split())
+    text = text[text.find(AWS_ERROR) :] if AWS_ERROR in text else text
+    return without_secrets(text)[:STORE_ERROR_CHARS]  # masked before the cut, which could split a secret
 
 
 def object_store_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:

@@ -8,7 +8,9 @@ file is read with `rocmtrain.api.manifests.read_jobs` in the local context, so
 with the same messages. Torch and Ray are imported only once the job is valid.
 A job with its own code (spec.code) runs that code instead, with the cluster's environment
 contract and the progress endpoints on the loopback address (`rocmtrain_train.driver.own_code`).
-Exit status: 0 trained, 1 training failed, 2 the job cannot run as configured.
+Exit status: 0 trained, 1 training failed, 2 the job cannot run as configured (the driver's
+pre-flight: one line `error: ...`, such as an object store that cannot be read or written). The
+values of the AWS credential variables never appear in what it prints.
 """
 
 from __future__ import annotations
@@ -58,6 +60,18 @@ def read_one_job(path: Path, context: Context = "local", command: str = "run") -
     return None if errors else jobs[0]
 
 
+def _failure(job: RocmTrainingJob, exc: Exception) -> str:
+    """Why a run failed, without the AWS credentials' values: the job's own code's error and frame, or the built-in
+    loop's one line (the first failing rank's error, such as an object store's refusing a checkpoint upload)."""
+    from rocmtrain_train.storage import without_secrets
+
+    if job.spec.code is not None:
+        return without_secrets(str(exc))
+    from rocmtrain_train.driver.torch_trainer import failure_line
+
+    return without_secrets(failure_line(exc))
+
+
 def main(argv: list[str]) -> int:
     """train a job locally on Ray (`rocmtrain run --help`)"""
     args = _parser().parse_args(argv)
@@ -101,7 +115,7 @@ def main(argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except Exception as exc:
-        print(f"training failed: {exc}\nlogs: {settings.log_dir}", file=sys.stderr)
+        print(f"training failed: {_failure(job, exc)}\nlogs: {settings.log_dir}", file=sys.stderr)
         return EXIT_FAILED
     if args.summary:
         args.summary.parent.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
+
 from rocmtrain.api.contract import HUB_SCHEME, is_local, is_object_store
 from rocmtrain.api.gpu_memory import GpuMemory, job_gpu_memory
 from rocmtrain.api.memory_fit import JobPlan, plan_job
@@ -14,7 +16,7 @@ from rocmtrain.api.model_shapes import ModelConfigError
 from rocmtrain_train.config import ConfigError, RunSettings
 from rocmtrain_train.data.records import read_table, sample_order
 from rocmtrain_train.model.pretrained import packaged_model, resolve_model
-from rocmtrain_train.storage import filesystem
+from rocmtrain_train.storage import ObjectStoreFactory, filesystem, object_store_filesystem, store_error
 from rocmtrain_train.tasks import task_for
 
 # Training records the pre-flight tokenises to check that they fit the job (a language model's responses
@@ -76,6 +78,53 @@ def check_storage(settings: RunSettings) -> None:
         raise ConfigError(f"checkpoint storage {settings.storage} is not writable")
 
 
+# The object the pre-flight writes and deletes in the run folder, to learn that the storage is writable.
+WRITE_CHECK = ".rocmtrain-write-check-"
+STORAGE_FIELD = "spec.checkpoint.storagePath"
+
+
+def _object_store_sources(settings: RunSettings) -> list[tuple[str, str]]:
+    """(field, URI) of each object-store location the job reads."""
+    spec = settings.job.spec
+    sources = [("spec.data.train.uri", spec.data.train.uri), ("spec.model.source", spec.model.source)]
+    if spec.data.eval is not None:
+        sources.append(("spec.data.eval.uri", spec.data.eval.uri))
+    return [(field, uri) for field, uri in sources if is_object_store(uri)]
+
+
+def _check_bucket(field: str, uri: str, access: str, object_store: ObjectStoreFactory) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and path of `uri` once its bucket proved to exist and answer with these credentials;
+    else ConfigError `<field>: <uri> is not <access>: <why, in the store's words>`."""
+    fs, path = object_store(uri)
+    bucket = path.split("/", 1)[0]
+    try:
+        found = fs.get_file_info(bucket).type != pafs.FileType.NotFound
+    except OSError as exc:
+        raise ConfigError(f"{field}: {uri} is not {access}: {store_error(exc)}") from exc
+    if not found:
+        raise ConfigError(f"{field}: {uri} is not {access}: bucket {bucket!r} does not exist")
+    return fs, path
+
+
+def check_object_store(settings: RunSettings, object_store: ObjectStoreFactory = object_store_filesystem) -> None:
+    """Every object store the job uses answers with the credentials the driver has (AWS_* variables for S3): the
+    buckets of its data and model exist and can be read; the run folder can be written (an object is written and
+    deleted there, `WRITE_CHECK` and the run id). ConfigError names the field and quotes the store."""
+    for field, uri in _object_store_sources(settings):
+        _check_bucket(field, uri, "readable", object_store)
+    if not is_object_store(settings.run_path):
+        return
+    fs, path = _check_bucket(STORAGE_FIELD, settings.run_path, "writable", object_store)
+    probe = f"{path.rstrip('/')}/{WRITE_CHECK}{settings.run_id}"
+    try:
+        fs.create_dir(path, recursive=True)  # as Ray Train does: a no-op on S3 but for empty folder markers
+        with fs.open_output_stream(probe) as out:
+            out.write(b"")
+        fs.delete_file(probe)
+    except OSError as exc:
+        raise ConfigError(f"{STORAGE_FIELD}: {settings.run_path} is not writable: {store_error(exc)}") from exc
+
+
 def model_config(settings: RunSettings) -> dict[str, Any] | None:
     """The model's config.json, read without its weights (from its folder, object store or the hub's cache, or the
     hub); None where it cannot be read, which `check_model` then reports."""
@@ -123,13 +172,19 @@ def check_memory(settings: RunSettings, local_gpu: GpuMemory | None = None) -> J
 
 
 def preflight(
-    settings: RunSettings, *, available_gpus: int | None = None, local_gpu: GpuMemory | None = None
+    settings: RunSettings,
+    *,
+    available_gpus: int | None = None,
+    local_gpu: GpuMemory | None = None,
+    object_store: ObjectStoreFactory = object_store_filesystem,
 ) -> JobPlan | None:
-    """Raise ConfigError naming the problem if the job cannot run; `available_gpus` is checked when given.
-    Returns the job's memory plan where it has one (a GPU job of a model family the plan knows)."""
+    """Raise ConfigError naming the problem if the job cannot run; `available_gpus` is checked when given, and
+    `object_store` opens the buckets `check_object_store` asks. Returns the job's memory plan where it has one
+    (a GPU job of a model family the plan knows)."""
     if available_gpus is not None:
         check_gpus(settings, available_gpus)
     check_storage(settings)
+    check_object_store(settings, object_store)
     planned = check_memory(settings, local_gpu)
     check_data(settings, check_model(settings))
     return planned

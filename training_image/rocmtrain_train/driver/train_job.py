@@ -15,18 +15,23 @@ from rocmtrain_train.reporting import operator_sink
 from rocmtrain_train.reporting.console_sink import ConsoleSink
 from rocmtrain_train.reporting.driver_report import Sink, with_planned_memory
 from rocmtrain_train.reporting.jsonl_sink import JsonlSink
+from rocmtrain_train.reporting.log_upload import keep_logs
 
 if TYPE_CHECKING:
     from rocmtrain_train.search.tune_trials import SearchOutcome
 
 
 def train(settings: RunSettings, sinks: list[Sink], *, echo_log: bool) -> RunOutcome | SearchOutcome:
-    """One training run, or the job's hyper-parameter search when it has `spec.tuning`."""
-    if settings.job.spec.tuning is not None:
-        from rocmtrain_train.search.tune_trials import run_search
+    """One training run, or the job's hyper-parameter search when it has `spec.tuning`; its logs are kept beside
+    the run on object storage however it ends (`keep_logs`)."""
+    try:
+        if settings.job.spec.tuning is not None:
+            from rocmtrain_train.search.tune_trials import run_search
 
-        return run_search(settings, sinks, echo_log=echo_log)
-    return run(settings, sinks, echo_log=echo_log)
+            return run_search(settings, sinks, echo_log=echo_log)
+        return run(settings, sinks, echo_log=echo_log)
+    finally:
+        keep_logs(settings)
 
 
 def local_gpu_memory() -> GpuMemory | None:
