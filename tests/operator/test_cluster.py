@@ -2,8 +2,8 @@
 
 What needs no other controller is tested here: rendering and ownership, the API
 server's CEL rules, pre-flight against plain nodes, KubeRay's CRD removed and
-reinstalled, a RayJob deleted behind the operator's back, many jobs at once,
-metrics, a queued job without Kueue installed. Real: the CRDs with their CEL
+reinstalled, a RayJob deleted behind the operator's back, a job its driver's
+pre-flight refused, many jobs at once, metrics, a queued job without Kueue installed. Real: the CRDs with their CEL
 rules, RBAC (the operator runs as its ServiceAccount), owner references and the
 garbage collector, watches and events.
 
@@ -238,6 +238,34 @@ def test_rayjob_deleted_behind_the_operators_back_is_recreated(kube: KubeCluster
     )
     assert second["metadata"]["ownerReferences"] == first["metadata"]["ownerReferences"]
     wait_until(lambda: ("Warning", "RayJobDeleted") in api.events(ns, "bert"), what="the RayJobDeleted event")
+
+
+def test_a_job_its_driver_refuses_fails_at_once_and_its_rayjob_goes(kube: KubeCluster, api: Api, ns: str):
+    """Hand-written: the driver's last report, as the progress endpoint writes it (status.preflightError; the
+    endpoint itself is tests/progress'), on a RayJob whose Ray job runs (KubeRay's states need a running Ray)."""
+    refusal = (
+        f"spec.checkpoint.storagePath: s3://checkpoints/{ns}/nobucket/{ns}/nobucket is not writable: "
+        "AWS Error ACCESS_DENIED during PutObject operation: Access Denied"
+    )
+    api.create_job(ns, "nobucket", faultTolerance={"jobRetries": 2})
+    for step, _ in RUNNING_STEPS:
+        api.fake_kuberay(ns, "nobucket", step)
+    wait_until(lambda: api.phase(ns, "nobucket") == "Running", what="Running")
+    kube.request(
+        "PATCH",
+        f"/apis/rocmtrain.dev/v1alpha1/namespaces/{ns}/rocmtrainingjobs/nobucket/status",
+        body={"status": {"preflightError": refusal, "lastProgressTime": _now()}},
+        content_type="application/merge-patch+json",
+    )
+    wait_until(lambda: api.phase(ns, "nobucket") == "Failed", what="Failed")
+    failed = api.condition(ns, "nobucket", ConditionType.FAILED)
+    assert (failed["reason"], failed["message"]) == (Reason.PREFLIGHT_FAILED, refusal)
+    wait_until(lambda: api.rayjob(ns, "nobucket") is None, what="the RayJob deleted, and its Ray cluster with it")
+    wait_until(lambda: ("Warning", "Failed") in api.events(ns, "nobucket"), what="the Failed event")
+    time.sleep(2.5)  # retries come every second: none brings the RayJob back
+    assert api.rayjob(ns, "nobucket") is None and ("Warning", "RayJobDeleted") not in api.events(ns, "nobucket")
+    status = api.status(ns, "nobucket")
+    assert status["restarts"] == 0 and status["preflightError"] == refusal and status["completionTime"]
 
 
 # ---- stall ------------------------------------------------------------------------------------------
