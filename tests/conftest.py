@@ -13,6 +13,7 @@ import pytest
 
 if TYPE_CHECKING:
     from rocmtrain_testworld.kubecluster import KubeCluster
+    from rocmtrain_testworld.s3 import S3Server
     from rocmtrain_testworld.world import Scope, World
 
 
@@ -50,6 +51,19 @@ def world() -> Iterator[World]:
         _missing(f"no world binaries in {kubecluster.BIN_DIR}; run `make cluster-binaries`")
     with kubecluster.running_world() as started:
         yield started
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """An S3 server on 127.0.0.1 for the session (SeaweedFS, rocmtrain_testworld.s3), with its bucket: tests
+    share it, each below a prefix of its own. Closed, its data removed, at the end."""
+    from rocmtrain_testworld import s3 as object_store
+
+    if not object_store.binary_present():
+        _missing(f"no {object_store.BINARY} in {object_store.BIN_DIR}; run `make cluster-binaries`")
+    server = object_store.S3Server.start(tmp_path_factory.mktemp("s3"))
+    yield server
+    server.close()
 
 
 # Fixtures that start a control plane (etcd, kube-apiserver, kube-controller-manager; the world's adds more).

@@ -31,6 +31,8 @@ CRDS_DIR = REPO_ROOT / "crds"
 # `kubecluster.py up`: the detached cluster's pids and kubeconfig (its state: STATE_DIR).
 PIDS_FILE = CLUSTER_DIR / "pids"
 KUBECONFIG_FILE = CLUSTER_DIR / "kubeconfig"
+# `kubecluster.py up`: its S3 server's variables, for a person to `source` (s3.S3Server.env_file).
+S3_ENV_FILE = CLUSTER_DIR / "s3.env"
 
 
 def outside_tmp(cluster_dir: Path, name: str) -> Path:
