@@ -7,16 +7,19 @@
 #     libraries, gRPC and the rest that they share compile once;
 #   - the KubeRay operator from its own module (`go install module@version`:
 #     it needs k8s.io v0.34 and controller-runtime v0.22);
+#   - SeaweedFS's weed (the test world's S3 server, s3.py) from seaweedfs/ here, a module of
+#     its own (it shares nothing to speak of with Kubernetes), rebuilt when that module changes;
 #   - the manifests the harness installs from those modules: KubeRay's CRDs
 #     and RBAC, Kueue's CRDs, RBAC and webhooks (`kustomize build
 #     config/default` of each), kwok's Stage CRD and stock stages.
 #
 # Output (.cluster/bin):
 #   etcd kube-apiserver kube-controller-manager kube-scheduler
-#   kwok kuberay-operator kueue kustomize promtool kstatus helm
+#   kwok kuberay-operator kueue kustomize promtool kstatus helm weed
 #   crds/ray.io_*.yaml  manifests/{kuberay,kueue,kwok}.yaml
 # The build is skipped when the stamp (hash of go.mod, go.sum, the wrapper
-# sources, this script) matches and every output exists.
+# sources, this script) matches and every output exists; weed has a stamp of
+# its own (hash of seaweedfs/'s files).
 # Env: CLUSTER_BIN_DIR overrides the output folder; FORCE=1 rebuilds.
 set -euo pipefail
 
@@ -44,6 +47,8 @@ module_binaries=(kuberay-operator)
 manifests=(kuberay.yaml kueue.yaml kwok.yaml)
 
 cd "$here"
+weed_stamp="$bin/.stamp-weed"
+weed_key="$(cat seaweedfs/go.mod seaweedfs/go.sum seaweedfs/tools.go | sha256sum | cut -d' ' -f1)"
 key="$(
   {
     cat go.mod go.sum build.sh
@@ -113,6 +118,13 @@ build_kube() {
     ./cmd/kstatus
 }
 
+# Renamed into place, so a test session starting meanwhile sees the old binary or the new one.
+build_weed() {
+  (cd seaweedfs && go build -trimpath -ldflags "-s -w" -o "$tmp/weed" github.com/seaweedfs/seaweedfs/weed)
+  mv -f "$tmp/weed" "$bin/weed"
+  echo "$weed_key" > "$weed_stamp"
+}
+
 install_module() { # name package@version
   mkdir -p "$tmp/gobin-$1"
   GOBIN="$tmp/gobin-$1" go install -trimpath -ldflags "-s -w" "$2"
@@ -129,6 +141,10 @@ build_the_rest() { # main (1 when the main stamp is stale)
   fi
   if [[ "$1" == 1 ]]; then
     timed kuberay-operator install_module kuberay-operator "$KUBERAY_MODULE@$KUBERAY_VERSION"
+  fi
+  if [[ "${FORCE:-0}" == 1 || ! -x "$bin/weed" || "$(cat "$weed_stamp" 2>/dev/null)" != "$weed_key" ]]; then
+    echo "building weed (SeaweedFS $(awk '$2 == "github.com/seaweedfs/seaweedfs" { print $3; exit }' seaweedfs/go.mod)) into $bin"
+    timed weed build_weed
   fi
 }
 
@@ -172,6 +188,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 if up_to_date; then
   build_the_rest 0
+  [[ ! -s "$tmp/times" ]] || echo "built (wall): $(tr '\n' ' ' < "$tmp/times")"
   echo "cluster binaries up to date in $bin"
   exit 0
 fi
