@@ -6,5 +6,6 @@
 - `console_sink`: the progress bar or lines, and the summary table; `jsonl_sink`: `metrics.jsonl`;
 - `operator_sink`: the reports pushed to the operator's HTTPS progress endpoint;
 - `log_files`: `main.log` (the driver) and `rank-<k>.log` (one per rank);
+- `log_upload`: that log folder copied beside a run whose folder is in an object store;
 - `rccl_log`: which network RCCL chose, read from rank 0's RCCL log.
 """
