@@ -19,7 +19,9 @@ from rocmtrain_testworld.processes import free_port
 from rocmtrain_testworld.s3 import S3Path, S3Server
 from rocmtrain_train.config import ConfigError
 from rocmtrain_train.data.records import read_records
+from rocmtrain_train.driver.driver_checks import check_object_store
 from rocmtrain_train.model.pretrained import CACHE_ENV, packaged_model, resolve_model
+from train.jobs import job, settings
 
 ROWS = [{"text": f"review number {i}", "label": i % 3} for i in range(10)]
 EXPECTED = [(r["text"], r["label"]) for r in ROWS]
@@ -104,3 +106,36 @@ def test_unreadable_data_names_the_store_s_error(aws: S3Server, prefix: S3Path, 
     with pytest.raises(ConfigError, match=expected) as refused:
         read(uri)
     assert aws.secret_key not in str(refused.value)
+
+
+def test_the_preflight_writes_and_removes_its_check_and_refuses_in_the_stores_words(aws: S3Server, prefix: S3Path):
+    """The driver's pre-flight against the real server: a bucket that answers passes and keeps no trace of the write
+    check; wrong keys and a missing bucket are refused with the field, the URI and the store's words."""
+    (prefix / "data" / "train.jsonl").write_bytes(encode(ROWS, "jsonl"))
+    data = {"data": {"train": {"uri": (prefix / "data" / "train.jsonl").uri}}}
+    storage = {"checkpoint": {"storagePath": (prefix / "runs").uri}}
+    check_object_store(settings(job("fine", data, storage), None))
+    assert (prefix / "runs").files() == []
+    (prefix / "runs" / "fine" / "kept").write_text("")  # the check leaves what is there alone
+    check_object_store(settings(job("fine", data, storage), None))
+    assert (prefix / "runs").files() == ["fine/kept"]
+
+    elsewhere = {"checkpoint": {"storagePath": "s3://no-such-bucket/runs"}}
+    with pytest.raises(ConfigError) as refused:
+        check_object_store(settings(job("nobucket", data, elsewhere), None))
+    assert str(refused.value) == (
+        "spec.checkpoint.storagePath: s3://no-such-bucket/runs/nobucket is not writable: "
+        "bucket 'no-such-bucket' does not exist"
+    )
+
+    aws_key = aws.secret_key
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-key-" + "x" * 28)
+        with pytest.raises(ConfigError) as refused:
+            check_object_store(settings(job("wrongkeys", data, storage), None))
+    message = str(refused.value)
+    assert message == (
+        f"spec.data.train.uri: {(prefix / 'data' / 'train.jsonl').uri} is not readable: "
+        "AWS Error ACCESS_DENIED during HeadBucket operation: No response body."
+    )
+    assert "not-the-key-" not in message and aws_key not in message
