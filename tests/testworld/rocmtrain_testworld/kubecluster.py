@@ -24,7 +24,9 @@ trains (see `make demo`). At most
 one operator acts on the world: ``operator`` (`make run-operator`) stops the
 one `up` started and runs it in the foreground, with the same ports (running
 jobs keep reaching its progress endpoint); `up` again, or `make demo`, starts
-it in the background when none runs; `down` stops whichever runs.
+it in the background when none runs; `down` stops whichever runs. `up` starts an S3 server too
+(rocmtrain_testworld.s3, where the pods reach it): its AWS variables in ``.cluster/s3.env``, for a
+person to `source`, and in the Secret ``s3-credentials`` of `default`; `down` removes its data.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from rocmtrain_testworld import control_plane, rocmtrain_operator, runtime, world
+from rocmtrain_testworld import control_plane, rocmtrain_operator, runtime, s3, world
 from rocmtrain_testworld.api import KubeCluster, request
 from rocmtrain_testworld.control_plane import SA_ISSUER, binaries_present
 from rocmtrain_testworld.nodes import GPU_RESOURCE
@@ -53,10 +55,19 @@ from rocmtrain_testworld.paths import (
     KUBECONFIG_FILE,
     KUBERAY_CRDS_DIR,
     PIDS_FILE,
+    S3_ENV_FILE,
     STATE_DIR,
     VOLUMES_DIR,
 )
-from rocmtrain_testworld.processes import ClusterError, Process, die_with_parent, free_port, is_ours, stop_pids
+from rocmtrain_testworld.processes import (
+    ClusterError,
+    Process,
+    die_with_parent,
+    free_port,
+    is_ours,
+    kill_groups,
+    stop_pids,
+)
 from rocmtrain_testworld.runtime import network
 
 __all__ = [
@@ -170,12 +181,15 @@ def running(name: str | None = None) -> bool:
 def down() -> int:
     """Stop the processes recorded in .cluster/pids and remove the cluster state."""
     pids = {name: pid for name, pid, identity in _read_pids() if is_ours(identity, pid)}
+    if s3.NAME in pids:  # at once: its own shutdown takes 15 s (s3.S3Server.stop), and its data goes below
+        kill_groups([pids[s3.NAME]], grace=0)
     stop_pids(pids)
     if network.available() is None:
         network.sweep_stale()  # a process runtime that was killed outright leaves its namespaces
     PIDS_FILE.unlink(missing_ok=True)
     KUBECONFIG_FILE.unlink(missing_ok=True)
-    shutil.rmtree(STATE_DIR, ignore_errors=True)
+    S3_ENV_FILE.unlink(missing_ok=True)
+    shutil.rmtree(STATE_DIR, ignore_errors=True)  # the S3 server's data with the rest
     shutil.rmtree(VOLUMES_DIR / "demo", ignore_errors=True)
     print(f"stopped {len(pids)} process(es)")
     return 0
@@ -183,17 +197,20 @@ def down() -> int:
 
 def up() -> int:
     """Start the world detached, for people (with the operator, where the process runtime runs);
-    print the kubeconfig path. When it is up already, start only its operator if none runs."""
-    running = [(n, p) for n, p, identity in _read_pids() if is_ours(identity, p)]
-    if running and KUBECONFIG_FILE.is_file():
+    print the kubeconfig path. When it is up already, start only its operator (and its S3 server) if none runs."""
+    alive = [(n, p) for n, p, identity in _read_pids() if is_ours(identity, p)]
+    if alive and KUBECONFIG_FILE.is_file():
         if _runtime_running() and not _operator_running():
             operator = _world_operator(KubeCluster(KUBECONFIG_FILE))
             operator.start().wait_ready(60)
             _record(operator.name, operator.pid, operator.identity)
             print(f"started the operator (pid {operator.pid}; log: {operator.log})")
+        if s3.binary_present() and not running(s3.NAME):
+            server = _world_s3(KubeCluster(KUBECONFIG_FILE), _runtime_running())
+            _record(server.process.name, server.process.pid, server.process.identity)
         print(f"already running; kubeconfig: {KUBECONFIG_FILE}")
         return 0
-    if running:
+    if alive:
         down()
     shutil.rmtree(STATE_DIR, ignore_errors=True)
     start = time.monotonic()
@@ -206,6 +223,10 @@ def up() -> int:
             operator.start().wait_ready(60)
         else:
             print(f"note: no process runtime ({network.available()}): pods run on kwok nodes only", file=sys.stderr)
+        if s3.binary_present():
+            started.processes[s3.NAME] = _world_s3(started.cluster, started.runtime is not None).process
+        else:
+            print(f"note: no S3 server: no {s3.BINARY} in {BIN_DIR} (make cluster-binaries)", file=sys.stderr)
     except BaseException:
         started.stop()
         raise
@@ -244,6 +265,26 @@ def _world_operator(cluster: KubeCluster) -> Process:
     kubeconfig = rocmtrain_operator.install(cluster, STATE_DIR)
     address = runtime.info(STATE_DIR)["hostAddress"]
     return rocmtrain_operator.process(cluster, STATE_DIR, kubeconfig, address, ports=ports, detach=True)
+
+
+def _world_s3(cluster: KubeCluster, on_runtime: bool) -> s3.S3Server:
+    """A fresh S3 server for the world (detached): on the process runtime's address where it runs, so that
+    pods reach it, else on 127.0.0.1; its variables in S3_ENV_FILE and its Secret in `default`."""
+    folder = STATE_DIR / s3.NAME
+    shutil.rmtree(folder, ignore_errors=True)
+    host = runtime.info(STATE_DIR)["hostAddress"] if on_runtime else "127.0.0.1"
+    server = s3.S3Server.start(folder, host, detach=True)
+    try:
+        server.env_file(S3_ENV_FILE)
+        server.apply_secret(cluster, "default")
+    except BaseException:
+        server.close()
+        raise
+    print(
+        f"S3 server at {server.endpoint}, bucket {server.bucket} (pid {server.process.pid}; log: {server.process.log})"
+    )
+    print(f"  its AWS variables: source {S3_ENV_FILE}; in pods: the Secret {s3.SECRET_NAME} of `default`")
+    return server
 
 
 def _serves_local_world() -> bool:
