@@ -65,7 +65,6 @@ from rocmtrain_testworld.processes import (
     die_with_parent,
     free_port,
     is_ours,
-    kill_groups,
     stop_pids,
 )
 from rocmtrain_testworld.runtime import network
@@ -182,7 +181,7 @@ def down() -> int:
     """Stop the processes recorded in .cluster/pids and remove the cluster state."""
     pids = {name: pid for name, pid, identity in _read_pids() if is_ours(identity, pid)}
     if s3.NAME in pids:  # at once: its own shutdown takes 15 s (s3.S3Server.stop), and its data goes below
-        kill_groups([pids[s3.NAME]], grace=0)
+        s3.kill(pids[s3.NAME])
     stop_pids(pids)
     if network.available() is None:
         network.sweep_stale()  # a process runtime that was killed outright leaves its namespaces

@@ -27,7 +27,7 @@ import pyarrow.fs as pafs
 
 from rocmtrain_testworld.api import KubeCluster
 from rocmtrain_testworld.paths import BIN_DIR
-from rocmtrain_testworld.processes import Process, free_port
+from rocmtrain_testworld.processes import Process, free_port, kill_groups
 
 BINARY = "weed"
 NAME = "s3"
@@ -45,6 +45,27 @@ PROBE_KEY = ".rocmtrain-ready"
 def binary_present() -> bool:
     """Whether build.sh built ``weed`` into the binaries folder."""
     return os.access(BIN_DIR / BINARY, os.X_OK)
+
+
+def _sockets(ports: dict[str, int]) -> list[Path]:
+    """The gRPC sockets weed puts in /tmp whatever its flags say (``ports``: flag -> port)."""
+    return [
+        Path(f"/tmp/seaweedfs-{flag.split('.')[0]}-grpc-{port}.sock")
+        for flag, port in ports.items()
+        if flag.endswith(".grpc")
+    ]
+
+
+def kill(pid: int) -> None:
+    """Kill the server ``pid`` at once and remove the sockets it leaves in /tmp (`down`: its data goes)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        argv = []
+    kill_groups([pid], grace=0)
+    flags = [arg[1:].split("=", 1) for arg in argv if arg.startswith("-") and ".port.grpc=" in arg]
+    for path in _sockets({flag: int(port) for flag, port in flags}):
+        path.unlink(missing_ok=True)
 
 
 def spec_env() -> list[dict[str, Any]]:
@@ -240,12 +261,9 @@ class S3Server:
         """Stop the server (no grace: its data goes) and remove its data, keys and sockets (its log stays)."""
         self.stop(grace=0)
         shutil.rmtree(self.workdir / "data", ignore_errors=True)
-        sockets = [self.workdir / "filer.sock", self.workdir / "s3.sock"]
-        # weed puts its services' gRPC sockets in /tmp whatever the flags say.
-        for flag, port in self.ports.items():
-            if flag.endswith(".grpc"):
-                sockets.append(Path(f"/tmp/seaweedfs-{flag.split('.')[0]}-grpc-{port}.sock"))
-        for path in [self.workdir / "identities.json", *sockets]:
+        for path in [self.workdir / name for name in ("identities.json", "filer.sock", "s3.sock")]:
+            path.unlink(missing_ok=True)
+        for path in _sockets(self.ports):
             path.unlink(missing_ok=True)
 
 
