@@ -53,13 +53,13 @@ def job(name: str, *specs: dict[str, Any], model: Path | None = None) -> RocmTra
     return RocmTrainingJob.model_validate(raw)
 
 
-def settings(training_job: RocmTrainingJob, storage: Path, *, job_dir: Path = EXAMPLES) -> RunSettings:
-    """Local-run settings, reporting every second."""
+def settings(training_job: RocmTrainingJob, storage: Path | None, *, job_dir: Path = EXAMPLES) -> RunSettings:
+    """Local-run settings, reporting every second; storage in `storage`, else the job's storagePath."""
     return local_settings(
         training_job,
         job_dir=str(job_dir),
         run_id=uuid.uuid4().hex,
-        storage=str(storage),
+        storage=None if storage is None else str(storage),
         cpu_count=os.cpu_count() or 1,
         report_interval_s=1.0,
     )

@@ -125,29 +125,3 @@ def test_a_killed_worker_is_replaced_and_training_resumes_from_the_checkpoint(ra
     main_log = Path(run.log_dir, "main.log").read_text()
     assert "worker failure on rank" in main_log and "resumed from the checkpoint at step" in main_log
     assert outcome.summary["eval_accuracy"] >= 0.5  # 640 reviews (measured 0.58), chance 0.33
-
-
-def test_a_new_run_on_the_same_storage_resumes_even_at_another_world_size(ray_local, tmp_path):
-    """A whole-job retry: the first driver fails (no worker failures allowed); a second one with one rank
-    instead of two (so half the global batch) takes over after the samples the checkpoint had seen."""
-    failing = job("job-retry", FAULTS, {"faultTolerance": {"maxWorkerFailures": 0}})
-    first = settings(failing, tmp_path)
-    with ThreadPoolExecutor(1) as pool:
-        training = pool.submit(run_local, first, console=False)
-        kill_after_first_checkpoint(first, training)
-        with pytest.raises(Exception, match=r"(?i)worker|actor|died"):
-            training.result(timeout=600)
-
-    one_rank = {"resources": {"workers": 1, "cpusPerWorker": "2"}}
-    second = settings(job("job-retry", FAULTS, {"faultTolerance": {"maxWorkerFailures": 0}}, one_rank), tmp_path)
-    assert second.run_id != first.run_id and second.run_path == first.run_path
-    outcome = run_local(second, console=False)
-    assert outcome.worker_failures == 0 and outcome.summary["world_size"] == 1
-    assert_trained_exactly_once(outcome, batch_after=GLOBAL_BATCH // 2)
-    resumed = outcome.summary["resumed_from_step"]
-    log = Path(second.log_dir, "rank-0.log").read_text()
-    samples = resumed * GLOBAL_BATCH
-    assert (
-        f"written by 2 ranks with other steps; continuing after {samples} samples of epoch 1, at step {samples // 16}"
-        in log
-    )
