@@ -90,7 +90,7 @@ def test_a_run_that_loses_its_store_fails_and_the_next_resumes_from_the_last_com
         )
         try:
             _wait_for_a_checkpoint(run / "checkpoint_manager_snapshot.json", driver, log)
-            s3.stop()
+            s3.stop(grace=1)
             assert driver.wait(timeout=600) == 1
         finally:
             driver.kill()
