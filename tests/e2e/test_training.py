@@ -37,13 +37,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from transformers import AutoModelForSequenceClassification
 
 from own_code.expected import SDK_STEPS_LAST_METRICS, SDK_STEPS_LAST_PROGRESS
 from rocmtrain.api.conditions import ConditionType, Reason
 from rocmtrain.api.models import RocmTrainingJobStatus
 from rocmtrain_testworld import kuberay
+from rocmtrain_testworld import s3 as object_store
 from rocmtrain_testworld.jobs import (
     JOBS,
+    MODEL,
     TIMEOUT,
     Watch,
     condition,
@@ -53,13 +56,16 @@ from rocmtrain_testworld.jobs import (
     ray_cluster_gone,
     reports,
     run_folder,
+    s3_data,
     status,
     volume,
 )
 from rocmtrain_testworld.paths import REPO_ROOT, VOLUMES_DIR
 from rocmtrain_testworld.processes import Process
 from rocmtrain_testworld.runtime.container import processes_in
+from rocmtrain_testworld.s3 import S3Path, S3Server
 from rocmtrain_testworld.world import Scope, World
+from rocmtrain_train.model.pretrained import packaged_model
 from train.conftest import save_tiny_bert
 from train.jobs import EXAMPLES, example_script
 
@@ -113,22 +119,33 @@ def _assert_trained(
     return final
 
 
-def test_two_jobs_at_once_succeed_each_with_its_own_live_metrics_one_after_losing_a_worker(
-    world: World, scope: Scope, operator: Process, shared_dir: Path
+def test_two_jobs_at_once_on_object_storage_succeed_each_with_its_own_live_metrics_one_after_losing_a_worker(
+    world: World, scope: Scope, operator: Process, world_s3: S3Server, tmp_path: Path
 ) -> None:
     """Success, twice at once: Pending → Initializing → Running → Succeeded, progress to 100%, the
     driver's metrics and history through the authenticated push, events in order, the Ray cluster
     gone afterwards. The same job name in two namespaces, with different data sizes (so different
-    step counts): each status holds its own driver's metrics only. The larger job loses a worker after
-    its first checkpoint (see `_recovers_a_lost_worker`); the other goes on untouched."""
+    step counts): each status holds its own driver's metrics only.
+
+    Both read their data from the world's S3 server and keep checkpoints, model and logs there, with the
+    keys from a Secret through `spec.env`; they share the bucket and `storagePath`, and each namespace's
+    prefix holds its own run only. The larger job also reads MiniLM from the bucket, loses a worker after its
+    first checkpoint and resumes from the checkpoint on S3 (see `_recovers_a_lost_worker`), and the operator
+    is restarted while it trains (see `_restarted_mid_run`); the other goes on untouched. The exported model
+    in the bucket loads with `from_pretrained`."""
+    store = s3_data(world_s3.path("pair"))
+    minilm = packaged_model(MODEL)
+    assert minilm is not None
+    model = world_s3.put(minilm, world_s3.path("models", "minilm"))
     jobs = {}
     for samples in SAMPLES:
         ns = scope.namespace("pair", processes=True)
-        folder = volume(scope, ns, shared_dir / f"volume-{samples}")
+        world_s3.apply_secret(world.cluster, ns)
         # 12 steps, a checkpoint every 2: the worker is lost after the first checkpoint, before the end.
-        extra = {"checkpoint": {"everySteps": 2}} if samples == LOSES_A_WORKER else {}
-        world.cluster.create(cpu_job("minilm", ns, folder, samples=samples, **extra))
-        jobs[ns] = (folder, samples)
+        extra = {"checkpoint": {"everySteps": 2}, "model": {"source": model.uri}} if samples == LOSES_A_WORKER else {}
+        world.cluster.create(cpu_job("minilm", ns, store, samples=samples, env=world_s3.spec_env(), **extra))
+        jobs[ns] = samples
+    larger = next(ns for ns, samples in jobs.items() if samples == LOSES_A_WORKER)
     with ThreadPoolExecutor(max_workers=2) as pool:  # both watched from the start, side by side
         running = {
             ns: pool.submit(
@@ -136,20 +153,47 @@ def test_two_jobs_at_once_succeed_each_with_its_own_live_metrics_one_after_losin
                 world,
                 ns,
                 "minilm",
-                folder,
+                store,
                 Watch(world.cluster, ns, "minilm"),
             )
-            for ns, (folder, samples) in jobs.items()
+            for ns, samples in jobs.items()
         }
+        # From this thread: the operator's process dies with the thread that started it (processes.die_with_parent).
+        _restarted_mid_run(world, operator, larger)
         finals = {ns: future.result() for ns, future in running.items()}
     steps = {ns: finals[ns]["progress"]["totalSteps"] for ns in jobs}
     # 2 workers x 8 a batch: 3 and 12 steps; each status has its own count, and its own driver's metrics.
     assert sorted(steps.values()) == [3, 12], steps
-    for ns, (folder, samples) in jobs.items():
+    for ns, samples in jobs.items():
         assert steps[ns] == samples // 16
-        assert finals[ns]["metrics"] == reports(folder, ns, "minilm")[-1]["metrics"]
+        assert finals[ns]["metrics"] == reports(store, ns, "minilm")[-1]["metrics"]
         assert bool(finals[ns].get("workerFailures")) == (samples == LOSES_A_WORKER), finals[ns]
     assert len({str(f["metrics"]) for f in finals.values()}) == 2
+    # One storagePath, a prefix per namespace: `<storagePath>/<namespace>/<name>`.
+    assert {key.split("/")[0] for key in (store / "runs").files()} == set(jobs)
+    exported = run_folder(store, larger, "minilm") / "model"
+    loaded = AutoModelForSequenceClassification.from_pretrained(exported.download(tmp_path / "model"))
+    assert loaded.config.num_labels == 3
+
+
+def _restarted_mid_run(world: World, operator: Process, ns: str) -> None:
+    """The operator restarted (SIGTERM, as a rollout would, then started again) while the job trains: progress
+    reaches the new one, and the job keeps its one RayJob."""
+    watch = Watch(world.cluster, ns, "minilm")
+    before = watch.until(lambda s: (s.get("progress") or {}).get("step", 0) >= 1, "progress to arrive")
+    rayjob_uid = kuberay.rayjob(world.cluster, ns, "minilm")["metadata"]["uid"]
+    operator.restart()
+    restarted = time.time()
+    after = watch.until(
+        lambda s: (
+            s.get("progress", {}).get("step", 0) > before["progress"]["step"]
+            and time.mktime(time.strptime(s["lastProgressTime"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone >= restarted - 1
+        ),
+        "progress pushed to the restarted operator",
+    )
+    assert after["phase"] in ("Running", "Succeeded") and after["rayJobName"] == "minilm", after
+    rayjobs = world.cluster.request("GET", kuberay.RAYJOBS.format(ns=ns))["items"]
+    assert [r["metadata"]["uid"] for r in rayjobs] == [rayjob_uid], "no second RayJob"
 
 
 def _recovers_a_lost_worker(world: World, ns: str, name: str, folder: Path, watch: Watch) -> dict:
@@ -184,30 +228,17 @@ def _kill_a_training_worker(world: World, ns: str, watch: Watch) -> str:
     raise AssertionError(f"no Ray Train worker process in {sorted(watch.pods)}")
 
 
-def test_operator_restarted_mid_run_then_job_deleted(
+def test_a_running_jobs_dashboard_takes_only_its_token_and_deleting_the_job_ends_its_processes(
     world: World, scope: Scope, operator: Process, shared_dir: Path
 ) -> None:
-    ns = scope.namespace("restart", processes=True)
+    ns = scope.namespace("running", processes=True)
     folder = volume(scope, ns, shared_dir / "volume")
-    # 100 steps: it runs well past the restart; it is deleted long before its end.
+    # 100 steps: it is deleted long before its end.
     world.cluster.create(cpu_job("minilm", ns, folder, samples=1600, checkpoint={"everySteps": 2}))
     watch = Watch(world.cluster, ns, "minilm")
-    before = watch.until(lambda s: (s.get("progress") or {}).get("step", 0) >= 2, "progress to arrive")
-    rayjob_uid = kuberay.rayjob(world.cluster, ns, "minilm")["metadata"]["uid"]
-
-    operator.restart()  # SIGTERM, as a rollout would, then start again
-    restarted = time.time()
-    after = watch.until(
-        lambda s: (
-            s.get("progress", {}).get("step", 0) > before["progress"]["step"]
-            and time.mktime(time.strptime(s["lastProgressTime"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone >= restarted - 1
-        ),
-        "progress pushed to the restarted operator",
-    )
-    assert after["phase"] == "Running" and condition(after, "Ready")["status"] == "True"
-    rayjobs = world.cluster.request("GET", kuberay.RAYJOBS.format(ns=ns))["items"]
-    assert [r["metadata"]["uid"] for r in rayjobs] == [rayjob_uid], "no second RayJob"
-    assert after["rayJobName"] == "minilm" and after["workersReady"] == 2
+    running = watch.until(lambda s: (s.get("progress") or {}).get("step", 0) >= 2, "progress to arrive")
+    assert running["phase"] == "Running" and condition(running, "Ready")["status"] == "True"
+    assert running["rayJobName"] == "minilm" and running["workersReady"] == 2
     _dashboard_takes_only_the_clusters_token(world, ns, "minilm")
 
     # Deleting the job ends every process of its pods within seconds (garbage collection, then the runtime).
@@ -259,10 +290,11 @@ def _dashboard_takes_only_the_clusters_token(world: World, ns: str, name: str) -
 
 @dataclass
 class Started:
-    """A job of `side_by_side`: its namespace, its volume's folder, and what its thread waited for."""
+    """A job of `side_by_side`: its namespace, its store (a volume's folder, or a prefix on S3), and what its
+    thread waited for."""
 
     namespace: str
-    folder: Path
+    folder: Any
     outcome: Future[Any]
 
 
@@ -279,7 +311,9 @@ class SideBySide(Scope):
 
 
 @pytest.fixture(scope="module")
-def side_by_side(world: World, operator: Process) -> Iterator[SideBySide]:
+def side_by_side(world: World, operator: Process, world_s3: S3Server) -> Iterator[SideBySide]:
+    """The three jobs; the search and the broken job keep their data and runs on the world's S3 server, the LoRA job
+    on a volume."""
     VOLUMES_DIR.mkdir(parents=True, exist_ok=True)
     made = SideBySide(world, Path(tempfile.mkdtemp(prefix="e2e-", dir=VOLUMES_DIR)))
     starts = {"lora": _start_lora, "broken": _start_broken, "search": _start_search}
@@ -287,8 +321,15 @@ def side_by_side(world: World, operator: Process) -> Iterator[SideBySide]:
         with ThreadPoolExecutor(max_workers=len(starts)) as pool:
             for name, start in starts.items():
                 ns = made.namespace(name, processes=True)
-                folder = volume(made, ns, made.folder / name)
-                made.jobs[name] = Started(ns, folder, pool.submit(start(world, ns, folder)))
+                store: Path | S3Path
+                if name == "search":
+                    world_s3.apply_secret(world.cluster, ns)
+                    store = s3_data(world_s3.path(ns))
+                elif name == "broken":
+                    store = s3_data(world_s3.path(ns))
+                else:
+                    store = volume(made, ns, made.folder / name)
+                made.jobs[name] = Started(ns, store, pool.submit(start(world, ns, store)))
             yield made
     finally:
         made.close()
@@ -337,43 +378,56 @@ def test_a_lora_adapter_of_a_language_model_trains_with_its_loss_and_perplexity_
     assert (model / "adapter_model.safetensors").is_file() and not (model / "model.safetensors").exists()
 
 
-def _start_broken(world: World, ns: str, folder: Path) -> Callable[[], dict[str, Any]]:
-    """A job whose training data does not parse (one worker: it fails before training); waits for its end."""
-    (folder / "broken.jsonl").write_text('{"text": "fine", "label": 1}\n{"text": "cut off here\n')
-    world.cluster.create(cpu_job("minilm", ns, folder, train="broken.jsonl", resources={"workers": 1}))
+def _start_broken(world: World, ns: str, store: S3Path) -> Callable[[], dict[str, Any]]:
+    """A job whose Secret holds a wrong secret key for the world's S3 server, with a whole-job retry to spare; waits
+    for its end."""
+    secret = store.server.secret(ns)
+    secret["data"]["AWS_SECRET_ACCESS_KEY"] = base64.b64encode(b"not-the-key-" + b"x" * 28).decode()
+    world.cluster.apply(secret)
+    spec = {"resources": {"workers": 1}, "faultTolerance": {"jobRetries": 1}, "env": object_store.spec_env()}
+    world.cluster.create(cpu_job("minilm", ns, store, **spec))
     watch = Watch(world.cluster, ns, "minilm")
     return lambda: watch.until(_finished, "the job to end", timeout=TIMEOUT)
 
 
-def test_a_job_whose_data_does_not_parse_fails_with_the_drivers_error(world: World, side_by_side: SideBySide) -> None:
+def test_a_job_with_wrong_object_store_keys_fails_at_once_with_the_stores_error_and_spends_no_retry(
+    world: World, side_by_side: SideBySide
+) -> None:
+    """The driver's pre-flight finds that the keys do not open the bucket: the job fails at once with the store's
+    own words in the Failed condition and `status.preflightError`, its whole-job retry unspent (a retry could not
+    fix the keys), its RayJob and Ray cluster gone, the secret key nowhere in what the user sees."""
     started = side_by_side.jobs["broken"]
-    ns, folder = started.namespace, started.folder
+    ns = started.namespace
     final = started.outcome.result()
     assert final["phase"] == "Failed", final
     failed = condition(final, "Failed")
-    assert failed["status"] == "True" and failed["reason"] == "AppFailed"
-    first = failed["message"].splitlines()[0]
-    assert first.startswith(f"{folder / 'broken.jsonl'}: ") or f"{folder / 'broken.jsonl'}" in first, failed["message"]
-    assert "Job entrypoint command failed with exit code 2" in failed["message"]
+    assert failed["status"] == "True" and failed["reason"] == "PreflightFailed", failed
+    assert "AWS Error ACCESS_DENIED" in failed["message"] or "InvalidAccessKeyId" in failed["message"], failed
+    assert final["preflightError"] in failed["message"] and not final.get("restarts"), final
     warning = world.cluster.wait_for(
         lambda: next((e for e in events(world.cluster, ns, "minilm") if e["reason"] == "Failed"), None),
         30,
         "the Failed event",
     )
-    assert warning["type"] == "Warning" and first in warning["message"]
+    assert warning["type"] == "Warning" and final["preflightError"].splitlines()[0] in warning["message"]
     world.cluster.wait_for(lambda: ray_cluster_gone(world.cluster, ns, "minilm"), 120, "the Ray cluster to go")
+    assert not world.cluster.request("GET", kuberay.RAYJOBS.format(ns=ns))["items"], "the RayJob deleted"
+    seen = json.dumps([status(world.cluster, ns, "minilm"), events(world.cluster, ns, "minilm")])
+    assert "not-the-key-" not in seen and started.folder.server.secret_key not in seen
     assert status(world.cluster, ns, "minilm")["phase"] == "Failed"
 
 
-def _start_search(world: World, ns: str, folder: Path) -> Callable[[], tuple[dict[str, Any], Watch, dict[str, Any]]]:
-    """A search of 2 trials at once, 1 worker each; waits for its RayJob, then for its end."""
+def _start_search(world: World, ns: str, store: S3Path) -> Callable[[], tuple[dict[str, Any], Watch, dict[str, Any]]]:
+    """A search of 2 trials at once, 1 worker each, its data and runs on S3; waits for its RayJob, then for its end."""
     tuning = {
         "searchSpace": {"learningRate": {"min": 1e-5, "max": 1e-3}},
         "numTrials": 2,
         "maxConcurrentTrials": 2,
         "scheduler": {"type": "None"},
     }
-    world.cluster.create(cpu_job("search", ns, folder, samples=48, resources={"workers": 1}, tuning=tuning))
+    world.cluster.create(
+        cpu_job("search", ns, store, samples=48, resources={"workers": 1}, tuning=tuning, env=object_store.spec_env())
+    )
     watch = Watch(world.cluster, ns, "search")
 
     def wait() -> tuple[dict[str, Any], Watch, dict[str, Any]]:
@@ -388,7 +442,8 @@ def test_a_search_runs_its_trials_at_once_on_one_ray_cluster_and_reports_the_bes
 ) -> None:
     """spec.tuning on the cluster: a worker pod for each trial that runs at once, both trials training
     side by side on the one Ray cluster, status.tuning that counts them and names the best, its metric
-    in `kubectl get`, the NewBestTrial event, and the best trial's model where a job's model goes."""
+    in `kubectl get`, the NewBestTrial event, and the best trial's model where a job's model goes: on S3,
+    with the search's summary."""
     started = side_by_side.jobs["search"]
     ns, folder = started.namespace, started.folder
     rayjob, watch, final = started.outcome.result()

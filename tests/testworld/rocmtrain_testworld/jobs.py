@@ -9,13 +9,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rocmtrain_testworld import kuberay, runtime
 from rocmtrain_testworld.api import KubeCluster
 from rocmtrain_testworld.paths import REPO_ROOT
 from rocmtrain_testworld.runtime.container import processes_in
 from rocmtrain_testworld.world import Scope
+
+if TYPE_CHECKING:
+    from rocmtrain_testworld.s3 import S3Path
+
+# Where a job keeps its data and runs: a volume's folder here, or a prefix on the world's S3 server.
+Store = TypeVar("Store", Path, "S3Path")
 
 DATA = REPO_ROOT / "examples" / "data"
 JOBS = "/apis/rocmtrain.dev/v1alpha1/namespaces/{ns}/rocmtrainingjobs"
@@ -38,6 +44,13 @@ def copy_data(folder: Path) -> Path:
     for name in ("train.jsonl", "eval.jsonl"):
         shutil.copy(DATA / name, folder / name)
     return folder
+
+
+def s3_data(prefix: S3Path) -> S3Path:
+    """``prefix`` on the world's S3 server with a copy of the examples' data below it."""
+    for name in ("train.jsonl", "eval.jsonl"):
+        prefix.server.put(DATA / name, prefix / name)
+    return prefix
 
 
 def claim(scope: Scope, namespace: str, folder: Path) -> None:
@@ -73,9 +86,11 @@ def claim(scope: Scope, namespace: str, folder: Path) -> None:
 
 
 def cpu_job(
-    name: str, namespace: str, folder: Path, *, samples: int = 64, train: str = "train.jsonl", **spec: Any
+    name: str, namespace: str, folder: Path | S3Path, *, samples: int = 64, train: str = "train.jsonl", **spec: Any
 ) -> dict[str, Any]:
-    """A job of 2 CPU workers fine-tuning MiniLM for one epoch on ``samples`` reviews; storage in ``folder``."""
+    """A job of 2 CPU workers fine-tuning MiniLM for one epoch on ``samples`` reviews; data and storage in
+    ``folder``: a volume's folder (`volume`), or a prefix on an S3 server (`s3_data`; no volume then, and
+    ``spec`` gives `env` with its keys)."""
     body: dict[str, Any] = {
         "model": {"source": MODEL, "numLabels": 3, "maxSeqLength": 32},
         "data": {
@@ -95,6 +110,8 @@ def cpu_job(
         "volumes": [{"name": "storage", "persistentVolumeClaim": {"claimName": "storage"}}],
         "volumeMounts": [{"name": "storage", "mountPath": str(folder)}],
     }
+    if not isinstance(folder, Path):
+        del body["volumes"], body["volumeMounts"]
     for key, value in spec.items():
         body[key] = {**body.get(key, {}), **value} if isinstance(value, dict) else value
     return {
@@ -126,13 +143,14 @@ def events(cluster: KubeCluster, namespace: str, name: str) -> list[dict[str, An
     return sorted(found, key=lambda e: int(e["metadata"]["resourceVersion"]))
 
 
-def run_folder(folder: Path, namespace: str, name: str) -> Path:
+def run_folder(folder: Store, namespace: str, name: str) -> Store:
     """The job's run folder under the storage of `cpu_job` and the demo (`<storagePath>/<namespace>/<name>`)."""
     return folder / "runs" / namespace / name
 
 
-def reports(folder: Path, namespace: str, name: str) -> list[dict[str, Any]]:
-    """What the driver reported, as it wrote it next to the checkpoints (`metrics.jsonl`)."""
+def reports(folder: Store, namespace: str, name: str) -> list[dict[str, Any]]:
+    """What the driver reported, as it wrote it next to the checkpoints (`metrics.jsonl`; on object storage,
+    copied there when the driver ended)."""
     path = run_folder(folder, namespace, name) / "logs" / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
 
