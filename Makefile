@@ -12,7 +12,8 @@ JOB ?= examples/quickstart.yaml
 MYPY_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/rocm-train-operator/mypy
 
 .PHONY: install lock quickstart run test test-unit lint format crds docs manifests render validate \
-        deps cluster-binaries cluster-up cluster-down demo run-operator bench bench-train bench-lm bench-operator bench-world clean
+        deps cluster-binaries cluster-up cluster-down demo run-operator bench bench-train bench-lm bench-operator bench-world \
+        bench-checkpoint clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -122,7 +123,7 @@ run-operator: install
 	$(PY) -m rocmtrain_testworld.kubecluster operator
 
 # Side-by-side benchmarks; figures in docs/benchmarks.md.
-bench: bench-train bench-lm bench-operator bench-world
+bench: bench-train bench-lm bench-operator bench-world bench-checkpoint
 
 bench-train: install
 	$(PY) bench/train_throughput.py --out runs/bench-train.json
@@ -136,6 +137,10 @@ bench-operator: install cluster-binaries
 # The operator beside the real KubeRay, kube-scheduler and kwok (the test world): 500 jobs.
 bench-world: install cluster-binaries
 	$(PY) bench/operator_bench.py --world --out runs/bench-world.json
+
+# What a checkpoint costs the loop on the test world's S3 server (SeaweedFS, built by cluster-binaries).
+bench-checkpoint: install cluster-binaries
+	$(PY) bench/checkpoint_cost.py --checkpoints 5 --steps 4 --out runs/bench-checkpoint.json
 
 clean:
 	rm -rf $(VENV) .cluster runs .pytest_cache .ruff_cache .mypy_cache
