@@ -58,9 +58,9 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """An S3 server on 127.0.0.1 for the session (SeaweedFS, rocmtrain_testworld.s3), with its bucket: tests
     share it, each below a prefix of its own. Closed, its data removed, at the end."""
     from rocmtrain_testworld import s3 as object_store
+    from rocmtrain_testworld.gotools import go_tool
 
-    if not object_store.binary_present():
-        _missing(f"no {object_store.BINARY} in {object_store.BIN_DIR}; run `make cluster-binaries`")
+    go_tool(object_store.BINARY)
     server = object_store.S3Server.start(tmp_path_factory.mktemp("s3"))
     yield server
     server.close()

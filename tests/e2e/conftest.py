@@ -20,6 +20,7 @@ import pytest
 
 from rocmtrain_testworld import rocmtrain_operator, runtime
 from rocmtrain_testworld import s3 as object_store
+from rocmtrain_testworld.gotools import go_tool
 from rocmtrain_testworld.paths import VOLUMES_DIR
 from rocmtrain_testworld.processes import Process
 from rocmtrain_testworld.world import World
@@ -45,11 +46,7 @@ def operator(world: World) -> Iterator[Process]:
 def world_s3(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object_store.S3Server]:
     """An S3 server for the module's jobs, on the process runtime's address on this machine (its pods reach it
     there; 127.0.0.1 without a runtime); closed, its data removed, after the module."""
-    if not object_store.binary_present():
-        reason = f"no {object_store.BINARY} in {object_store.BIN_DIR}; run `make cluster-binaries`"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+    go_tool(object_store.BINARY)
     address = runtime.info(world.workdir)["hostAddress"] if world.runtime is not None else "127.0.0.1"
     server = object_store.S3Server.start(tmp_path_factory.mktemp("world-s3"), address)
     yield server

@@ -59,14 +59,7 @@ from rocmtrain_testworld.paths import (
     STATE_DIR,
     VOLUMES_DIR,
 )
-from rocmtrain_testworld.processes import (
-    ClusterError,
-    Process,
-    die_with_parent,
-    free_port,
-    is_ours,
-    stop_pids,
-)
+from rocmtrain_testworld.processes import ClusterError, Process, die_with_parent, free_port, is_ours, stop_pids
 from rocmtrain_testworld.runtime import network
 
 __all__ = [

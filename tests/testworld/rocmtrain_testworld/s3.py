@@ -315,12 +315,6 @@ class S3Path:
     def download(self, local: Path) -> Path:
         """Copy every object below this prefix into the folder ``local`` (made if missing); return it."""
         local.mkdir(parents=True, exist_ok=True)
-        for name in self.files():
-            (local / name).parent.mkdir(parents=True, exist_ok=True)
-            pafs.copy_files(
-                f"{self.path}/{name}",
-                str(local / name),
-                source_filesystem=self.server._filesystem,
-                destination_filesystem=pafs.LocalFileSystem(),
-            )
+        source, destination = self.server._filesystem, pafs.LocalFileSystem()
+        pafs.copy_files(self.path, str(local), source_filesystem=source, destination_filesystem=destination)
         return local
