@@ -1,9 +1,8 @@
-"""Helm (the build's, helm.sh/helm/v4) and kustomize for the chart's tests: commands and renders as objects."""
+"""Helm and kustomize for the chart's tests: renders as objects (Helm itself: rocmtrain_testworld.helm)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -11,26 +10,7 @@ from typing import Any
 from operator_testkit import REPO, kustomize_build
 
 from rocmtrain.api.manifests import load_documents
-from rocmtrain_testworld.gotools import go_tool
-
-CHART = REPO / "manifests" / "helm" / "rocm-train-operator"
-
-
-def helm(args: Sequence[str], home: Path, kubeconfig: Path | None = None) -> str:
-    """Run helm with its own folders under ``home`` (nothing read or written elsewhere); its stdout."""
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": str(home),
-        "HELM_CACHE_HOME": str(home / "cache"),
-        "HELM_CONFIG_HOME": str(home / "config"),
-        "HELM_DATA_HOME": str(home / "data"),
-    }
-    if kubeconfig is not None:
-        env["KUBECONFIG"] = str(kubeconfig)
-    done = subprocess.run([str(go_tool("helm")), *args], capture_output=True, text=True, env=env, check=False)
-    if done.returncode != 0:
-        raise AssertionError(f"helm {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return done.stdout
+from rocmtrain_testworld.helm import CHART, helm
 
 
 def sets(values: Mapping[str, str]) -> list[str]:

@@ -31,6 +31,7 @@ from rocmtrain.api.manifests import load_documents
 from rocmtrain.chart import chart_files
 from rocmtrain.controller.settings import OperatorConfig
 from rocmtrain.progress.server import ProgressServerConfig
+from rocmtrain_testworld.helm import literal_env, live_env, operator_container, outside_settings
 from rocmtrain_testworld.kubecluster import KubeCluster
 
 
@@ -115,16 +116,6 @@ def test_watched_namespaces_render_what_the_namespaced_component_builds(helm_hom
     assert keyed(template(helm_home, OPERATOR_NAMESPACE, values)) == keyed(built)
 
 
-def _container(objs: list[dict[str, Any]]) -> dict[str, Any]:
-    (deployment,) = [o for o in objs if o["kind"] == "Deployment"]
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    return dict(container)
-
-
-def _settings(container: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
-
-
 def test_values_set_the_image_resources_policy_and_network_policy(helm_home: Path):
     values = {
         "image.repository": "registry.example.com/ml/operator",
@@ -142,10 +133,10 @@ def test_values_set_the_image_resources_policy_and_network_policy(helm_home: Pat
         "extraEnv[0].value": "https://hooks.example.com/training",
     }
     objs = template(helm_home, OPERATOR_NAMESPACE, values)
-    container = _container(objs)
+    container = operator_container(objs)
     assert container["image"] == "registry.example.com/ml/operator:0.2.0"
     assert container["resources"]["limits"] == {"cpu": "1", "memory": "1Gi"}
-    config = OperatorConfig.from_env({**_settings(container), "ROCMTRAIN_OPERATOR_NAMESPACE": OPERATOR_NAMESPACE})
+    config = OperatorConfig.from_env({**literal_env(container), "ROCMTRAIN_OPERATOR_NAMESPACE": OPERATOR_NAMESPACE})
     policy = config.policy
     assert policy.images == ("registry.example.com/ml/", "ghcr.io/rocm-train-operator/")
     assert policy.priority_classes == ("training",) and policy.kueue_priority_classes == ("batch-low", "batch-high")
@@ -159,11 +150,6 @@ def test_values_set_the_image_resources_policy_and_network_policy(helm_home: Pat
 # ---- on the lean control plane ------------------------------------------------------------------
 
 RELEASE = "rto-helm"
-
-
-def _live_env(kube: KubeCluster, namespace: str) -> dict[str, str]:
-    deployment = kube.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments/rocm-train-operator")
-    return _settings(_container([deployment]))
 
 
 def _replica_sets(kube: KubeCluster, namespace: str) -> list[dict[str, Any]]:
@@ -192,9 +178,9 @@ def test_helm_install_runs_a_job_to_succeeded_with_the_releases_account_and_sett
     assert {o["metadata"]["name"] for o in manifest if o["kind"] == "ClusterRole"} == {
         RELEASE, f"{RELEASE}-cluster", f"{RELEASE}-notifications", f"{RELEASE}-metrics-reader"
     }  # fmt: skip
-    env = _live_env(kube, release)
+    env = live_env(kube, release)
     assert env["ROCMTRAIN_ALLOWED_IMAGES"] == "ghcr.io/rocm-train-operator/"
-    settings = {k: v for k, v in env.items() if not k.endswith(("_HOST", "_PORT", "_SECURE"))}
+    settings = outside_settings(env)
     kubeconfig = kube.service_account_kubeconfig(release, OPERATOR_SA, tmp_path / "kubeconfig")
     api, ns = Api(kube), kube.new_namespace("helm")
     operator = Operator(kubeconfig, settings)
@@ -217,14 +203,14 @@ def test_helm_upgrade_with_changed_values_rolls_the_deployment(kube: KubeCluster
     wait_until(lambda: len(_replica_sets(kube, release)) == 1, timeout=15, what="the first ReplicaSet")
     args = ["upgrade", RELEASE, str(CHART), "--namespace", release, "--reuse-values"]
     helm([*args, "--set", "policy.maxJobGpus=64"], tmp_path, kube.kubeconfig)
-    assert _live_env(kube, release)["ROCMTRAIN_MAX_JOB_GPUS"] == "64"
+    assert live_env(kube, release)["ROCMTRAIN_MAX_JOB_GPUS"] == "64"
     wait_until(lambda: len(_replica_sets(kube, release)) == 2, timeout=15, what="a second ReplicaSet: a rollout")
     newest = max(
         _replica_sets(kube, release),
         key=lambda r: int(r["metadata"]["annotations"]["deployment.kubernetes.io/revision"]),
     )
-    assert _settings(newest["spec"]["template"]["spec"]["containers"][0])["ROCMTRAIN_MAX_JOB_GPUS"] == "64"
-    assert _live_env(kube, release)["ROCMTRAIN_ALLOWED_IMAGES"] == "ghcr.io/rocm-train-operator/", "values reused"
+    assert literal_env(newest["spec"]["template"]["spec"]["containers"][0])["ROCMTRAIN_MAX_JOB_GPUS"] == "64"
+    assert live_env(kube, release)["ROCMTRAIN_ALLOWED_IMAGES"] == "ghcr.io/rocm-train-operator/", "values reused"
 
 
 @pytest.mark.cluster
