@@ -2,7 +2,8 @@
 
 Each test fails without the behaviour it names: commands with the pod's
 environment and volumes, exit codes in the status, honest readiness, restarts,
-deletion down to the last process, and Service names that resolve to pod addresses.
+deletion down to the last process, and Service names that resolve to pod addresses (and to this
+machine's, through an EndpointSlice, also beside a Service's selector).
 """
 
 from __future__ import annotations
@@ -278,6 +279,35 @@ def test_service_names_resolve_to_pods_and_to_this_machine(world: World, ns: str
     )
     host = runtime.info(world.workdir)["hostAddress"]
     runtime.expose_host_service(cluster, ns, "outside", host, 1)
+    # A Service with a selector whose pod runs elsewhere (a Helm release's, on a kwok node): this machine's
+    # EndpointSlice beside it adds its address; one the endpointslice controller would keep adds nothing.
+    cluster.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "chart", "namespace": ns},
+            "spec": {"selector": {"app": "on-kwok"}, "ports": [{"port": 443}]},
+        }
+    )
+    runtime.expose_host_endpoints(cluster, ns, "chart", host, 1)
+    controllers = host.rsplit(".", 1)[0] + ".250"  # on the pod network, no pod's
+    cluster.create(
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "chart-controllers",
+                "namespace": ns,
+                "labels": {
+                    runtime.SERVICE_NAME_LABEL: "chart",
+                    runtime.MANAGED_BY_LABEL: runtime.ENDPOINTSLICE_CONTROLLER,
+                },
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [controllers], "conditions": {"ready": True}}],
+            "ports": [{"port": 1, "protocol": "TCP"}],
+        }
+    )
     client = f"""
         import socket, time, urllib.request
         for _ in range(60):
@@ -289,8 +319,11 @@ def test_service_names_resolve_to_pods_and_to_this_machine(world: World, ns: str
         else:
             raise SystemExit("web never answered")
         print("OUTSIDE " + socket.gethostbyname("outside.{ns}.svc"))
+        chart = [line.split()[0] for line in open("/etc/hosts") if line.split()[1:] == ["chart.{ns}.svc"]]
+        print("CHART " + " ".join(chart))
     """
     cluster.create(pod("client", ns, client))
     done = ended(world, ns, "client")
     assert done["status"]["phase"] == "Succeeded", output(world, ns, "client")
     assert f"OUTSIDE {host}" in output(world, ns, "client")
+    assert f"CHART {host}\n" in output(world, ns, "client")

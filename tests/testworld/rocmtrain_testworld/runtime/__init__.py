@@ -19,7 +19,9 @@ real Ray cluster and our training runs end to end (tests/e2e, `make demo`).
   probes, restarts, deletion and finalization follow the kubelet.
 - Network: each pod has a network namespace and an address of its own on a
   small bridge that reaches this machine and nothing further (network.py);
-  Service names resolve to pod addresses (kubelet.py, sandbox.py).
+  Service names resolve to pod addresses (kubelet.py, sandbox.py), and to
+  this machine's address where an EndpointSlice puts a process here behind
+  the Service (`expose_host_service`, `expose_host_endpoints`).
 - Containment: no process outlives the runtime (container.py), the runtime dies
   with its parent, and a runtime that was killed outright has its namespaces
   removed by the next one (or by `make cluster-down`).
@@ -47,6 +49,13 @@ MODULE = "rocmtrain_testworld.runtime"
 INFO_FILE = "runtime.json"
 _NODE_SELECTOR_ANNOTATION = "scheduler.alpha.kubernetes.io/node-selector"
 _TOLERATIONS_ANNOTATION = "scheduler.alpha.kubernetes.io/defaultTolerations"
+# EndpointSlice labels: the Service a slice serves, and who keeps it. The endpointslice controller's slices of a
+# selector Service are `ENDPOINTSLICE_CONTROLLER`'s (none here: the world runs without that controller); a slice
+# any other manager keeps adds to them (https://kubernetes.io/docs/concepts/services-networking/endpoint-slices/).
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
+ENDPOINTSLICE_CONTROLLER = "endpointslice-controller.k8s.io"
+HOST_ENDPOINTS_MANAGER = "host-endpoints.test.rocmtrain.dev"
 
 
 _SELECTOR = f"{ProcessNode.taint_key}={ProcessNode.taint_value}"
@@ -124,10 +133,15 @@ def pod_records(workdir: Path) -> dict[str, dict[str, Any]]:
 
 def withdraw_host_service(cluster: KubeCluster, namespace: str, name: str) -> None:
     """Remove what `expose_host_service` made, so that the name is free for another Service of it."""
+    withdraw_host_endpoints(cluster, namespace, name)
+    cluster.delete({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}}, namespace)
+
+
+def withdraw_host_endpoints(cluster: KubeCluster, namespace: str, name: str) -> None:
+    """Remove what `expose_host_endpoints` made (the Service stays)."""
     cluster.delete(
         {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": f"{name}-host"}}, namespace
     )
-    cluster.delete({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}}, namespace)
 
 
 def expose_host_service(cluster: KubeCluster, namespace: str, name: str, address: str, port: int) -> None:
@@ -141,6 +155,15 @@ def expose_host_service(cluster: KubeCluster, namespace: str, name: str, address
             "spec": {"clusterIP": "None", "ports": [{"name": "main", "port": port, "targetPort": port}]},
         }
     )
+    expose_host_endpoints(cluster, namespace, name, address, port)
+
+
+def expose_host_endpoints(cluster: KubeCluster, namespace: str, name: str, address: str, port: int) -> None:
+    """An EndpointSlice `<name>-host` of the Service ``name`` whose one endpoint is ``address:port`` on this
+    machine, managed by `HOST_ENDPOINTS_MANAGER` (not the endpointslice controller): the runtime adds its
+    address to the Service's name whether the Service has a selector or not, as real Kubernetes keeps such
+    a slice beside those its controller makes for a selector. For a Service that exists already (a Helm
+    release's `rocmtrain-progress`, whose selected pod runs on a kwok node) or that `expose_host_service` makes."""
     cluster.apply(
         {
             "apiVersion": "discovery.k8s.io/v1",
@@ -148,7 +171,7 @@ def expose_host_service(cluster: KubeCluster, namespace: str, name: str, address
             "metadata": {
                 "name": f"{name}-host",
                 "namespace": namespace,
-                "labels": {"kubernetes.io/service-name": name},
+                "labels": {SERVICE_NAME_LABEL: name, MANAGED_BY_LABEL: HOST_ENDPOINTS_MANAGER},
             },
             "addressType": "IPv4",
             "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],

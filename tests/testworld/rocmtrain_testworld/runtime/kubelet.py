@@ -7,11 +7,15 @@
 - keeps the names in step with Services: `<svc>.<ns>.svc.cluster.local` (and the
   shorter `<svc>.<ns>.svc`, `<svc>.<ns>`) resolve to the addresses of the
   selected pods that this runtime runs (ready ones, or all with
-  publishNotReadyAddresses: as a headless Service's DNS answers), or, for a
-  Service without a selector, to the addresses of its EndpointSlices on the pod
-  network (how a process outside the pods, such as the operator's progress
-  endpoint, is given a name). The names reach KubeRay and Kueue through the
-  world's name sandbox and every pod through its hosts file. No Service gets a
+  publishNotReadyAddresses: as a headless Service's DNS answers), and to the
+  addresses on the pod network of its EndpointSlices: every one of a Service
+  without a selector, and of a selector Service those that the endpointslice
+  controller does not manage (`endpointslice.kubernetes.io/managed-by`), as real
+  Kubernetes keeps such slices beside its own. That is how a process outside
+  the pods, such as the operator's progress endpoint, is given a name
+  (`runtime.expose_host_endpoints`), also that of a Helm release's Service,
+  whose selected pod runs on a kwok node. The names reach KubeRay and Kueue
+  through the world's name sandbox and every pod through its hosts file. No Service gets a
   virtual IP: nothing routes one here, so a client uses the pods' own ports.
 """
 
@@ -33,6 +37,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rocmtrain_testworld.api import KubeCluster
 from rocmtrain_testworld.nodes import ProcessNode, heartbeat, register_process
+from rocmtrain_testworld.runtime import ENDPOINTSLICE_CONTROLLER, MANAGED_BY_LABEL, SERVICE_NAME_LABEL
 from rocmtrain_testworld.runtime.network import Network
 from rocmtrain_testworld.runtime.pod import PodWorker
 from rocmtrain_testworld.runtime.podspec import CLUSTER_DOMAIN
@@ -205,26 +210,28 @@ class Kubelet:
         for service in services:
             meta, spec = service["metadata"], service.get("spec") or {}
             selector: Mapping[str, str] = spec.get("selector") or {}
-            if selector:
-                addresses = [
-                    ip
-                    for pod, ip, ready in pods
-                    if ip
-                    and pod["metadata"]["namespace"] == meta["namespace"]
-                    and all((pod["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
-                    and (ready or spec.get("publishNotReadyAddresses"))
-                ]
-            else:
-                addresses = [
-                    address
-                    for piece in slices
-                    if piece["metadata"]["namespace"] == meta["namespace"]
-                    and (piece["metadata"].get("labels") or {}).get("kubernetes.io/service-name") == meta["name"]
-                    for endpoint in piece.get("endpoints") or []
-                    if (endpoint.get("conditions") or {}).get("ready", True)
-                    for address in endpoint.get("addresses") or []
-                    if subnet is not None and _in(address, subnet)
-                ]
+            addresses = [
+                ip
+                for pod, ip, ready in pods
+                if selector
+                and ip
+                and pod["metadata"]["namespace"] == meta["namespace"]
+                and all((pod["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
+                and (ready or spec.get("publishNotReadyAddresses"))
+            ]
+            # A selector Service's own slices (the endpointslice controller's) would list those pods again;
+            # any other slice of it adds addresses, as every slice of a Service without a selector does.
+            addresses += [
+                address
+                for piece in slices
+                if piece["metadata"]["namespace"] == meta["namespace"]
+                and (labels := piece["metadata"].get("labels") or {}).get(SERVICE_NAME_LABEL) == meta["name"]
+                and not (selector and labels.get(MANAGED_BY_LABEL) == ENDPOINTSLICE_CONTROLLER)
+                for endpoint in piece.get("endpoints") or []
+                if (endpoint.get("conditions") or {}).get("ready", True)
+                for address in endpoint.get("addresses") or []
+                if subnet is not None and _in(address, subnet)
+            ]
             for name in service_names(meta["name"], meta["namespace"]) if addresses else ():
                 found[name] = sorted(set(addresses))
         return found
