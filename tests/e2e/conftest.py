@@ -1,11 +1,19 @@
 """End to end on a real Ray cluster that KubeRay starts: the world, its process runtime, the operator.
 
-Real: the control plane, kube-scheduler, KubeRay, the operator (`python -m
-rocmtrain.controller`, as its own ServiceAccount with manifests/' RBAC), Ray,
-Ray Train, the MiniLM model, the authenticated progress push. Stood in for: the
-images and kubelets of the CPU nodes the pods run on (the TEST-ONLY process
-runtime, rocmtrain_testworld/runtime). Each job is small: 2 CPU workers, a few
-steps, data and checkpoints on a PersistentVolume at an absolute path here.
+Real: the control plane, kube-scheduler, KubeRay, Ray, Ray Train, the MiniLM
+model, the authenticated progress push, and the operator as a Helm release:
+`helm install rto-e2e manifests/helm/rocm-train-operator` (the real Helm) into
+`rto-e2e-system` makes every object of the chart, and the operator (`python -m
+rocmtrain.controller`, the image's command) runs as a process here, as the
+release's ServiceAccount with the settings of the release's Deployment, its
+progress endpoint behind the chart's `rocmtrain-progress` Service. Faked: the
+Deployment's pod, which kwok plays Running on one of its nodes (there is no
+operator image here). Stood in for: the images and kubelets of the CPU nodes the
+Ray pods run on (the TEST-ONLY process runtime, rocmtrain_testworld/runtime).
+Each job is small: 2 CPU workers, a few steps, data and checkpoints on a
+PersistentVolume at an absolute path here, or on the world's S3 server.
+(`make cluster-up` and `make demo` install the operator from manifests/ with
+kustomize instead: both install paths run jobs on the process runtime.)
 """
 
 from __future__ import annotations
@@ -27,19 +35,27 @@ from rocmtrain_testworld.world import World
 
 
 @pytest.fixture(scope="module")
-def operator(world: World) -> Iterator[Process]:
-    """The operator, with its progress endpoint on the pod network, for the e2e tests (they may restart it);
-    stopped after them, as later modules run their own operator in the same world."""
+def release(world: World) -> Iterator[rocmtrain_operator.Release]:
+    """The chart installed as the release rto-e2e in rto-e2e-system (its pod on a kwok node), with
+    `ROCMTRAIN_RETRY_SECONDS=2` among its settings; uninstalled after the module (the CRD stays), its
+    namespace deleted. Its names never clash with the objects later modules apply from manifests/."""
     if world.runtime is None:
         reason = f"no process runtime here: {runtime.network.available()}"
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
-    process = rocmtrain_operator.start(world, ROCMTRAIN_RETRY_SECONDS="2")
+    installed = rocmtrain_operator.install_release(world.cluster, world.workdir, env={"ROCMTRAIN_RETRY_SECONDS": "2"})
+    yield installed
+    rocmtrain_operator.uninstall_release(world.cluster, installed)
+
+
+@pytest.fixture(scope="module")
+def operator(world: World, release: rocmtrain_operator.Release) -> Iterator[Process]:
+    """The release's operator, with its progress endpoint on the pod network, for the e2e tests (they may
+    restart it); stopped after them, before the release is uninstalled."""
+    process = rocmtrain_operator.start(world, release=release)
     yield process
     process.stop()
-    # Its headless progress Service would clash with the one later modules apply from manifests/.
-    runtime.withdraw_host_service(world.cluster, rocmtrain_operator.NAMESPACE, rocmtrain_operator.PROGRESS_SERVICE)
 
 
 @pytest.fixture(scope="module")

@@ -41,9 +41,12 @@ from transformers import AutoModelForSequenceClassification
 
 from own_code.expected import SDK_STEPS_LAST_METRICS, SDK_STEPS_LAST_PROGRESS
 from rocmtrain.api.conditions import ConditionType, Reason
+from rocmtrain.api.contract import PROGRESS_URL_ENV
 from rocmtrain.api.models import RocmTrainingJobStatus
-from rocmtrain_testworld import kuberay
+from rocmtrain_testworld import kuberay, rocmtrain_operator, runtime
 from rocmtrain_testworld import s3 as object_store
+from rocmtrain_testworld.api import KubeCluster
+from rocmtrain_testworld.helm import DEPLOYMENT, live_env, outside_settings
 from rocmtrain_testworld.jobs import (
     JOBS,
     MODEL,
@@ -62,6 +65,7 @@ from rocmtrain_testworld.jobs import (
 )
 from rocmtrain_testworld.paths import REPO_ROOT, VOLUMES_DIR
 from rocmtrain_testworld.processes import Process
+from rocmtrain_testworld.rocmtrain_operator import Release
 from rocmtrain_testworld.runtime.container import processes_in
 from rocmtrain_testworld.s3 import S3Path, S3Server
 from rocmtrain_testworld.world import Scope, World
@@ -120,7 +124,7 @@ def _assert_trained(
 
 
 def test_two_jobs_at_once_on_object_storage_succeed_each_with_its_own_live_metrics_one_after_losing_a_worker(
-    world: World, scope: Scope, operator: Process, world_s3: S3Server, tmp_path: Path
+    world: World, scope: Scope, release: Release, operator: Process, world_s3: S3Server, tmp_path: Path
 ) -> None:
     """Success, twice at once: Pending → Initializing → Running → Succeeded, progress to 100%, the
     driver's metrics and history through the authenticated push, events in order, the Ray cluster
@@ -159,7 +163,7 @@ def test_two_jobs_at_once_on_object_storage_succeed_each_with_its_own_live_metri
             for ns, samples in jobs.items()
         }
         # From this thread: the operator's process dies with the thread that started it (processes.die_with_parent).
-        _restarted_mid_run(world, operator, larger)
+        _restarted_mid_run(world, operator, larger, release)
         finals = {ns: future.result() for ns, future in running.items()}
     steps = {ns: finals[ns]["progress"]["totalSteps"] for ns in jobs}
     # 2 workers x 8 a batch: 3 and 12 steps; each status has its own count, and its own driver's metrics.
@@ -176,12 +180,18 @@ def test_two_jobs_at_once_on_object_storage_succeed_each_with_its_own_live_metri
     assert loaded.config.num_labels == 3
 
 
-def _restarted_mid_run(world: World, operator: Process, ns: str) -> None:
+def _restarted_mid_run(world: World, operator: Process, ns: str, release: Release) -> None:
     """The operator restarted (SIGTERM, as a rollout would, then started again) while the job trains: progress
-    reaches the new one, and the job keeps its one RayJob."""
+    reaches the new one, and the job keeps its one RayJob. The driver pushes it by the name of the Helm release's
+    `rocmtrain-progress` Service, in the release's namespace."""
     watch = Watch(world.cluster, ns, "minilm")
     before = watch.until(lambda s: (s.get("progress") or {}).get("step", 0) >= 1, "progress to arrive")
-    rayjob_uid = kuberay.rayjob(world.cluster, ns, "minilm")["metadata"]["uid"]
+    rayjob = kuberay.rayjob(world.cluster, ns, "minilm")
+    assert rayjob is not None
+    rayjob_uid = rayjob["metadata"]["uid"]
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    (url,) = [e["value"] for c in head["containers"] for e in c.get("env", []) if e["name"] == PROGRESS_URL_ENV]
+    assert url.startswith(f"https://{rocmtrain_operator.PROGRESS_SERVICE}.{release.namespace}.svc:"), url
     operator.restart()
     restarted = time.time()
     after = watch.until(
@@ -637,3 +647,41 @@ def _nothing_reported_is_said(folder: Path, ns: str, final: dict[str, Any]) -> N
             f"/v1/namespaces/{ns}/rocmtrainingjobs/silent/trainerstatus"
         )
         assert contract["KUBEFLOW_TRAINER_SERVER_TOKEN"] == contract["ROCMTRAIN_PROGRESS_TOKEN"], where
+
+
+def test_the_jobs_ran_under_the_helm_release_as_its_service_account_with_its_settings(
+    world: World, release: Release, operator: Process
+) -> None:
+    """The module's operator is the Helm release's (no job of its own: the jobs above ran under it, and
+    `_restarted_mid_run` saw a driver push by the name of the release's Service). The release is deployed,
+    its Deployment made by Helm, its pod Running on a kwok node (faked: there is no operator image here);
+    the operator process authenticates as the release's ServiceAccount and has the release's settings;
+    the chart's `rocmtrain-progress` Service (with a selector) resolves on the pod network to this machine."""
+    cluster = world.cluster
+    listed = release.listed()
+    assert (listed["status"], listed["chart"].rpartition("-")[0]) == ("deployed", "rocm-train-operator"), listed
+    deployment = cluster.request("GET", f"/apis/apps/v1/namespaces/{release.namespace}/deployments/{DEPLOYMENT}")
+    assert deployment["metadata"]["annotations"]["meta.helm.sh/release-name"] == release.name
+
+    def running_pod() -> dict[str, Any] | None:
+        pods = cluster.request("GET", f"/api/v1/namespaces/{release.namespace}/pods")["items"]
+        return next((p for p in pods if (p.get("status") or {}).get("phase") == "Running"), None)
+
+    pod = cluster.wait_for(running_pod, 30, "the release's pod to run on a kwok node")
+    assert pod["spec"]["nodeName"] not in runtime.PROCESS_NODES, pod["spec"]["nodeName"]
+
+    with KubeCluster(Path(operator.env["KUBECONFIG"])) as account:
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        who = account.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", body=review)
+    user = f"system:serviceaccount:{release.namespace}:{rocmtrain_operator.ACCOUNT}"
+    assert who["status"]["userInfo"]["username"] == user, who["status"]
+    settings = outside_settings(live_env(cluster, release.namespace))
+    assert settings["ROCMTRAIN_RETRY_SECONDS"] == "2" and "ROCMTRAIN_STALL_SECONDS" in settings, settings
+    assert {name: operator.env.get(name) for name in settings} == settings
+    assert operator.env["ROCMTRAIN_OPERATOR_NAMESPACE"] == release.namespace
+
+    service = cluster.request("GET", f"/api/v1/namespaces/{release.namespace}/services/rocmtrain-progress")
+    assert service["spec"]["selector"], service["spec"]
+    assert service["metadata"]["annotations"]["meta.helm.sh/release-name"] == release.name
+    host = runtime.info(world.workdir)["hostAddress"]
+    assert f"{host} {rocmtrain_operator.PROGRESS_SERVICE}.{release.namespace}.svc\n" in world.names.hosts.read_text()
