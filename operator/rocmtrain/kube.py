@@ -76,6 +76,10 @@ class Refused(Exception):
         self.message = message
 
 
+class Changed(Exception):
+    """The object changed since it was read: a write's resourceVersion precondition failed (409)."""
+
+
 def api_message(exc: ApiException) -> str:
     """The `message` of the API server's Status answer, else its reason."""
     try:
@@ -278,9 +282,20 @@ class Kube:
             raise
         return True
 
-    async def patch(self, ref: Ref, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
-        """Merge-patch the object; None when it is gone."""
-        return await self._patch(self._objects.patch_namespaced_custom_object, ref, namespace, name, patch)
+    async def patch(
+        self, ref: Ref, namespace: str, name: str, patch: dict[str, Any], *, resource_version: str | None = None
+    ) -> dict[str, Any] | None:
+        """Merge-patch the object; None when it is gone. With `resource_version`, only that version of it: `Changed`
+        when it has changed since."""
+        if resource_version is None:
+            return await self._patch(self._objects.patch_namespaced_custom_object, ref, namespace, name, patch)
+        body = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": resource_version}}
+        try:
+            return await self._patch(self._objects.patch_namespaced_custom_object, ref, namespace, name, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Changed(f"{ref.plural} {namespace}/{name} changed since version {resource_version}") from exc
+            raise
 
     async def patch_status(
         self, ref: Ref, namespace: str, name: str, status: dict[str, Any], *, uid: str

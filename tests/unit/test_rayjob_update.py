@@ -1,7 +1,9 @@
 """What the operator may change in a RayJob that exists (`rocmtrain.status.rayjob_update`); pure.
 
 A running RayJob keeps its Ray cluster and entrypoint: only `suspend` and the lifecycle fields are
-patched, and a fixed field whose render changed (a newer operator version) is reported, never written.
+patched, and a fixed field whose render changed (a newer operator version) is reported, never written,
+until the RayJob is between runs (suspended by its job): then the patch turns each changed fixed field
+into the current render exactly.
 """
 
 from __future__ import annotations
@@ -11,10 +13,19 @@ from typing import Any
 
 import pytest
 
+from rocmtrain.api.kuberay import JobDeploymentStatus
 from rocmtrain.api.validate import validate_job
 from rocmtrain.render import render_rayjob
 from rocmtrain.render.rayjob import MUTABLE_RAYJOB_DEFAULTS
-from rocmtrain.status.rayjob_update import FIXED_FIELDS, deferred_message, holds, rayjob_update
+from rocmtrain.status.rayjob_update import (
+    FIXED_FIELDS,
+    applied_message,
+    between_runs,
+    deferred_message,
+    holds,
+    merge_patch,
+    rayjob_update,
+)
 from unit.samples import example, full_job, minimal_job
 
 JOBS = {
@@ -100,8 +111,73 @@ def test_holds_compares_maps_key_by_key_and_lists_item_by_item() -> None:
     assert not holds([1], [1, 2]) and not holds({"a": [1]}, {"a": {"0": 1}}) and not holds(None, 0)
 
 
-def test_the_event_names_the_fields_and_when_they_apply() -> None:
-    assert deferred_message("bert", ("entrypoint", "rayClusterSpec")) == (
+def apply_merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386's MergePatch(Target, Patch), as the API server applies a merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = apply_merge_patch(result.get(key), value)
+    return result
+
+
+@pytest.mark.parametrize("case", JOBS)
+def test_between_runs_the_patch_turns_the_older_render_into_the_current_one(case: str) -> None:
+    spec = rendered_spec(case)
+    older = _older(spec)
+    older["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["dropped"] = {"by": "the new render"}
+    update = rayjob_update(spec, older, queued=False, between=True)
+    assert (update.applied, update.deferred) == (("entrypoint", "rayClusterSpec"), ())
+    patched = apply_merge_patch(older, update.patch)
+    assert {key: patched.get(key) for key in FIXED_FIELDS} == {key: spec.get(key) for key in FIXED_FIELDS}
+    assert update.patch["suspend"] == spec["suspend"]  # the mutable fields as ever
+    assert update.patch["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["dropped"] is None
+    # In step, between runs or not: nothing to write.
+    assert rayjob_update(spec, spec, queued=False, between=True) == rayjob_update(spec, spec, queued=False)
+
+
+def test_merge_patch_is_the_difference_rfc_7386_applies() -> None:
+    old = {"a": 1, "b": {"c": [1, 2], "d": "x"}, "gone": True}
+    new = {"a": 1, "b": {"c": [1], "e": {"f": 0}}}
+    assert merge_patch(old, new) == {"gone": None, "b": {"c": [1], "d": None, "e": {"f": 0}}}
+    assert apply_merge_patch(old, merge_patch(old, new)) == new
+    assert merge_patch(None, new) == new and merge_patch(old, old) == {}
+
+
+@pytest.mark.parametrize(
+    ("status", "between"),
+    [
+        ({}, False),  # made, not started
+        ({"jobDeploymentStatus": JobDeploymentStatus.INITIALIZING}, False),
+        ({"jobDeploymentStatus": JobDeploymentStatus.RUNNING}, False),
+        ({"jobDeploymentStatus": JobDeploymentStatus.SUSPENDING}, False),  # its Ray cluster is still going
+        ({"jobDeploymentStatus": JobDeploymentStatus.SUSPENDED}, True),
+        # KubeRay makes the retry's cluster within milliseconds of deleting the failed one: no time to write.
+        ({"jobDeploymentStatus": JobDeploymentStatus.RETRYING, "failed": 1}, False),
+        ({"jobDeploymentStatus": JobDeploymentStatus.NEW, "failed": 1}, False),
+        ({"jobDeploymentStatus": JobDeploymentStatus.COMPLETE, "succeeded": 1}, False),
+        ({"jobDeploymentStatus": JobDeploymentStatus.FAILED, "failed": 2}, False),
+    ],
+)
+def test_a_rayjob_is_between_runs_while_its_job_has_it_suspended(status: dict[str, Any], between: bool) -> None:
+    assert between_runs({"status": status}, queued=False) is between
+    assert between_runs({"status": status}, queued=True) is False  # Kueue keeps a queued RayJob's pod templates
+
+
+def test_the_events_name_the_fields_and_when_they_apply() -> None:
+    fields = ("entrypoint", "rayClusterSpec")
+    assert deferred_message("bert", fields, queued=False) == (
         "this operator version renders RayJob bert differently (spec.entrypoint, spec.rayClusterSpec); the RayJob "
-        "that exists keeps what it was created with, and the change applies to the job's next RayJob"
+        "keeps what it was created with while it runs, and the change applies to the job's next RayJob, or the run "
+        "after the job is suspended and resumed"
+    )
+    assert deferred_message("bert", fields, queued=True).endswith(
+        "the change applies to the job's next RayJob (Kueue keeps this one's pod templates)"
+    )
+    assert applied_message("bert", fields) == (
+        "RayJob bert is suspended: the Ray cluster and submission of its next run use this operator version's "
+        "render (spec.entrypoint, spec.rayClusterSpec)"
     )

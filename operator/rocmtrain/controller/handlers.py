@@ -5,8 +5,10 @@
 - RayJobs we made (any change, from `RayJobWatch` rather than kopf, which stops on a
   404 when KubeRay's CRD is removed): map their state into the owning job's status
   (only the job's own RayJob: the job controls it and it has the job's RayJob name),
-  and recreate a RayJob deleted behind our back while its job has not finished (nor been refused by
-  its driver's pre-flight, whose RayJob the reconciler deletes: `Reconciler.sync`);
+  bring a suspended RayJob (between two runs) in line with the current render before KubeRay makes its
+  next Ray cluster (`rocmtrain.status.rayjob_update`), and recreate a RayJob
+  deleted behind our back while its job has not finished (nor been refused by its driver's pre-flight,
+  whose RayJob the reconciler deletes: `Reconciler.sync`);
 - the Ray pods of our jobs (`PodWatch`) and Kueue's Workloads of our RayJobs
   (`WorkloadWatch`): recompute the job's status (pods that cannot run, Kueue's verdict);
 - running jobs: stall detection, by one periodic loop over the job index;
@@ -44,8 +46,9 @@ from rocmtrain.controller.runtime import JobIndex, OperatorRuntime, open_runtime
 from rocmtrain.controller.settings import OperatorConfig, configure_kopf
 from rocmtrain.kube import CLUSTER_QUEUES, LOCAL_QUEUES
 from rocmtrain.status import queue
-from rocmtrain.status.objects import controller_ref, is_jobs_rayjob, job_view, requested_gpus
+from rocmtrain.status.objects import controller_ref, is_jobs_rayjob, job_view, queued, requested_gpus
 from rocmtrain.status.phase import has_ended
+from rocmtrain.status.rayjob_update import between_runs
 
 JOB = (GROUP, VERSION, PLURAL)
 
@@ -226,6 +229,8 @@ async def rayjob_changed(runtime: OperatorRuntime, kind: str, rayjob: View) -> N
             return
         if kind != "DELETED":
             await runtime.reconciler.refresh(job, rayjob)
+            if between_runs(rayjob, queued=queued(rayjob)) and not has_ended(job["status"]):
+                await runtime.reconciler.next_run(job)  # its next run takes the current render
         elif not has_ended(job["status"]):  # a refused job's RayJob goes too, before its status says Failed
             await runtime.kube.post_event(
                 job, type="Warning", reason="RayJobDeleted", message="the RayJob was deleted; recreating it"

@@ -53,7 +53,7 @@ from rocmtrain.api.conditions import Reason
 from rocmtrain.api.models import RocmTrainingJob, RocmTrainingJobSpec
 from rocmtrain.api.validate import FieldError, validate_job
 from rocmtrain.controller.settings import OperatorConfig
-from rocmtrain.kube import JOBS, NETWORK_POLICIES, RAYJOBS, ApiMissing, Kube, Refused
+from rocmtrain.kube import JOBS, NETWORK_POLICIES, RAYJOBS, ApiMissing, Changed, Kube, Refused
 from rocmtrain.render import render_network_policy, render_rayjob
 from rocmtrain.status import phase
 from rocmtrain.status.accounting import Price
@@ -68,7 +68,14 @@ from rocmtrain.status.objects import (
     rayjob_view,
 )
 from rocmtrain.status.phase import Hold, HoldKind
-from rocmtrain.status.rayjob_update import DEFERRED_REASON, deferred_message, rayjob_update
+from rocmtrain.status.rayjob_update import (
+    APPLIED_REASON,
+    DEFERRED_REASON,
+    applied_message,
+    between_runs,
+    deferred_message,
+    rayjob_update,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +86,8 @@ CONFLICT_RETRY_SECONDS = 5
 # holding rendered RayJobs and open requests for all of them (memory, and the API
 # server's CPU); 16 keeps the client's connections busy.
 ACTIVE_RECONCILES = 16
+# Reads and decisions of one RayJob update whose write found the RayJob changed (KubeRay moving between runs).
+APPLY_TRIES = 3
 # Uids of deleted jobs remembered, so that a sync still running when its job goes
 # does not bring the job's state back (uids are never reused).
 FORGOTTEN_UIDS = 4096
@@ -100,6 +109,7 @@ class JobState:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     written: dict[str, Any] | None = None  # owned status fields as last written
     synced: int | None = None  # the generation whose RayJob is in line with the spec (or that was refused)
+    newest: int = 0  # the newest generation of the job seen by a sync: an older view is never acted on
     tried: int | None = None  # the generation last tried while a retry is scheduled
     deferred: tuple[str, ...] = ()  # the RayJob's fixed fields whose render change was announced
     ended: bool = False  # the driver's pre-flight refusal was acted on (`Reconciler.end_refused`)
@@ -186,6 +196,12 @@ class Reconciler:
         return self._states.setdefault(uid, JobState())
 
     @staticmethod
+    def _older(state: JobState, job: Mapping[str, Any]) -> bool:
+        """Whether `job` is a view older than the newest generation a sync has seen: acting on it would bring an
+        older spec back (a handler that fetched the job from an index before the job changed)."""
+        return int(job["metadata"].get("generation") or 0) < state.newest
+
+    @staticmethod
     def _current(state: JobState, job: Mapping[str, Any]) -> dict[str, Any]:
         """The job's status as the operator knows it: its own last write over the observed one."""
         return {**(job.get("status") or {}), **(state.written or {})}
@@ -227,6 +243,9 @@ class Reconciler:
         state = self._state(meta["uid"])
         generation = meta.get("generation")
         refused = phase.refusal(job.get("status")) is not None and not state.ended
+        if self._older(state, job):
+            return None  # a view of the job older than one already synced (from an index, a watch that lags)
+        state.newest = generation or 0
         if not refused and (state.synced == generation or (state.retry is not None and state.tried == generation)):
             return None  # in line, or a retry of this very generation is already scheduled
         state.tried = generation
@@ -252,6 +271,8 @@ class Reconciler:
             else (phase.NOT_ALLOWED, self._policy(valid, meta["namespace"]))
         )
         async with state.lock:
+            if self._older(state, job):
+                return None  # a newer generation's sync started meanwhile: it brings the RayJob in line
             current = self._current(state, job)
             if valid is None or refused:
                 if current.get("phase") in phase.TERMINAL_PHASES:
@@ -347,16 +368,63 @@ class Reconciler:
         kueue = bool(valid.spec.scheduling.queue_name) or queued(live)
         if "rayClusterSpec" not in (live.get("spec") or {}):  # the watch's view: the fixed fields are left out
             live = await self._kube.get(RAYJOBS, namespace, name) or live
-        update = rayjob_update(rendered["spec"], live.get("spec") or {}, queued=kueue)
-        if update.patch:
-            live = await self._kube.patch(RAYJOBS, namespace, name, {"spec": update.patch}) or live
+        return await self._update_rayjob(job, rendered["spec"], live, kueue, state), None
+
+    async def next_run(self, job: Mapping[str, Any]) -> None:
+        """Bring the job's RayJob, which the RayJob watch saw between runs (`between_runs`), in line with the
+        current render before KubeRay makes its next Ray cluster. The RayJob only: the status follows from the
+        RayJob's own events, in their order. Nothing while the job's own sync of this generation is due."""
+        meta = job["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        state = self._state(meta["uid"])
+        async with self._slots, asyncio.timeout(self._config.reconcile_deadline):
+            valid, _ = await _validated(job)
+            if valid is None or self._policy(valid, namespace):
+                return
+            async with state.lock:
+                if self._older(state, job) or state.synced != meta.get("generation"):
+                    return
+                live = await self._kube.get(RAYJOBS, namespace, name)
+                if live is None or not is_jobs_rayjob(job, live) or "deletionTimestamp" in live["metadata"]:
+                    return
+                rendered = await asyncio.to_thread(render_rayjob, valid, options=self._config.render_options)
+                kueue = bool(valid.spec.scheduling.queue_name) or queued(live)
+                await self._update_rayjob(job, rendered["spec"], live, kueue, state)
+
+    async def _update_rayjob(
+        self, job: Mapping[str, Any], rendered: Mapping[str, Any], live: Mapping[str, Any], kueue: bool, state: JobState
+    ) -> Mapping[str, Any]:
+        """Patch the job's existing RayJob `live` towards the `rendered` spec as `rocmtrain.status.rayjob_update`
+        decides, and post its render-change events; the RayJob. A render change is written only onto the version
+        read (a RayJob that KubeRay moved on meanwhile is read again and decided again)."""
+        namespace, name = live["metadata"]["namespace"], live["metadata"]["name"]
+        for _ in range(APPLY_TRIES):
+            between = between_runs(live, queued=kueue)
+            update = rayjob_update(rendered, live.get("spec") or {}, queued=kueue, between=between)
+            if not update.patch:
+                break
+            version = live["metadata"]["resourceVersion"] if update.applied else None
+            body = {"spec": update.patch}
+            try:
+                patched = await self._kube.patch(RAYJOBS, namespace, name, body, resource_version=version)
+            except Changed:
+                live = await self._kube.get(RAYJOBS, namespace, name) or live
+                continue
+            live = patched or live
             logger.info("updated RayJob %s/%s: %s", namespace, name, sorted(update.patch))
-        if update.deferred and update.deferred != state.deferred:  # announced once per change
-            message = deferred_message(name, update.deferred)
+            break
+        else:  # the sync is tried again after a delay
+            raise Changed(f"RayJob {namespace}/{name} kept changing while it was updated")
+        if update.applied:
+            message = applied_message(name, update.applied)
+            logger.info("%s/%s %s: %s", namespace, name, APPLIED_REASON, message)
+            await self._kube.post_event(job, type="Normal", reason=APPLIED_REASON, message=message)
+        elif update.deferred and update.deferred != state.deferred:  # announced once per change
+            message = deferred_message(name, update.deferred, queued=kueue)
             logger.info("%s/%s %s: %s", namespace, name, DEFERRED_REASON, message)
             await self._kube.post_event(job, type="Normal", reason=DEFERRED_REASON, message=message)
         state.deferred = update.deferred
-        return live, None
+        return live
 
     async def _protect(self, job: Mapping[str, Any], valid: RocmTrainingJob) -> Hold | None:
         """Create the job's NetworkPolicy (kept when it exists) before any of its Ray pods; what holds the job."""
@@ -376,6 +444,8 @@ class Reconciler:
         meta = job["metadata"]
         state = self._state(meta["uid"])
         async with state.lock:
+            if self._older(state, job):
+                return  # an older view of the job: the newer one's sync writes the status from the RayJob it sees
             current = self._current(state, job)
             valid, _ = await _validated(job)
             if valid is None or self._policy(valid, meta["namespace"]):

@@ -1,0 +1,100 @@
+"""The reconciler never acts on a view of a job older than one it has synced (`Reconciler._older`).
+
+The RayJob watch's handlers take the job from kopf's index, which may still hold the previous generation
+while the job's own event brings the new one: a sync (a deleted RayJob made again) or a next run's render
+(`Reconciler.next_run`) of that older view would write its spec back onto the RayJob (here, suspend a job
+its user has just resumed, or render its older spec). The API server is a small stand-in that keeps one
+RayJob and applies merge patches as the real one does; nothing else is faked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+from fakes import merge_patch
+from rocmtrain.controller.reconciler import Reconciler
+from rocmtrain.controller.settings import OperatorConfig
+from unit.samples import minimal_job
+
+
+class _OneRayJob:
+    """The API server of one namespace, for the calls a sync makes: RayJobs kept, everything else accepted."""
+
+    def __init__(self) -> None:
+        self.rayjob: dict[str, Any] | None = None
+        self.spec_patches: list[dict[str, Any]] = []
+
+    async def create(self, ref: Any, body: dict[str, Any]) -> dict[str, Any] | None:
+        if body["kind"] != "RayJob" or self.rayjob is not None:
+            return None  # a NetworkPolicy, or a RayJob that exists (409)
+        self.rayjob = {**copy.deepcopy(body), "status": {}}
+        self.rayjob["metadata"].update(resourceVersion="1", uid="rayjob-uid")
+        return copy.deepcopy(self.rayjob)
+
+    async def get(self, ref: Any, namespace: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.rayjob)
+
+    async def patch(
+        self, ref: Any, namespace: str, name: str, patch: dict[str, Any], *, resource_version: str | None = None
+    ) -> dict[str, Any]:
+        assert self.rayjob is not None
+        assert resource_version in (None, self.rayjob["metadata"]["resourceVersion"])
+        self.spec_patches.append(patch["spec"])
+        self.rayjob = merge_patch(self.rayjob, patch)
+        return copy.deepcopy(self.rayjob)
+
+    async def patch_status(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {}
+
+    async def post_event(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _job(generation: int, *, suspend: bool) -> dict[str, Any]:
+    job = minimal_job()
+    job["metadata"].update(namespace="ml", uid="job-uid", generation=generation)
+    job["spec"].update(suspend=suspend, resources={"gpusPerWorker": 0})  # on CPUs: no node to fit
+    job["status"] = {}
+    return job
+
+
+def _reconciler(kube: _OneRayJob) -> Reconciler:
+    config = OperatorConfig.from_env({"ROCMTRAIN_JOB_NETWORK_POLICIES": "false"})
+    return Reconciler(kube, config, known=lambda namespace, name: None)  # type: ignore[arg-type]
+
+
+def test_an_older_view_of_a_job_never_brings_its_spec_back() -> None:
+    async def scenario() -> _OneRayJob:
+        kube = _OneRayJob()
+        reconciler = _reconciler(kube)
+        await reconciler.sync(_job(1, suspend=True), [])
+        await reconciler.sync(_job(2, suspend=False), [])  # the user resumes it
+        reconciler.invalidate("job-uid")  # as the RayJob handler does before it makes a deleted RayJob again
+        await reconciler.sync(_job(1, suspend=True), [])  # the index's view, one generation behind
+        return kube
+
+    kube = asyncio.run(scenario())
+    assert kube.rayjob is not None and kube.rayjob["spec"]["suspend"] is False
+    assert kube.spec_patches == [{"suspend": False}]
+
+
+def test_a_suspended_rayjob_takes_the_current_render_from_its_jobs_synced_generation_only() -> None:
+    async def scenario() -> _OneRayJob:
+        kube = _OneRayJob()
+        reconciler = _reconciler(kube)
+        await reconciler.sync(_job(1, suspend=False), [])
+        await reconciler.sync(_job(2, suspend=True), [])
+        assert kube.rayjob is not None
+        kube.rayjob["spec"]["entrypoint"] = "python -m an_older_driver"  # as an older operator version wrote it
+        kube.rayjob["status"] = {"jobDeploymentStatus": "Suspended"}
+        await reconciler.next_run(_job(1, suspend=False))  # an older view: nothing
+        assert len(kube.spec_patches) == 1
+        await reconciler.next_run(_job(2, suspend=True))
+        return kube
+
+    kube = asyncio.run(scenario())
+    assert kube.spec_patches[0] == {"suspend": True}
+    assert set(kube.spec_patches[1]) == {"entrypoint"}  # the suspended RayJob's cluster and command only
+    assert kube.rayjob is not None and kube.rayjob["spec"]["entrypoint"] != "python -m an_older_driver"
