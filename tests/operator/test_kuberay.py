@@ -17,6 +17,7 @@ import pytest
 from operator_testkit import SMALL, WORLD_TIMEOUT, Api, Operator, job_manifest, submitting, wait_until
 
 from rocmtrain.api.conditions import ConditionType, Reason
+from rocmtrain.status.rayjob_update import APPLIED_REASON, DEFERRED_REASON
 from rocmtrain_testworld import kuberay, kwok
 from rocmtrain_testworld.nodes import MI250_LABELS, MI300X_LABELS, PRODUCT_LABEL
 from rocmtrain_testworld.world import World
@@ -25,6 +26,9 @@ pytestmark = pytest.mark.cluster
 
 MI300X, MI250 = MI300X_LABELS[PRODUCT_LABEL], MI250_LABELS[PRODUCT_LABEL]
 TIMEOUT = WORLD_TIMEOUT
+OLDER_IMAGE = "ghcr.io/rocm-train-operator/training:0.0.9"
+OLDER_ENTRYPOINT = "python -m rocmtrain_train.driver_of_an_older_version"
+MERGE_PATCH = "application/merge-patch+json"
 
 
 def raycluster(api: Api, ns: str, name: str) -> dict[str, Any]:
@@ -87,10 +91,26 @@ def test_deleting_a_job_deletes_everything_kuberay_made(world: World, world_api:
 # ---- suspend, retries, deadline ------------------------------------------------------------------
 
 
-def test_suspend_deletes_the_ray_cluster_and_resume_makes_a_new_one(world: World, world_api: Api, world_ns: str):
+def _head_image(spec: dict[str, Any]) -> str:
+    return str(spec["headGroupSpec"]["template"]["spec"]["containers"][0]["image"])
+
+
+def test_suspend_deletes_the_ray_cluster_and_resume_makes_a_new_one_of_the_current_render(
+    world: World, world_api: Api, world_ns: str
+):
     api, ns = world_api, world_ns
     api.create_job(ns, "bert", timeout=TIMEOUT, resources=SMALL)
     first = api.wait_status(ns, "bert", "submitting", submitting)["rayClusterName"]
+    rayjob = api.rayjob(ns, "bert")
+    current = _head_image(rayjob["spec"]["rayClusterSpec"])
+    # The RayJob as an older operator version rendered it: another head image and entrypoint. KubeRay disregards
+    # a change of the cluster spec while its Ray cluster exists; it makes the next one from the RayJob's spec.
+    containers = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"]
+    containers[0]["image"] = OLDER_IMAGE
+    head = {"headGroupSpec": {"template": {"spec": {"containers": containers}}}}
+    older = {"spec": {"entrypoint": OLDER_ENTRYPOINT, "rayClusterSpec": head}}
+    api.kube.request("PATCH", kuberay.RAYJOBS.format(ns=ns) + "/bert", body=older, content_type=MERGE_PATCH)
+
     api.patch_job(ns, "bert", {"spec": {"suspend": True}})
     api.wait_status(ns, "bert", "Suspended", phase_is("Suspended"))
     wait_until(
@@ -102,11 +122,21 @@ def test_suspend_deletes_the_ray_cluster_and_resume_makes_a_new_one(world: World
     assert kuberay.raycluster(api.kube, ns, "bert") is None
     # KubeRay clears the RayJob's cluster name after deleting the cluster; the job's status follows.
     api.wait_status(ns, "bert", "no Ray cluster named", lambda s: "rayClusterName" not in s)
+    # Suspended, the RayJob takes the current render (an event says so), for the run after the resume.
+    wait_until(
+        lambda: api.rayjob(ns, "bert")["spec"]["entrypoint"] != OLDER_ENTRYPOINT,
+        timeout=TIMEOUT,
+        what="the current render on the suspended RayJob",
+    )
 
     api.patch_job(ns, "bert", {"spec": {"suspend": False}})
     resumed = api.wait_status(ns, "bert", "submitting again", submitting)
     assert resumed["rayClusterName"] != first
-    assert [r for _, r in api.events(ns, "bert")] == ["Pending", "Initializing", "Suspended", "Pending", "Initializing"]
+    assert _head_image(raycluster(api, ns, "bert")["spec"]) == current
+    story = [r for _, r in api.events(ns, "bert")]
+    assert story == [
+        "Pending", "Initializing", DEFERRED_REASON, "Suspended", APPLIED_REASON, "Pending", "Initializing"
+    ], story  # fmt: skip
 
 
 def test_job_retries_go_through_kuberay_retrying_on_a_new_ray_cluster(world: World, world_api: Api, world_ns: str):

@@ -11,8 +11,10 @@ operator starts on them, as after `kubectl apply -k manifests/`.
   queued one stays queued, the finished one keeps its phase).
 - A change of `spec.lifecycle` is carried over as that field alone (the operator's field manager owns nothing
   else of the RayJob), never `suspend` of a queued RayJob (Kueue's), never a finished job's RayJob.
-- A RayJob whose cluster and entrypoint an older render wrote keeps them; one `RenderChangeDeferred` event says
-  the change applies to the next RayJob, which, once the RayJob is deleted, is made from the current render.
+- A RayJob whose cluster and entrypoint an older render wrote keeps them while it runs; one `RenderChangeDeferred`
+  event says the change applies to the next RayJob or run: once the RayJob is deleted, the next one is made from
+  the current render, and once the job is suspended (KubeRay's `Suspended`, written here as KubeRay writes it),
+  the current render is written onto the RayJob before it resumes, with a `RenderChangeApplied` event.
 
 Lean control plane: no KubeRay controller, no Ray; nothing runs.
 """
@@ -30,7 +32,7 @@ from operator_testkit import JOBS, Api, Operator, wait_until
 from rocmtrain.api.conditions import ConditionType
 from rocmtrain.api.contract import OPERATOR_NAME
 from rocmtrain.status.accounting import FLUSH_SECONDS
-from rocmtrain.status.rayjob_update import DEFERRED_REASON, FIXED_FIELDS
+from rocmtrain.status.rayjob_update import APPLIED_REASON, DEFERRED_REASON, FIXED_FIELDS
 from rocmtrain_testworld.kubecluster import KubeCluster
 from upgrade.fixtures import CASES, recorded
 
@@ -66,19 +68,25 @@ def _make(kube: KubeCluster, api: Api, case: str, ns: str, older: bool = False) 
         api.fake_kuberay(ns, case, rayjob["status"])
 
 
+Adopted = tuple[str, str, str, dict[str, dict[str, Any]]]
+
+
 @pytest.fixture(scope="module")
-def adopted(kube: KubeCluster, api: Api, operator: Operator) -> Iterator[tuple[str, str, dict[str, dict[str, Any]]]]:
-    """(the recorded cases' namespace, the older render's, each RayJob as made), the operator started on them."""
+def adopted(kube: KubeCluster, api: Api, operator: Operator) -> Iterator[Adopted]:
+    """(the recorded cases' namespace, two namespaces of the older render's running job, each RayJob as made), the
+    operator started on them."""
     operator.stop()
     try:
-        ns, older = kube.new_namespace("upgrade"), kube.new_namespace("upgrade-older")
+        ns, older, retried = (kube.new_namespace(f"upgrade{suffix}") for suffix in ("", "-older", "-retried"))
         for case in CASES:
             _make(kube, api, case, ns)
         _make(kube, api, "running", older, older=True)
-        made = {case: api.rayjob(ns, case) for case in CASES} | {"older": api.rayjob(older, "running")}
+        _make(kube, api, "running", retried, older=True)
+        made = {case: api.rayjob(ns, case) for case in CASES}
+        made |= {"older": api.rayjob(older, "running"), "retried": api.rayjob(retried, "running")}
     finally:
         operator.start()
-    yield ns, older, {case: rayjob for case, rayjob in made.items() if rayjob is not None}
+    yield ns, older, retried, {case: rayjob for case, rayjob in made.items() if rayjob is not None}
 
 
 def _fixed(rayjob: dict[str, Any]) -> dict[str, Any]:
@@ -94,9 +102,9 @@ def _deferred(api: Api, ns: str, name: str) -> list[str]:
 
 
 def test_the_operator_adopts_running_queued_and_finished_jobs_without_writing_their_rayjobs(
-    api: Api, adopted: tuple[str, str, dict[str, dict[str, Any]]]
+    api: Api, adopted: Adopted
 ) -> None:
-    ns, _, made = adopted
+    ns, _, _, made = adopted
     before = recorded("running", ns)["job"]["status"]
     # The recorded progress is older than the test operator's stall limit (3 s): the new operator says so.
     running = api.wait_status(
@@ -124,10 +132,8 @@ def test_the_operator_adopts_running_queued_and_finished_jobs_without_writing_th
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_a_lifecycle_change_is_the_only_write_to_an_adopted_rayjob(
-    api: Api, adopted: tuple[str, str, dict[str, dict[str, Any]]], case: str
-) -> None:
-    ns, _, made = adopted
+def test_a_lifecycle_change_is_the_only_write_to_an_adopted_rayjob(api: Api, adopted: Adopted, case: str) -> None:
+    ns, _, _, made = adopted
     api.patch_job(ns, case, {"spec": {"lifecycle": {"ttlSecondsAfterFinished": 600}}})
     status = api.wait_status(ns, case, "generation 2 observed", lambda s: s.get("observedGeneration") == 2, timeout=10)
     assert status["phase"] == recorded(case)["job"]["status"]["phase"]
@@ -148,11 +154,11 @@ def test_a_lifecycle_change_is_the_only_write_to_an_adopted_rayjob(
 
 
 def test_an_older_render_is_kept_announced_once_and_replaced_by_the_next_rayjob(
-    kube: KubeCluster, api: Api, adopted: tuple[str, str, dict[str, dict[str, Any]]]
+    kube: KubeCluster, api: Api, adopted: Adopted
 ) -> None:
-    _, ns, made = adopted
+    _, ns, _, made = adopted
     (message,) = wait_until(lambda: _deferred(api, ns, "running"), timeout=10, what="the RenderChangeDeferred event")
-    assert "(spec.entrypoint, spec.rayClusterSpec)" in message and "next RayJob" in message
+    assert "(spec.entrypoint, spec.rayClusterSpec)" in message and "next RayJob" in message and "resumed" in message
     api.patch_job(ns, "running", {"spec": {"lifecycle": {"ttlSecondsAfterFinished": 600}}})
     live = wait_until(
         lambda: (r := api.rayjob(ns, "running")) and r["spec"].get("ttlSecondsAfterFinished") == 600 and r,
@@ -171,4 +177,44 @@ def test_an_older_render_is_kept_announced_once_and_replaced_by_the_next_rayjob(
     assert new["spec"]["entrypoint"] != OLD_ENTRYPOINT and head["image"] == recorded("running")["job"]["spec"]["image"]
     assert new["spec"]["ttlSecondsAfterFinished"] == 600
     wait_until(lambda: ("Warning", "RayJobDeleted") in api.events(ns, "running"), what="the RayJobDeleted event")
+    assert len(_deferred(api, ns, "running")) == 1
+
+
+def _head_image(rayjob: dict[str, Any]) -> str:
+    return str(rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"])
+
+
+def test_an_older_render_reaches_the_run_after_a_suspension(api: Api, adopted: Adopted) -> None:
+    _, _, ns, made = adopted
+    wait_until(lambda: _deferred(api, ns, "running"), timeout=10, what="the RenderChangeDeferred event")
+    api.patch_job(ns, "running", {"spec": {"suspend": True}})
+    suspending = wait_until(
+        lambda: (r := api.rayjob(ns, "running")) and r["spec"]["suspend"] and r, timeout=10, what="the RayJob suspended"
+    )
+    assert _fixed(suspending) == _fixed(made["retried"])  # kept while its Ray cluster is there
+    api.fake_kuberay(ns, "running", {"jobDeploymentStatus": "Suspending"})
+    time.sleep(1)
+    assert _fixed(api.rayjob(ns, "running")) == _fixed(made["retried"])
+    # KubeRay has deleted the Ray cluster: the next run's is made from the RayJob's spec once the job resumes.
+    api.fake_kuberay(ns, "running", {"jobDeploymentStatus": "Suspended", "jobStatus": "", "rayClusterName": ""})
+    live = wait_until(
+        lambda: (r := api.rayjob(ns, "running")) and r["spec"]["entrypoint"] != OLD_ENTRYPOINT and r,
+        timeout=10,
+        what="the current render on the RayJob",
+    )
+    assert _head_image(live) == recorded("running")["job"]["spec"]["image"] and live["spec"]["suspend"]
+    assert live["metadata"]["uid"] == made["retried"]["metadata"]["uid"]
+    (applied,) = wait_until(
+        lambda: [m for _, reason, m in api.event_messages(ns, "running") if reason == APPLIED_REASON],
+        timeout=10,
+        what="the RenderChangeApplied event",
+    )
+    assert "is suspended" in applied and "(spec.entrypoint, spec.rayClusterSpec)" in applied
+    # Resumed: only `suspend` changes, and nothing is announced again.
+    api.patch_job(ns, "running", {"spec": {"suspend": False}})
+    resumed = wait_until(
+        lambda: (r := api.rayjob(ns, "running")) and not r["spec"]["suspend"] and r, timeout=10, what="resumed"
+    )
+    assert _fixed(resumed) == _fixed(live)
+    assert [m for _, reason, m in api.event_messages(ns, "running") if reason == APPLIED_REASON] == [applied]
     assert len(_deferred(api, ns, "running")) == 1
