@@ -131,12 +131,6 @@ def pod_records(workdir: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
-def withdraw_host_service(cluster: KubeCluster, namespace: str, name: str) -> None:
-    """Remove what `expose_host_service` made, so that the name is free for another Service of it."""
-    withdraw_host_endpoints(cluster, namespace, name)
-    cluster.delete({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}}, namespace)
-
-
 def withdraw_host_endpoints(cluster: KubeCluster, namespace: str, name: str) -> None:
     """Remove what `expose_host_endpoints` made (the Service stays)."""
     cluster.delete(
