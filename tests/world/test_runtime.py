@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +254,34 @@ def test_readiness_is_the_probes_and_deletion_ends_every_process(world: World, n
         lambda: not cluster.request("GET", f"/api/v1/namespaces/{ns}/pods")["items"], 30, "the pod to be finalized"
     )
     assert processes_in(namespace, "net") == [], "no process of the pod is left"
+
+
+def test_an_http_readiness_probe_asks_the_pods_address_on_a_named_port(world: World, ns: str, tmp_path: Path) -> None:
+    """KubeRay v1.6 probes Ray pods with httpGet (the Ray agent's health path): the runtime asks the pod's address,
+    as the kubelet does, and 200 to 399 pass."""
+    flag = tmp_path / "healthy"
+    script = f"""
+        import http.server, pathlib
+        class Health(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                ok = self.path == "/healthz" and pathlib.Path({str(flag)!r}).exists()
+                self.send_response(200 if ok else 503)
+                self.end_headers()
+        http.server.HTTPServer(("0.0.0.0", 8081), Health).serve_forever()
+    """
+    probe = {"httpGet": {"path": "/healthz", "port": "health"}, "periodSeconds": 1}
+    container = {"ports": [{"name": "health", "containerPort": 8081}], "readinessProbe": probe}
+    world.cluster.create(pod("web", ns, script, container=container))
+
+    def ready() -> bool:
+        conditions = {c["type"]: c["status"] for c in get(world, ns, "web")["status"].get("conditions", [])}
+        return conditions.get("Ready") == "True"
+
+    world.cluster.wait_for(lambda: get(world, ns, "web")["status"].get("phase") == "Running", 60, "Running")
+    time.sleep(3)  # three probes answered 503
+    assert not ready()
+    flag.write_text("yes")
+    world.cluster.wait_for(ready, 30, "the httpGet probe to pass")
 
 
 def test_service_names_resolve_to_pods_and_to_this_machine(world: World, ns: str) -> None:

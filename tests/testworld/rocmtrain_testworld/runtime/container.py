@@ -31,14 +31,16 @@ import contextlib
 import os
 import shlex
 import signal
+import ssl
 import subprocess
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocmtrain_testworld.processes import die_with_parent
-from rocmtrain_testworld.runtime.podspec import ConfigError
+from rocmtrain_testworld.runtime.podspec import ConfigError, HttpGet, Probe
 from rocmtrain_testworld.runtime.volumes import Mount
 
 # Ray's fixed temp folder (sessions, sockets, `ray_current_cluster`): each container gets its own
@@ -270,11 +272,17 @@ class Running:
         self.poll()
 
 
-def probe(running: Running, command: Sequence[str], env: Mapping[str, str], timeout: float) -> bool:
-    """Run an exec probe inside the container (its network and mounts); whether it passed in time."""
-    pid = running.init_pid()
-    if pid is None or running.poll() is not None:
+def probe(running: Running, found: Probe, env: Mapping[str, str], address: str) -> bool:
+    """Run the probe of the container: an exec probe inside it (its network and mounts), an httpGet probe from
+    this machine to the pod's ``address``, as the kubelet does; whether it passed in time."""
+    if running.poll() is not None:
         return False
+    if found.http is not None:
+        return http_probe(address, found.http, found.timeout)
+    pid = running.init_pid()
+    if pid is None or found.command is None:
+        return False
+    command, timeout = found.command, found.timeout
     try:
         done = subprocess.run(
             ["nsenter", f"--target={pid}", "--net", "--mount", "--", *command],
@@ -287,3 +295,18 @@ def probe(running: Running, command: Sequence[str], env: Mapping[str, str], time
     except subprocess.TimeoutExpired:
         return False
     return done.returncode == 0
+
+
+def http_probe(address: str, get: HttpGet, timeout: float) -> bool:
+    """GET the probe's path on the pod's address (HTTPS unverified, as the kubelet); 200 to 399 pass."""
+    url = f"{'https' if get.scheme == 'HTTPS' else 'http'}://{address}:{get.port}{get.path}"
+    request = urllib.request.Request(url, headers=dict(get.headers))  # noqa: S310 (http or https only)
+    unverified = ssl._create_unverified_context()  # noqa: S323 (as the kubelet)
+    # No proxy from the environment: the request goes to the pod and nowhere else.
+    handlers = (urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=unverified))
+    opener = urllib.request.build_opener(*handlers)
+    try:
+        with opener.open(request, timeout=timeout) as answer:
+            return 200 <= answer.status < 400
+    except (OSError, ValueError):  # refused, timed out, 4xx/5xx (HTTPError), a bad answer
+        return False

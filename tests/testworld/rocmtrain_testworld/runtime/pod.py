@@ -3,7 +3,7 @@
 Like a kubelet's pod worker: give the pod its network namespace and address,
 write its volumes, run its init containers one after another, then its
 containers; restart them by the pod's restartPolicy (with the kubelet's
-back-off); run exec readiness and liveness probes inside them; write the pod's
+back-off); run readiness and liveness probes (exec inside them, httpGet to their address); write the pod's
 status whenever it changes; and on deletion stop every process (SIGTERM, then
 SIGKILL after the grace period) and finalize the pod (delete it with grace 0),
 which garbage collection, Jobs and KubeRay wait for.
@@ -19,6 +19,7 @@ import logging
 import shutil
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -244,8 +245,9 @@ class PodWorker(threading.Thread):
                 capabilities=podspec.capabilities(spec),
                 no_new_privileges=podspec.no_new_privileges(spec),
             )
-            slot.readiness = self._probing(spec.get("readinessProbe"))
-            slot.liveness = self._probing(spec.get("livenessProbe"))
+            ports = {port["name"]: int(port["containerPort"]) for port in spec.get("ports") or () if "name" in port}
+            slot.readiness = self._probing(spec.get("readinessProbe"), ports)
+            slot.liveness = self._probing(spec.get("livenessProbe"), ports)
         except (Missing, ConfigError) as exc:
             slot.state.state, slot.state.reason, slot.state.message = "waiting", "CreateContainerConfigError", str(exc)
             slot.restart_at = time.monotonic() + RETRY_SECONDS
@@ -267,8 +269,8 @@ class PodWorker(threading.Thread):
         status["hostIPs"] = [{"ip": self.state.host_ip}]
         return {**self.pod, "status": status}
 
-    def _probing(self, spec: dict[str, Any] | None) -> Probing | None:
-        found = Probe.of(spec)
+    def _probing(self, spec: dict[str, Any] | None, ports: Mapping[str, int]) -> Probing | None:
+        found = Probe.of(spec, ports)
         return Probing(found, time.monotonic() + found.initial_delay) if found else None
 
     def _ended(self, slot: Slot) -> None:
@@ -327,9 +329,7 @@ class PodWorker(threading.Thread):
                 probing.running = None
             if probing.running is None and now >= probing.due:
                 probing.due = now + probing.probe.period
-                probing.running = self._probes.submit(
-                    probe, slot.run, probing.probe.command, slot.env, probing.probe.timeout
-                )
+                probing.running = self._probes.submit(probe, slot.run, probing.probe, slot.env, self.state.pod_ip)
 
     def _probed(self, slot: Slot, kind: str, probing: Probing, passed: bool) -> None:
         if passed:

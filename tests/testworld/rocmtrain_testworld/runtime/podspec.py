@@ -203,10 +203,22 @@ def grace_seconds(pod: Mapping[str, Any]) -> float:
 
 
 @dataclass(frozen=True)
-class Probe:
-    """An exec probe (the only kind KubeRay uses): its command and timing, as the kubelet reads them."""
+class HttpGet:
+    """An httpGet probe's request: the kubelet asks the pod's address; 200 to 399 pass."""
 
-    command: Sequence[str]
+    port: int
+    path: str
+    scheme: str
+    headers: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """An exec or httpGet probe (KubeRay's kinds: exec wget up to v1.5, httpGet to the Ray agent's health endpoint
+    from v1.6 for the Ray versions that have it): what it runs, and its timing, as the kubelet reads them."""
+
+    command: Sequence[str] | None
+    http: HttpGet | None
     initial_delay: float
     period: float
     timeout: float
@@ -214,14 +226,28 @@ class Probe:
     failure_threshold: int
 
     @classmethod
-    def of(cls, spec: Mapping[str, Any] | None) -> Probe | None:
-        """The probe, or None without one; other probe kinds are refused (ConfigError)."""
+    def of(cls, spec: Mapping[str, Any] | None, ports: Mapping[str, int]) -> Probe | None:
+        """The probe, or None without one (``ports``: the container's named ports); other kinds are refused
+        (ConfigError)."""
         if not spec:
             return None
-        if "exec" not in spec:
-            raise ConfigError(f"only exec probes are run by the process runtime, not {sorted(spec)}")
+        command, http = None, None
+        if "exec" in spec:
+            command = tuple(spec["exec"]["command"])
+        elif "httpGet" in spec:
+            get = spec["httpGet"]
+            port = get["port"]
+            if isinstance(port, str) and not port.isdigit():
+                if port not in ports:
+                    raise ConfigError(f"the httpGet probe's port {port!r} is not a port of the container")
+                port = ports[port]
+            headers = tuple((h["name"], h["value"]) for h in get.get("httpHeaders") or ())
+            http = HttpGet(int(port), get.get("path") or "/", get.get("scheme", "HTTP"), headers)
+        else:
+            raise ConfigError(f"only exec and httpGet probes are run by the process runtime, not {sorted(spec)}")
         return cls(
-            command=tuple(spec["exec"]["command"]),
+            command=command,
+            http=http,
             initial_delay=float(spec.get("initialDelaySeconds", 0)),
             period=float(spec.get("periodSeconds", 10)),
             timeout=float(spec.get("timeoutSeconds", 1)),
