@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shlex
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -95,9 +96,12 @@ def test_schema_check_catches_typos_and_wrong_types(full: RocmTrainingJob) -> No
         assert f"{version}: spec.rayClusterSpec.workerGroupSpecs.0.replicas: '3' is not of type 'integer'" in errors
 
 
-def test_both_kuberay_schemas_are_checked_and_each_is_its_versions(full: RocmTrainingJob) -> None:
-    """A field only v1.7.0 knows is refused by v1.5.1's schema alone; the vendored CRD is upstream's, unedited."""
-    assert rayjob_schema.VERSIONS == (KUBERAY_VERSION, "v1.7.0")
+def test_the_three_kuberay_schemas_are_checked_and_each_is_its_versions(full: RocmTrainingJob) -> None:
+    """A field only newer versions know is refused by v1.5.1's schema alone; the world's is the one build.sh builds;
+    the vendored CRD is upstream's, unedited."""
+    assert rayjob_schema.VERSIONS == (KUBERAY_VERSION, "v1.6.2", "v1.7.0")
+    build = Path(rayjob_schema.__file__).with_name("build.sh").read_text()
+    assert f"\nKUBERAY_VERSION={rayjob_schema.WORLD}\n" in build
     rayjob = render_rayjob(full)
     rayjob["spec"]["preRunningDeadlineSeconds"] = 600
     assert rayjob_schema.schema_errors(rayjob) == [

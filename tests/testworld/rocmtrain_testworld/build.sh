@@ -6,7 +6,7 @@
 #     around sigs.k8s.io/cli-utils), in one `go build`: one module graph, so the k8s.io
 #     libraries, gRPC and the rest that they share compile once;
 #   - the KubeRay operator from its own module (`go install module@version`:
-#     it needs k8s.io v0.34 and controller-runtime v0.22);
+#     it needs k8s.io v0.35 and controller-runtime v0.22);
 #   - SeaweedFS's weed (the test world's S3 server, s3.py) from seaweedfs/ here, a module of
 #     its own (it shares nothing to speak of with Kubernetes), rebuilt when that module changes;
 #   - the manifests the harness installs from those modules: KubeRay's CRDs
@@ -26,9 +26,12 @@ set -euo pipefail
 export GOFLAGS=-buildvcs=false
 export CGO_ENABLED=0
 
-# Keep KubeRay in step with the renderer's pin (rocmtrain.render.KUBERAY_VERSION).
+# The KubeRay the world runs: the newest the Go module proxy serves (v1.7.0's zip is refused), the one
+# Kueue v0.19.2 is built against. The renderer targets v1.5.1, the oldest supported
+# (rocmtrain.api.contract.KUBERAY_VERSION); rayjob_schema checks every render against both and v1.7.0,
+# and names this version (WORLD).
 KUBERAY_MODULE=github.com/ray-project/kuberay/ray-operator
-KUBERAY_VERSION=v1.5.1
+KUBERAY_VERSION=v1.6.2
 KUBERAY_CRDS=(ray.io_rayjobs.yaml ray.io_rayclusters.yaml ray.io_rayservices.yaml)
 KWOK_MODULE=sigs.k8s.io/kwok
 # kwok's stock stages the harness starts from (kwok.py adds its own).

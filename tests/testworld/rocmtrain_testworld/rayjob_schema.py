@@ -1,9 +1,11 @@
 """KubeRay's RayJob CRD schemas as strict JSON Schemas, for checking rendered RayJobs.
 
-Two KubeRay versions are checked (`VERSIONS`):
-- v1.5.1, the renderer's (`rocmtrain.api.contract.KUBERAY_VERSION`) and the one the test world runs: its CRD
-  comes from `.cluster/bin/crds/ray.io_rayjobs.yaml` (written by build.sh) or else from the ray-operator Go
-  module, fetched through the Go module proxy into the module cache;
+Three KubeRay versions are checked (`VERSIONS`):
+- v1.5.1, the renderer's (`rocmtrain.api.contract.KUBERAY_VERSION`), the oldest supported: its CRD comes from
+  the ray-operator Go module, fetched through the Go module proxy into the module cache;
+- v1.6.2, the one the test world runs (`WORLD`, build.sh's `KUBERAY_VERSION`): the newest the Go module proxy
+  serves; its CRD comes from `.cluster/bin/crds/ray.io_rayjobs.yaml` (written by build.sh), or else from its
+  Go module;
 - v1.7.0, the newest: the Go module proxy does not serve it, so its CRD is vendored, byte for byte below a
   header naming its source commit, in `kuberay_crds/ray.io_rayjobs-v1.7.0.yaml.gz` (`upstream_blob` checks it).
 
@@ -32,9 +34,11 @@ from rocmtrain_testworld.paths import KUBERAY_CRDS_DIR
 
 MODULE = "github.com/ray-project/kuberay/ray-operator"
 CRD_FILE = "ray.io_rayjobs.yaml"
+WORLD = "v1.6.2"
 NEWEST = "v1.7.0"
-# The KubeRay versions every rendered RayJob must be valid for: the one the world runs, and the newest.
-VERSIONS = (KUBERAY_VERSION, NEWEST)
+# The KubeRay versions every rendered RayJob must be valid for: the renderer's (the oldest supported), the one the
+# world runs, and the newest.
+VERSIONS = (KUBERAY_VERSION, WORLD, NEWEST)
 VENDORED = {NEWEST: Path(__file__).with_name("kuberay_crds") / f"ray.io_rayjobs-{NEWEST}.yaml.gz"}
 # Pruning keeps these metadata fields of a RayJob; anything else is a typo.
 _OBJECT_META = {
@@ -49,14 +53,14 @@ _OBJECT_META = {
 }
 
 
-def crd_path() -> Path:
-    """The RayJob CRD file: the test cluster's copy, or the Go module's."""
+def crd_path(version: str) -> Path:
+    """The RayJob CRD file of KubeRay `version`: the test world's copy (`WORLD`), or the Go module's."""
     built = KUBERAY_CRDS_DIR / CRD_FILE
-    if built.is_file():
+    if version == WORLD and built.is_file():
         return built
     with tempfile.TemporaryDirectory() as outside_any_module:
         result = subprocess.run(
-            ["go", "mod", "download", "-json", f"{MODULE}@{KUBERAY_VERSION}"],
+            ["go", "mod", "download", "-json", f"{MODULE}@{version}"],
             cwd=outside_any_module,
             env={**os.environ, "GOFLAGS": "-mod=mod", "GO111MODULE": "on"},
             capture_output=True,
@@ -64,7 +68,7 @@ def crd_path() -> Path:
             check=False,
         )
     if result.returncode != 0:
-        raise RuntimeError(f"cannot fetch {MODULE}@{KUBERAY_VERSION}: {result.stdout}{result.stderr}")
+        raise RuntimeError(f"cannot fetch {MODULE}@{version}: {result.stdout}{result.stderr}")
     return Path(json.loads(result.stdout)["Dir"]) / "config" / "crd" / "bases" / CRD_FILE
 
 
@@ -91,9 +95,9 @@ def strict(node: Any) -> Any:
 
 def crd_text(version: str = KUBERAY_VERSION) -> str:
     """The RayJob CRD of KubeRay `version` (one of `VERSIONS`), as YAML text."""
-    if version == KUBERAY_VERSION:
-        return crd_path().read_text()
-    return gzip.decompress(VENDORED[version].read_bytes()).decode()
+    if version in VENDORED:
+        return gzip.decompress(VENDORED[version].read_bytes()).decode()
+    return crd_path(version).read_text()
 
 
 def upstream_blob(version: str) -> tuple[str, str]:
