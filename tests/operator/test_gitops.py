@@ -52,7 +52,12 @@ def _report_progress(kube: KubeCluster, ns: str, name: str) -> None:
     kube.request("PATCH", path, body=body, content_type="application/merge-patch+json")
 
 
-def _phase(api: Api, ns: str, name: str, phase: str, timeout: float = 10) -> dict[str, Any]:
+# The session's operator may still be busy with earlier modules' jobs (their namespaces being deleted): a wait
+# returns as soon as its state is there, and only a stuck one takes this long.
+WAIT = 30
+
+
+def _phase(api: Api, ns: str, name: str, phase: str, timeout: float = WAIT) -> dict[str, Any]:
     return wait_until(
         lambda: (job := api.job(ns, name)) and (job.get("status") or {}).get("phase") == phase and job,
         timeout=timeout,
@@ -62,7 +67,7 @@ def _phase(api: Api, ns: str, name: str, phase: str, timeout: float = 10) -> dic
 
 def _started(kube: KubeCluster, api: Api, ns: str, name: str, **spec: Any) -> None:
     kube.create(job_manifest(name, ns, **spec))
-    wait_until(lambda: api.rayjob(ns, name), timeout=10, what=f"RayJob {name}")
+    wait_until(lambda: api.rayjob(ns, name), timeout=WAIT, what=f"RayJob {name}")
     api.fake_kuberay(ns, name, STARTED)
     _phase(api, ns, name, "Initializing")
 
@@ -77,7 +82,9 @@ def produce_cases(kube: KubeCluster, api: Api, ns: str, operator: Operator) -> d
     api.fake_kuberay(ns, "running", RUNNING)
     _phase(api, ns, "running", "Running")
     _report_progress(kube, ns, "running")
-    jobs["running"] = wait_until(lambda: (j := api.job(ns, "running")) and "progress" in j["status"] and j)
+    jobs["running"] = wait_until(
+        lambda: (j := api.job(ns, "running")) and "progress" in j["status"] and j, timeout=WAIT
+    )
 
     _started(kube, api, ns, "stalled")
     api.fake_kuberay(ns, "stalled", RUNNING)
@@ -102,7 +109,11 @@ def produce_cases(kube: KubeCluster, api: Api, ns: str, operator: Operator) -> d
 
     _started(kube, api, ns, "suspended")
     api.patch_job(ns, "suspended", {"spec": {"suspend": True}})
-    wait_until(lambda: (api.rayjob(ns, "suspended") or {}).get("spec", {}).get("suspend"), what="RayJob suspended")
+    wait_until(
+        lambda: (api.rayjob(ns, "suspended") or {}).get("spec", {}).get("suspend"),
+        what="RayJob suspended",
+        timeout=WAIT,
+    )
     api.fake_kuberay(ns, "suspended", {"jobDeploymentStatus": "Suspended", "jobStatus": ""})
     jobs["suspended"] = _phase(api, ns, "suspended", "Suspended")
 
@@ -113,6 +124,7 @@ def produce_cases(kube: KubeCluster, api: Api, ns: str, operator: Operator) -> d
             and api.job(ns, "unschedulable")
         ),
         what="Unschedulable=True",
+        timeout=WAIT,
     )
     # Valid for the API server, refused by the operator: a path relative to a job file, in a cluster.
     kube.create(job_manifest("invalid", ns, data={"train": {"uri": "./data/train.jsonl"}}))
