@@ -16,6 +16,7 @@ from typing import Any
 from fakes import merge_patch
 from rocmtrain.controller.reconciler import Reconciler
 from rocmtrain.controller.settings import OperatorConfig
+from rocmtrain.status.objects import rayjob_view
 from unit.samples import minimal_job
 
 
@@ -25,12 +26,13 @@ class _OneRayJob:
     def __init__(self) -> None:
         self.rayjob: dict[str, Any] | None = None
         self.spec_patches: list[dict[str, Any]] = []
+        self.statuses: list[dict[str, Any]] = []
 
     async def create(self, ref: Any, body: dict[str, Any]) -> dict[str, Any] | None:
         if body["kind"] != "RayJob" or self.rayjob is not None:
             return None  # a NetworkPolicy, or a RayJob that exists (409)
         self.rayjob = {**copy.deepcopy(body), "status": {}}
-        self.rayjob["metadata"].update(resourceVersion="1", uid="rayjob-uid")
+        self.rayjob["metadata"].update(resourceVersion="1", uid="rayjob-uid", generation=1)
         return copy.deepcopy(self.rayjob)
 
     async def get(self, ref: Any, namespace: str, name: str) -> dict[str, Any] | None:
@@ -43,9 +45,12 @@ class _OneRayJob:
         assert resource_version in (None, self.rayjob["metadata"]["resourceVersion"])
         self.spec_patches.append(patch["spec"])
         self.rayjob = merge_patch(self.rayjob, patch)
+        meta = self.rayjob["metadata"]
+        meta.update(generation=meta["generation"] + 1, resourceVersion=str(int(meta["resourceVersion"]) + 1))
         return copy.deepcopy(self.rayjob)
 
-    async def patch_status(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    async def patch_status(self, ref: Any, namespace: str, name: str, status: dict[str, Any], **_: Any) -> dict:
+        self.statuses.append(status)
         return {}
 
     async def post_event(self, *args: Any, **kwargs: Any) -> None:
@@ -98,3 +103,25 @@ def test_a_suspended_rayjob_takes_the_current_render_from_its_jobs_synced_genera
     assert kube.spec_patches[0] == {"suspend": True}
     assert set(kube.spec_patches[1]) == {"entrypoint"}  # the suspended RayJob's cluster and command only
     assert kube.rayjob is not None and kube.rayjob["spec"]["entrypoint"] != "python -m an_older_driver"
+
+
+def test_a_status_is_never_computed_from_an_older_spec_of_the_rayjob() -> None:
+    """The RayJob watch hands its events in order, but the job's own sync reads the RayJob afresh: a suspended
+    RayJob's event handled after the resume was written must not make the job Suspended again."""
+
+    async def scenario() -> _OneRayJob:
+        kube = _OneRayJob()
+        reconciler = _reconciler(kube)
+        await reconciler.sync(_job(1, suspend=True), [])
+        assert kube.rayjob is not None
+        kube.rayjob["status"] = {"jobDeploymentStatus": "Suspended"}
+        suspended = rayjob_view(kube.rayjob)  # the watch's event, not handled yet
+        await reconciler.sync(_job(2, suspend=False), [])  # the resume: the RayJob's spec changes
+        kube.statuses.clear()
+        await reconciler.refresh(_job(2, suspend=False), suspended)
+        assert kube.statuses == []
+        await reconciler.refresh(_job(2, suspend=False), rayjob_view(kube.rayjob))  # its next event: in step
+        return kube
+
+    kube = asyncio.run(scenario())
+    assert all(status.get("phase") != "Suspended" for status in kube.statuses)

@@ -110,6 +110,7 @@ class JobState:
     written: dict[str, Any] | None = None  # owned status fields as last written
     synced: int | None = None  # the generation whose RayJob is in line with the spec (or that was refused)
     newest: int = 0  # the newest generation of the job seen by a sync: an older view is never acted on
+    seen_rayjob: tuple[str, int] = ("", 0)  # (uid, generation) of the newest RayJob spec a status was computed from
     tried: int | None = None  # the generation last tried while a retry is scheduled
     deferred: tuple[str, ...] = ()  # the RayJob's fixed fields whose render change was announced
     ended: bool = False  # the driver's pre-flight refusal was acted on (`Reconciler.end_refused`)
@@ -202,6 +203,19 @@ class Reconciler:
         return int(job["metadata"].get("generation") or 0) < state.newest
 
     @staticmethod
+    def _newer_rayjob(state: JobState, rayjob: Mapping[str, Any] | None) -> bool:
+        """Whether a status may be computed from `rayjob` (a view, or None when it is gone): not a spec of the RayJob
+        older than one a status was computed from (the watch's queue lags the reconciler's own reads); remembered."""
+        if rayjob is None:
+            return True
+        meta = rayjob["metadata"]
+        seen = (str(meta.get("uid") or ""), int(meta.get("generation") or 0))
+        if seen[0] == state.seen_rayjob[0] and seen[1] < state.seen_rayjob[1]:
+            return False
+        state.seen_rayjob = seen
+        return True
+
+    @staticmethod
     def _current(state: JobState, job: Mapping[str, Any]) -> dict[str, Any]:
         """The job's status as the operator knows it: its own last write over the observed one."""
         return {**(job.get("status") or {}), **(state.written or {})}
@@ -292,6 +306,7 @@ class Reconciler:
             else:
                 rayjob, hold = await self._apply_rayjob(job, valid, nodes, blocked, state)
             view = rayjob_view(rayjob) if rayjob is not None else None
+            self._newer_rayjob(state, view)
             new = phase.compute_status(
                 self._observe(job, valid, current, generation=meta.get("generation"), rayjob=view, hold=hold)
             )
@@ -444,8 +459,8 @@ class Reconciler:
         meta = job["metadata"]
         state = self._state(meta["uid"])
         async with state.lock:
-            if self._older(state, job):
-                return  # an older view of the job: the newer one's sync writes the status from the RayJob it sees
+            if self._older(state, job) or not self._newer_rayjob(state, rayjob):
+                return  # an older view of the job or its RayJob than one the status was computed from
             current = self._current(state, job)
             valid, _ = await _validated(job)
             if valid is None or self._policy(valid, meta["namespace"]):

@@ -73,6 +73,7 @@ def rayjob_view(body: Mapping[str, Any]) -> dict[str, Any]:
             "name": meta.get("name"),
             "namespace": meta.get("namespace"),
             "uid": meta.get("uid"),
+            "generation": meta.get("generation"),  # its spec's version: an older view is never written over a newer
             # Kueue's queue label: set by the renderer, or by Kueue itself (a namespace's default LocalQueue).
             "labels": {KUEUE_QUEUE_LABEL: labels[KUEUE_QUEUE_LABEL]} if KUEUE_QUEUE_LABEL in labels else {},
             "creationTimestamp": meta.get("creationTimestamp"),
