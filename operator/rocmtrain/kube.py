@@ -287,13 +287,12 @@ class Kube:
     ) -> dict[str, Any] | None:
         """Merge-patch the object; None when it is gone. With `resource_version`, only that version of it: `Changed`
         when it has changed since."""
-        if resource_version is None:
-            return await self._patch(self._objects.patch_namespaced_custom_object, ref, namespace, name, patch)
-        body = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": resource_version}}
+        if resource_version is not None:
+            patch = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": resource_version}}
         try:
-            return await self._patch(self._objects.patch_namespaced_custom_object, ref, namespace, name, body)
+            return await self._patch(self._objects.patch_namespaced_custom_object, ref, namespace, name, patch)
         except ApiException as exc:
-            if exc.status == 409:
+            if exc.status == 409 and resource_version is not None:
                 raise Changed(f"{ref.plural} {namespace}/{name} changed since version {resource_version}") from exc
             raise
 

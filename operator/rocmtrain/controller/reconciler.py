@@ -53,7 +53,7 @@ from rocmtrain.api.conditions import Reason
 from rocmtrain.api.models import RocmTrainingJob, RocmTrainingJobSpec
 from rocmtrain.api.validate import FieldError, validate_job
 from rocmtrain.controller.settings import OperatorConfig
-from rocmtrain.kube import JOBS, NETWORK_POLICIES, RAYJOBS, ApiMissing, Changed, Kube, Refused
+from rocmtrain.kube import JOBS, NETWORK_POLICIES, RAYJOBS, ApiMissing, Kube, Refused
 from rocmtrain.render import render_network_policy, render_rayjob
 from rocmtrain.status import phase
 from rocmtrain.status.accounting import Price
@@ -86,8 +86,6 @@ CONFLICT_RETRY_SECONDS = 5
 # holding rendered RayJobs and open requests for all of them (memory, and the API
 # server's CPU); 16 keeps the client's connections busy.
 ACTIVE_RECONCILES = 16
-# Reads and decisions of one RayJob update whose write found the RayJob changed (KubeRay moving between runs).
-APPLY_TRIES = 3
 # Uids of deleted jobs remembered, so that a sync still running when its job goes
 # does not bring the job's state back (uids are never reused).
 FORGOTTEN_UIDS = 4096
@@ -380,10 +378,9 @@ class Reconciler:
         if controller_ref(live).get("uid") != meta["uid"]:
             conflict = f"a RayJob named {name} exists and is not this job's"
             return None, Hold(HoldKind.CONFLICT, Reason.RAYJOB_CONFLICT, conflict, retry_seconds=CONFLICT_RETRY_SECONDS)
-        kueue = bool(valid.spec.scheduling.queue_name) or queued(live)
         if "rayClusterSpec" not in (live.get("spec") or {}):  # the watch's view: the fixed fields are left out
             live = await self._kube.get(RAYJOBS, namespace, name) or live
-        return await self._update_rayjob(job, rendered["spec"], live, kueue, state), None
+        return await self._update_rayjob(job, valid, rendered["spec"], live, state), None
 
     async def next_run(self, job: Mapping[str, Any]) -> None:
         """Bring the job's RayJob, which the RayJob watch saw between runs (`between_runs`), in line with the
@@ -403,33 +400,28 @@ class Reconciler:
                 if live is None or not is_jobs_rayjob(job, live) or "deletionTimestamp" in live["metadata"]:
                     return
                 rendered = await asyncio.to_thread(render_rayjob, valid, options=self._config.render_options)
-                kueue = bool(valid.spec.scheduling.queue_name) or queued(live)
-                await self._update_rayjob(job, rendered["spec"], live, kueue, state)
+                await self._update_rayjob(job, valid, rendered["spec"], live, state)
 
     async def _update_rayjob(
-        self, job: Mapping[str, Any], rendered: Mapping[str, Any], live: Mapping[str, Any], kueue: bool, state: JobState
+        self,
+        job: Mapping[str, Any],
+        valid: RocmTrainingJob,
+        rendered: Mapping[str, Any],
+        live: Mapping[str, Any],
+        state: JobState,
     ) -> Mapping[str, Any]:
         """Patch the job's existing RayJob `live` towards the `rendered` spec as `rocmtrain.status.rayjob_update`
         decides, and post its render-change events; the RayJob. A render change is written only onto the version
-        read (a RayJob that KubeRay moved on meanwhile is read again and decided again)."""
+        read: `Changed` when the RayJob changed since, and the caller's retry (the sync's, or the RayJob watch's)
+        reads it again and decides again."""
         namespace, name = live["metadata"]["namespace"], live["metadata"]["name"]
-        for _ in range(APPLY_TRIES):
-            between = between_runs(live, queued=kueue)
-            update = rayjob_update(rendered, live.get("spec") or {}, queued=kueue, between=between)
-            if not update.patch:
-                break
+        kueue = bool(valid.spec.scheduling.queue_name) or queued(live)
+        update = rayjob_update(rendered, live.get("spec") or {}, queued=kueue, between=between_runs(live, queued=kueue))
+        if update.patch:
             version = live["metadata"]["resourceVersion"] if update.applied else None
-            body = {"spec": update.patch}
-            try:
-                patched = await self._kube.patch(RAYJOBS, namespace, name, body, resource_version=version)
-            except Changed:
-                live = await self._kube.get(RAYJOBS, namespace, name) or live
-                continue
+            patched = await self._kube.patch(RAYJOBS, namespace, name, {"spec": update.patch}, resource_version=version)
             live = patched or live
             logger.info("updated RayJob %s/%s: %s", namespace, name, sorted(update.patch))
-            break
-        else:  # the sync is tried again after a delay
-            raise Changed(f"RayJob {namespace}/{name} kept changing while it was updated")
         if update.applied:
             message = applied_message(name, update.applied)
             logger.info("%s/%s %s: %s", namespace, name, APPLIED_REASON, message)
