@@ -31,6 +31,9 @@ STALL_SECONDS = 3
 RETRY_SECONDS = 1
 # Seconds for what KubeRay, the scheduler and kwok do in a few seconds on an idle machine.
 WORLD_TIMEOUT = 60
+# A RayJob as an older operator version rendered it (the upgrade tests): another head image, another entrypoint.
+OLDER_IMAGE = "ghcr.io/rocm-train-operator/training:0.0.9"
+OLDER_ENTRYPOINT = "python -m rocmtrain_train.driver_of_an_older_version"
 # Kinds that are applied for real; the Deployment and Service only as a server-side dry run (no kubelet).
 APPLIED_KINDS = {
     "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
@@ -237,3 +240,8 @@ def kustomize_build(folder: Path) -> list[dict[str, Any]]:
     """`kustomize build folder`, as objects (YAML 1.2 numbers, `5e-05`, as kubectl reads them)."""
     go_tool("kustomize")  # skips, or fails under CI, when it is not built
     return kustomize(folder)
+
+
+def head_container(cluster_spec: dict[str, Any]) -> dict[str, Any]:
+    """The Ray head's container in a RayJob's `rayClusterSpec` or a RayCluster's spec."""
+    return dict(cluster_spec["headGroupSpec"]["template"]["spec"]["containers"][0])

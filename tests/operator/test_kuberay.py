@@ -14,7 +14,18 @@ import time
 from typing import Any
 
 import pytest
-from operator_testkit import SMALL, WORLD_TIMEOUT, Api, Operator, job_manifest, submitting, wait_until
+from operator_testkit import (
+    OLDER_ENTRYPOINT,
+    OLDER_IMAGE,
+    SMALL,
+    WORLD_TIMEOUT,
+    Api,
+    Operator,
+    head_container,
+    job_manifest,
+    submitting,
+    wait_until,
+)
 
 from rocmtrain.api.conditions import ConditionType, Reason
 from rocmtrain.status.rayjob_update import APPLIED_REASON, DEFERRED_REASON
@@ -26,8 +37,6 @@ pytestmark = pytest.mark.cluster
 
 MI300X, MI250 = MI300X_LABELS[PRODUCT_LABEL], MI250_LABELS[PRODUCT_LABEL]
 TIMEOUT = WORLD_TIMEOUT
-OLDER_IMAGE = "ghcr.io/rocm-train-operator/training:0.0.9"
-OLDER_ENTRYPOINT = "python -m rocmtrain_train.driver_of_an_older_version"
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -91,10 +100,6 @@ def test_deleting_a_job_deletes_everything_kuberay_made(world: World, world_api:
 # ---- suspend, retries, deadline ------------------------------------------------------------------
 
 
-def _head_image(spec: dict[str, Any]) -> str:
-    return str(spec["headGroupSpec"]["template"]["spec"]["containers"][0]["image"])
-
-
 def test_suspend_deletes_the_ray_cluster_and_resume_makes_a_new_one_of_the_current_render(
     world: World, world_api: Api, world_ns: str
 ):
@@ -102,11 +107,10 @@ def test_suspend_deletes_the_ray_cluster_and_resume_makes_a_new_one_of_the_curre
     api.create_job(ns, "bert", timeout=TIMEOUT, resources=SMALL)
     first = api.wait_status(ns, "bert", "submitting", submitting)["rayClusterName"]
     rayjob = api.rayjob(ns, "bert")
-    current = _head_image(rayjob["spec"]["rayClusterSpec"])
+    current = head_container(rayjob["spec"]["rayClusterSpec"])["image"]
     # The RayJob as an older operator version rendered it: another head image and entrypoint. KubeRay disregards
     # a change of the cluster spec while its Ray cluster exists; it makes the next one from the RayJob's spec.
-    containers = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"]
-    containers[0]["image"] = OLDER_IMAGE
+    containers = [{**head_container(rayjob["spec"]["rayClusterSpec"]), "image": OLDER_IMAGE}]
     head = {"headGroupSpec": {"template": {"spec": {"containers": containers}}}}
     older = {"spec": {"entrypoint": OLDER_ENTRYPOINT, "rayClusterSpec": head}}
     api.kube.request("PATCH", kuberay.RAYJOBS.format(ns=ns) + "/bert", body=older, content_type=MERGE_PATCH)
@@ -132,7 +136,7 @@ def test_suspend_deletes_the_ray_cluster_and_resume_makes_a_new_one_of_the_curre
     api.patch_job(ns, "bert", {"spec": {"suspend": False}})
     resumed = api.wait_status(ns, "bert", "submitting again", submitting)
     assert resumed["rayClusterName"] != first
-    assert _head_image(raycluster(api, ns, "bert")["spec"]) == current
+    assert head_container(raycluster(api, ns, "bert")["spec"])["image"] == current
     story = [r for _, r in api.events(ns, "bert")]
     assert story == [
         "Pending", "Initializing", DEFERRED_REASON, "Suspended", APPLIED_REASON, "Pending", "Initializing"

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from operator_testkit import JOBS, Api, Operator, wait_until
+from operator_testkit import JOBS, OLDER_ENTRYPOINT, OLDER_IMAGE, Api, Operator, head_container, wait_until
 
 from rocmtrain.api.conditions import ConditionType
 from rocmtrain.api.contract import OPERATOR_NAME
@@ -41,8 +41,6 @@ pytestmark = pytest.mark.cluster
 # The cases whose render changed since they were recorded, as a new version's render changes would make them:
 # the operator announces those with a RenderChangeDeferred event (and keeps their RayJobs as they are).
 RENDER_CHANGED_SINCE_RECORDING: set[str] = set()
-OLD_IMAGE = "ghcr.io/rocm-train-operator/training:0.0.9"
-OLD_ENTRYPOINT = "python -m rocmtrain_train.driver_of_an_older_version"
 
 
 def _make(kube: KubeCluster, api: Api, case: str, ns: str, older: bool = False) -> None:
@@ -61,8 +59,8 @@ def _make(kube: KubeCluster, api: Api, case: str, ns: str, older: bool = False) 
     owner["uid"] = uid
     if older:  # another image on the head, another entrypoint
         spec = rayjob["spec"]
-        spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] = OLD_IMAGE
-        spec["entrypoint"] = OLD_ENTRYPOINT
+        spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] = OLDER_IMAGE
+        spec["entrypoint"] = OLDER_ENTRYPOINT
     kube.create({key: value for key, value in rayjob.items() if key != "status"})
     if rayjob.get("status"):
         api.fake_kuberay(ns, case, rayjob["status"])
@@ -173,15 +171,13 @@ def test_an_older_render_is_kept_announced_once_and_replaced_by_the_next_rayjob(
         timeout=10,
         what="the next RayJob",
     )
-    head = new["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-    assert new["spec"]["entrypoint"] != OLD_ENTRYPOINT and head["image"] == recorded("running")["job"]["spec"]["image"]
+    head = head_container(new["spec"]["rayClusterSpec"])
+    assert (
+        new["spec"]["entrypoint"] != OLDER_ENTRYPOINT and head["image"] == recorded("running")["job"]["spec"]["image"]
+    )
     assert new["spec"]["ttlSecondsAfterFinished"] == 600
     wait_until(lambda: ("Warning", "RayJobDeleted") in api.events(ns, "running"), what="the RayJobDeleted event")
     assert len(_deferred(api, ns, "running")) == 1
-
-
-def _head_image(rayjob: dict[str, Any]) -> str:
-    return str(rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"])
 
 
 def test_an_older_render_reaches_the_run_after_a_suspension(api: Api, adopted: Adopted) -> None:
@@ -198,11 +194,14 @@ def test_an_older_render_reaches_the_run_after_a_suspension(api: Api, adopted: A
     # KubeRay has deleted the Ray cluster: the next run's is made from the RayJob's spec once the job resumes.
     api.fake_kuberay(ns, "running", {"jobDeploymentStatus": "Suspended", "jobStatus": "", "rayClusterName": ""})
     live = wait_until(
-        lambda: (r := api.rayjob(ns, "running")) and r["spec"]["entrypoint"] != OLD_ENTRYPOINT and r,
+        lambda: (r := api.rayjob(ns, "running")) and r["spec"]["entrypoint"] != OLDER_ENTRYPOINT and r,
         timeout=10,
         what="the current render on the RayJob",
     )
-    assert _head_image(live) == recorded("running")["job"]["spec"]["image"] and live["spec"]["suspend"]
+    assert (
+        head_container(live["spec"]["rayClusterSpec"])["image"] == recorded("running")["job"]["spec"]["image"]
+        and live["spec"]["suspend"]
+    )
     assert live["metadata"]["uid"] == made["retried"]["metadata"]["uid"]
     (applied,) = wait_until(
         lambda: [m for _, reason, m in api.event_messages(ns, "running") if reason == APPLIED_REASON],

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from fakes import merge_patch as apply_patch
 from rocmtrain.api.kuberay import JobDeploymentStatus
 from rocmtrain.api.validate import validate_job
 from rocmtrain.render import render_rayjob
@@ -111,19 +112,6 @@ def test_holds_compares_maps_key_by_key_and_lists_item_by_item() -> None:
     assert not holds([1], [1, 2]) and not holds({"a": [1]}, {"a": {"0": 1}}) and not holds(None, 0)
 
 
-def apply_merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386's MergePatch(Target, Patch), as the API server applies a merge patch."""
-    if not isinstance(patch, dict):
-        return patch
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = apply_merge_patch(result.get(key), value)
-    return result
-
-
 @pytest.mark.parametrize("case", JOBS)
 def test_between_runs_the_patch_turns_the_older_render_into_the_current_one(case: str) -> None:
     spec = rendered_spec(case)
@@ -131,7 +119,7 @@ def test_between_runs_the_patch_turns_the_older_render_into_the_current_one(case
     older["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["dropped"] = {"by": "the new render"}
     update = rayjob_update(spec, older, queued=False, between=True)
     assert (update.applied, update.deferred) == (("entrypoint", "rayClusterSpec"), ())
-    patched = apply_merge_patch(older, update.patch)
+    patched = apply_patch(older, update.patch)
     assert {key: patched.get(key) for key in FIXED_FIELDS} == {key: spec.get(key) for key in FIXED_FIELDS}
     assert update.patch["suspend"] == spec["suspend"]  # the mutable fields as ever
     assert update.patch["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["dropped"] is None
@@ -143,7 +131,7 @@ def test_merge_patch_is_the_difference_rfc_7386_applies() -> None:
     old = {"a": 1, "b": {"c": [1, 2], "d": "x"}, "gone": True}
     new = {"a": 1, "b": {"c": [1], "e": {"f": 0}}}
     assert merge_patch(old, new) == {"gone": None, "b": {"c": [1], "d": None, "e": {"f": 0}}}
-    assert apply_merge_patch(old, merge_patch(old, new)) == new
+    assert apply_patch(old, merge_patch(old, new)) == new
     assert merge_patch(None, new) == new and merge_patch(old, old) == {}
 
 
