@@ -565,13 +565,15 @@ def test_status_patch_touches_only_owned_fields_and_clears_vanished_ones():
 # ---- the Ray pods ---------------------------------------------------------------------------
 
 
-def ray_pod(name: str, *, cluster: str = "job-x7k2p", ready: bool = True, **status: Any) -> dict[str, Any]:
-    """A pod view (`rocmtrain.status.pods.pod_view`) of a worker of Ray cluster `cluster`."""
+def ray_pod(
+    name: str, *, cluster: str = "job-x7k2p", ready: bool = True, node_type: str = "worker", **status: Any
+) -> dict[str, Any]:
+    """A pod view (`rocmtrain.status.pods.pod_view`) of a worker (or `node_type`) of Ray cluster `cluster`."""
     return {
         "metadata": {
             "namespace": "ns",
             "name": name,
-            "labels": {"rocmtrain.dev/job-name": "job", "ray.io/cluster": cluster, "ray.io/node-type": "worker"},
+            "labels": {"rocmtrain.dev/job-name": "job", "ray.io/cluster": cluster, "ray.io/node-type": node_type},
             "deleting": False,
             "controller": {"kind": "RayCluster", "name": cluster},
         },
@@ -671,6 +673,28 @@ def test_a_pod_kubernetes_refuses_to_create_is_explained_with_the_api_servers_wo
     assert [(e.reason, e.message) for e in events if e.type == "Warning"] == [
         (Reason.POD_CREATION_FAILED, found[0]["message"]),  # one event per cause, as for the pods' own
         (Reason.UNSCHEDULABLE, found[2]["message"]),
+    ]
+
+
+def test_a_refusal_ends_when_the_pods_show_kubernetes_made_them():
+    """KubeRay stops copying its cluster's status into the RayJob once the cluster is ready, until Ray's
+    dashboard answers: a refusal left in that copy is over when the refused role's pods all exist."""
+    head = {**cluster(0), "conditions": [replica_failure("FailedCreateHeadPod", f"FailedCreateHeadPod: {QUOTA}")]}
+    worker = {**cluster(1), "conditions": [replica_failure("FailedCreateWorkerPod", "FailedCreateWorkerPod: x")]}
+    head_pod = ray_pod("h", node_type="head")
+    sequence = [
+        rayjob("Initializing", **RUN, rayClusterStatus=worker),
+        rayjob("Running", **RUN, rayClusterStatus=worker),
+        rayjob("Initializing", **RUN, rayClusterStatus=head),
+        rayjob("Initializing", **RUN, rayClusterStatus=head),
+    ]
+    pods = [[head_pod, ray_pod("w-1")], [head_pod, ray_pod("w-1"), ray_pod("w-2", ready=False)], [], [head_pod]]
+    found = [conditions(s)[ConditionType.RAY_PODS_UNAVAILABLE] for s in run(sequence, pods=pods)]
+    assert found == [
+        ("True", Reason.POD_CREATION_FAILED),  # one of two workers: still refused
+        ("False", Reason.RAY_PODS_AVAILABLE),  # both workers made (one not yet ready is no refusal)
+        ("True", Reason.POD_CREATION_FAILED),  # no pods seen: KubeRay's word stands
+        ("False", Reason.RAY_PODS_AVAILABLE),  # the head pod exists: its refusal is over
     ]
 
 

@@ -157,13 +157,13 @@ def test_ready_workers_and_what_does_not_count():
         pod("old-1", cluster="bert-before", scheduled=UNSCHEDULED),  # an earlier Ray cluster (a retry)
         pod("w-4", ready=True, scheduled=None, deleting=True, state={"terminated": {"exitCode": 143}}),
     ]
-    assert assess([pod_view(p) for p in pods], CLUSTER) == RayPods(ready_workers=2, problem=None)
+    assert assess([pod_view(p) for p in pods], CLUSTER) == RayPods(heads=1, workers=3, ready_workers=2, problem=None)
     look_alike = pod("w-5", ready=True)  # a Ray pod's labels, copied onto a pod that KubeRay did not make
     look_alike["metadata"]["ownerReferences"] = []
     other_owner = pod("w-6", ready=True)
     other_owner["metadata"]["ownerReferences"][0]["kind"] = "ReplicaSet"
     found = assess([pod_view(p) for p in [*pods, look_alike, other_owner]], CLUSTER)
-    assert found == RayPods(ready_workers=2, problem=None)
+    assert found == RayPods(heads=1, workers=3, ready_workers=2, problem=None)
     assert assess([pod_view(p) for p in pods], "bert-other") is None
     assert assess([], CLUSTER) is None
 

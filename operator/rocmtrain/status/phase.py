@@ -189,9 +189,10 @@ def _pod_problem(obs: Observation) -> PodProblem | None:
     """Why Ray pods cannot run: one KubeRay cannot create first (there is no pod to show it), then the pods'."""
     if obs.rayjob is None:
         return None
-    if failed := creation_failure(_rayjob_status(obs.rayjob).get("rayClusterStatus") or {}):
-        return failed
     pods = _ray_pods(obs)
+    desired, _ = _workers(obs)
+    if failed := creation_failure(_rayjob_status(obs.rayjob).get("rayClusterStatus") or {}, pods, desired):
+        return failed
     return pods.problem if pods is not None else None
 
 

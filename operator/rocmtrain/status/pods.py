@@ -4,7 +4,7 @@ The operator follows the Ray pods (head and workers) KubeRay makes from the job'
 templates (`pod_view` keeps the little it reads of each). A pod that is never made
 leaves nothing to follow: `creation_failure` reads why from KubeRay's `ReplicaFailure`
 condition, which the RayJob's `status.rayClusterStatus` carries with the API server's
-refusal (a ResourceQuota, PodSecurity, a webhook). `assess` looks at the pods of the
+refusal (a ResourceQuota, PodSecurity, a webhook), until the pods show it made them. `assess` looks at the pods of the
 job's current Ray cluster and finds the first of four ways a pod that exists can be
 stuck, in the order a pod meets them, with the scheduler's or the kubelet's own words:
 
@@ -45,8 +45,10 @@ class PodProblem:
 
 @dataclass(frozen=True)
 class RayPods:
-    """What the pods of one Ray cluster show: ready workers, and the first problem (None when none)."""
+    """What the pods of one Ray cluster show: heads and workers made, ready workers, the first problem (or None)."""
 
+    heads: int
+    workers: int
     ready_workers: int
     problem: PodProblem | None
 
@@ -57,15 +59,22 @@ REPLICA_FAILURE = "ReplicaFailure"
 _CREATE_FAILED = {"FailedCreateHeadPod": "head", "FailedCreateWorkerPod": "worker"}
 
 
-def creation_failure(cluster_status: Mapping[str, Any]) -> PodProblem | None:
+def creation_failure(
+    cluster_status: Mapping[str, Any], pods: RayPods | None, desired_workers: int
+) -> PodProblem | None:
     """Why KubeRay cannot create a Ray pod (a RayCluster status' `ReplicaFailure`), or None.
 
     KubeRay's message is its reason and the API server's refusal (`FailedCreateWorkerPod: pods
     "..." is forbidden: exceeded quota: ...`); the pod's name in it changes with each retry.
+    KubeRay copies its cluster's status into the RayJob only until the cluster is ready, and
+    then only while Ray's dashboard answers, so the copy can keep a refusal after KubeRay made
+    the pods: the refusal of a role whose pods all exist (`pods`, live) is over.
     """
     condition = find(cluster_status.get("conditions") or [], REPLICA_FAILURE) or {}
     role = _CREATE_FAILED.get(condition.get("reason") or "")
     if condition.get("status") != "True" or role is None:
+        return None
+    if pods is not None and (pods.heads > 0 if role == "head" else pods.workers >= desired_workers):
         return None
     return PodProblem(
         Reason.POD_CREATION_FAILED, f"KubeRay cannot create the {role} pod: {condition.get('message') or ''}"
@@ -196,6 +205,11 @@ def assess(pods: Iterable[Mapping[str, Any]], cluster: str) -> RayPods | None:
     ]
     if not current:
         return None
-    workers = [view for view in current if view["metadata"]["labels"].get(RAY_NODE_TYPE_LABEL) == "worker"]
-    ready = sum(1 for view in workers if view["ready"])
-    return RayPods(ready_workers=ready, problem=_first_problem(current))
+    roles = [view["metadata"]["labels"].get(RAY_NODE_TYPE_LABEL) for view in current]
+    workers = [view for view, role in zip(current, roles, strict=True) if role == "worker"]
+    return RayPods(
+        heads=roles.count("head"),
+        workers=len(workers),
+        ready_workers=sum(1 for view in workers if view["ready"]),
+        problem=_first_problem(current),
+    )
