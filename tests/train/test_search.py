@@ -74,8 +74,23 @@ def test_a_killed_trial_worker_is_recovered(ray_local, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def asha_search(ray_local, tmp_path_factory) -> tuple[RunSettings, SearchOutcome]:
-    """A search with ASHA, on an embedded Ray with the options `rocmtrain run` gives a search."""
+def another_ray():
+    """Another Ray on this machine, as Ray's discovery of local instances sees one: a process named raylet
+    with a `--gcs-address` (a stand-in: a second real Ray costs seconds and a CPU, and Ray finds local
+    instances by nothing else). In `make test` the world's Ray pods beside these tests are such processes.
+    The address is a documentation one (RFC 5737), never dialled: Ray only counts it."""
+    sleeper = "import time; time.sleep(900)"
+    args = ["raylet", "-c", sleeper, "--gcs-address=192.0.2.9:6379"]
+    process = subprocess.Popen(args, executable=sys.executable)
+    yield
+    process.kill()
+    process.wait()
+
+
+@pytest.fixture(scope="module")
+def asha_search(ray_local, another_ray, tmp_path_factory) -> tuple[RunSettings, SearchOutcome]:
+    """A search with ASHA, on an embedded Ray with the options `rocmtrain run` gives a search, beside
+    another Ray on the same machine."""
     spec = tuning(numTrials=4, maxConcurrentTrials=1, seed=3, scheduler={"gracePeriod": 1, "reductionFactor": 2})
     run = settings(job("search-asha", SMALL, spec), tmp_path_factory.mktemp("search-asha"))
     outcome = run_local(run, console=False)
@@ -135,7 +150,8 @@ def test_the_status_matches_the_trials(asha_search):
 
 def test_trials_stopped_early_free_their_resources(asha_search):
     """Ray Train's PlacementGroupCleaner removes a stopped trial's placement group once it sees (through
-    the state API that `embedded_ray_options` turns on) that the trial's controller died with it."""
+    the state API that `embedded_ray_options` turns on and names) that the trial's controller died with
+    it, though another Ray runs on the machine."""
     import ray
 
     _, outcome = asha_search

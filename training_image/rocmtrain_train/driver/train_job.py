@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,10 @@ from rocmtrain_train.reporting.log_upload import keep_logs
 
 if TYPE_CHECKING:
     from rocmtrain_train.search.tune_trials import SearchOutcome
+
+LOOPBACK = "127.0.0.1"
+# Where Ray's state API and job clients find the dashboard, before any search among local processes.
+API_SERVER_ADDRESS_ENV = "RAY_API_SERVER_ADDRESS"
 
 
 def train(settings: RunSettings, sinks: list[Sink], *, echo_log: bool) -> RunOutcome | SearchOutcome:
@@ -45,20 +50,36 @@ def local_gpu_memory() -> GpuMemory | None:
 def embedded_ray_options(settings: RunSettings) -> dict[str, Any]:
     """`ray.init`'s arguments for the job's embedded Ray: enough CPUs and GPUs for every concurrent rank.
 
-    A search also gets Ray's dashboard, on the loopback address only: it serves the state API, which
-    Ray Train's PlacementGroupCleaner asks whether a trial's Train controller still lives. Without
-    it, a trial Tune stops early (its controller dies with it) keeps its workers' placement group,
-    and with it their CPUs and GPUs, until the search ends.
+    A search also gets Ray's dashboard, on a free loopback port: it serves the state API, which Ray
+    Train's PlacementGroupCleaner asks whether a trial's Train controller still lives. Without it, a
+    trial Tune stops early (its controller dies with it) keeps its workers' placement group, and with
+    it their CPUs and GPUs, until the search ends. Every process of this Ray is told the dashboard's
+    address (`RAY_API_SERVER_ADDRESS`): left to find it, the cleaner looks among this machine's
+    processes for a Ray, and gives up for good when it finds another Ray beside this one.
     """
-    search = settings.job.spec.tuning is not None
-    return {
+    options: dict[str, Any] = {
         "num_cpus": max(os.cpu_count() or 1, int(settings.concurrent_workers * settings.cpus_per_worker)),
         "num_gpus": settings.total_gpus * settings.job.spec.concurrent_runs,
-        "include_dashboard": search,
-        "dashboard_host": "127.0.0.1",
+        "include_dashboard": False,
         "log_to_driver": False,
         "logging_level": logging.WARNING,
     }
+    if settings.job.spec.tuning is None:
+        return options
+    port = free_loopback_port()
+    return options | {
+        "include_dashboard": True,
+        "dashboard_host": LOOPBACK,
+        "dashboard_port": port,
+        "runtime_env": {"env_vars": {API_SERVER_ADDRESS_ENV: f"http://{LOOPBACK}:{port}"}},
+    }
+
+
+def free_loopback_port() -> int:
+    """A TCP port of the loopback address that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        return int(probe.getsockname()[1])
 
 
 def run_local(settings: RunSettings, *, console: bool = True) -> RunOutcome | SearchOutcome:
