@@ -38,13 +38,12 @@ from typing import Any
 
 import pyarrow.fs as pafs
 import ray
-from ray._private.ray_constants import RAY_API_SERVER_ADDRESS_ENVIRONMENT_VARIABLE
 from ray.train import CheckpointConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from ray.train.v2._internal.constants import HEALTH_CHECK_INTERVAL_S_ENV_VAR
 
-from rocmtrain_testworld.processes import free_port
 from rocmtrain_testworld.s3 import S3Path, S3Server
+from rocmtrain_train.driver.train_job import LOOPBACK, free_loopback_port, start_embedded_ray
 
 ARMS = ("async", "sync", "copy")
 MODELS = ("tiny", "minilm")
@@ -174,17 +173,17 @@ def start_ray(folder: Path) -> None:
     run's placement group (killing its worker) when the answer is no. Without an address it asks the cluster
     named in <Ray's temp folder>/ray_current_cluster: the latest one `ray start` started on the machine, maybe
     another's, which knows no such controller. So Ray gets its own temp folder (unless RAY_TMPDIR is set) and a
-    dashboard on a known port, which its processes are pointed at."""
-    port = free_port()
+    dashboard on a known port, which `start_embedded_ray` points its processes at."""
     os.environ.setdefault("RAY_TMPDIR", str(folder))
-    os.environ[RAY_API_SERVER_ADDRESS_ENVIRONMENT_VARIABLE] = f"http://127.0.0.1:{port}"
-    ray.init(
-        num_cpus=2,
-        include_dashboard=True,
-        dashboard_host="127.0.0.1",
-        dashboard_port=port,
-        log_to_driver=False,
-        logging_level="WARNING",
+    start_embedded_ray(
+        {
+            "num_cpus": 2,
+            "include_dashboard": True,
+            "dashboard_host": LOOPBACK,
+            "dashboard_port": free_loopback_port(),
+            "log_to_driver": False,
+            "logging_level": "WARNING",
+        }
     )
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertModel, LlamaConfig, LlamaModel
 
-from rocmtrain_train.driver.train_job import embedded_ray_options
+from rocmtrain_train.driver.train_job import embedded_ray_options, start_embedded_ray
 from rocmtrain_train.model.pretrained import packaged_model
 from train.jobs import example_script, job, settings
 
@@ -32,7 +32,7 @@ def start_ray() -> None:
     if not ray.is_initialized():
         search = job("ray", {"tuning": {"searchSpace": {"learningRate": {"min": 1e-5, "max": 1e-4}}}})
         options = embedded_ray_options(settings(search, Path(tempfile.gettempdir())))
-        ray.init(**{**options, "num_cpus": max(2, os.cpu_count() or 1)})
+        start_embedded_ray({**options, "num_cpus": max(2, os.cpu_count() or 1)})
 
 
 @pytest.fixture(scope="module")

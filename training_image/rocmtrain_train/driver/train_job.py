@@ -53,9 +53,7 @@ def embedded_ray_options(settings: RunSettings) -> dict[str, Any]:
     A search also gets Ray's dashboard, on a free loopback port: it serves the state API, which Ray
     Train's PlacementGroupCleaner asks whether a trial's Train controller still lives. Without it, a
     trial Tune stops early (its controller dies with it) keeps its workers' placement group, and with
-    it their CPUs and GPUs, until the search ends. Every process of this Ray is told the dashboard's
-    address (`RAY_API_SERVER_ADDRESS`): left to find it, the cleaner looks among this machine's
-    processes for a Ray, and gives up for good when it finds another Ray beside this one.
+    it their CPUs and GPUs, until the search ends.
     """
     options: dict[str, Any] = {
         "num_cpus": max(os.cpu_count() or 1, int(settings.concurrent_workers * settings.cpus_per_worker)),
@@ -66,13 +64,30 @@ def embedded_ray_options(settings: RunSettings) -> dict[str, Any]:
     }
     if settings.job.spec.tuning is None:
         return options
-    port = free_loopback_port()
-    return options | {
-        "include_dashboard": True,
-        "dashboard_host": LOOPBACK,
-        "dashboard_port": port,
-        "runtime_env": {"env_vars": {API_SERVER_ADDRESS_ENV: f"http://{LOOPBACK}:{port}"}},
-    }
+    return options | {"include_dashboard": True, "dashboard_host": LOOPBACK, "dashboard_port": free_loopback_port()}
+
+
+def start_embedded_ray(options: dict[str, Any]) -> None:
+    """`ray.init(**options)`, with every Ray process told where the dashboard is, if it has one.
+
+    Left to find the state API, the PlacementGroupCleaner looks among this machine's processes for a
+    Ray, and gives up for good beside another one. The address (`RAY_API_SERVER_ADDRESS`) reaches Ray's
+    processes through the environment they inherit, set only while Ray starts: a runtime_env would
+    cost each worker process a round trip to Ray's runtime-env agent (0.2 s each here).
+    """
+    import ray
+
+    port = options.get("dashboard_port")
+    previous = os.environ.get(API_SERVER_ADDRESS_ENV)
+    if port is not None:
+        os.environ[API_SERVER_ADDRESS_ENV] = f"http://{LOOPBACK}:{port}"
+    try:
+        ray.init(**options)
+    finally:
+        if previous is None:
+            os.environ.pop(API_SERVER_ADDRESS_ENV, None)
+        else:
+            os.environ[API_SERVER_ADDRESS_ENV] = previous
 
 
 def free_loopback_port() -> int:
@@ -92,7 +107,7 @@ def run_local(settings: RunSettings, *, console: bool = True) -> RunOutcome | Se
     )
     started_ray = not ray.is_initialized()
     if started_ray:
-        ray.init(**embedded_ray_options(settings))
+        start_embedded_ray(embedded_ray_options(settings))
     sinks: list[Sink] = [JsonlSink(Path(settings.log_dir) / "metrics.jsonl")]
     if console:
         sinks.append(ConsoleSink(language_model=settings.job.spec.model.task == "causal-lm"))
