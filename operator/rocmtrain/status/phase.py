@@ -190,27 +190,33 @@ def _pod_problem(obs: Observation) -> PodProblem | None:
     if obs.rayjob is None:
         return None
     pods = _ray_pods(obs)
-    desired, _ = _workers(obs)
-    if failed := creation_failure(_rayjob_status(obs.rayjob).get("rayClusterStatus") or {}, pods, desired):
+    cluster = _rayjob_status(obs.rayjob).get("rayClusterStatus") or {}
+    if failed := creation_failure(cluster, pods, _desired_workers(obs)):
         return failed
     return pods.problem if pods is not None else None
+
+
+def _desired_workers(obs: Observation) -> int:
+    """Every worker pod the job wants, those of a search's concurrent trials included: KubeRay's count
+    once it reported one, else the spec's."""
+    reported = None
+    if obs.rayjob is not None:
+        reported = (_rayjob_status(obs.rayjob).get("rayClusterStatus") or {}).get("desiredWorkerReplicas")
+    return reported if isinstance(reported, int) and reported > 0 else obs.spec.worker_pods
 
 
 def _workers(obs: Observation) -> tuple[int, int]:
     """(desired, ready) workers: ready ones as the pods show them, else as KubeRay last reported.
 
     The pods come first: KubeRay copies its cluster's counts into the RayJob only while it
-    polls the Ray dashboard, so the RayJob's count can lag behind the pods. Desired counts
-    every worker pod, those of a search's concurrent trials included.
+    polls the Ray dashboard, so the RayJob's count can lag behind the pods.
     """
-    desired = obs.spec.worker_pods
+    desired = _desired_workers(obs)
     if obs.rayjob is None:
         return desired, 0
     cluster = _rayjob_status(obs.rayjob).get("rayClusterStatus") or {}
-    reported = cluster.get("desiredWorkerReplicas")
     pods = _ray_pods(obs)
     ready = pods.ready_workers if pods is not None else count(cluster.get("readyWorkerReplicas"))
-    desired = reported if isinstance(reported, int) and reported > 0 else desired
     # Never more than the job asks for: GPUs held, and so cost, follow this count.
     return desired, min(ready, desired)
 
