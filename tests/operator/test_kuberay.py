@@ -75,7 +75,11 @@ def test_jobs_run_on_the_gpu_nodes_they_ask_for(world: World, world_api: Api, wo
     # The operator's submitter retries reached KubeRay's submitter Job.
     job = api.kube.request("GET", f"/apis/batch/v1/namespaces/{ns}/jobs/bert")
     assert job["spec"]["backoffLimit"] == 0
-    assert [reason for _, reason in api.events(ns, "bert")] == ["Pending", "Initializing"]
+    wait_until(
+        lambda: [r for _, r in api.events(ns, "bert")] == ["Pending", "Initializing"],
+        timeout=WORLD_TIMEOUT,
+        what="two events",
+    )
 
 
 def test_deleting_a_job_deletes_everything_kuberay_made(world: World, world_api: Api, world_ns: str):
@@ -137,10 +141,8 @@ def test_suspend_deletes_the_ray_cluster_and_resume_makes_a_new_one_of_the_curre
     resumed = api.wait_status(ns, "bert", "submitting again", submitting)
     assert resumed["rayClusterName"] != first
     assert head_container(raycluster(api, ns, "bert")["spec"])["image"] == current
-    story = [r for _, r in api.events(ns, "bert")]
-    assert story == [
-        "Pending", "Initializing", DEFERRED_REASON, "Suspended", APPLIED_REASON, "Pending", "Initializing"
-    ], story  # fmt: skip
+    story = ["Pending", "Initializing", DEFERRED_REASON, "Suspended", APPLIED_REASON, "Pending", "Initializing"]
+    wait_until(lambda: [r for _, r in api.events(ns, "bert")] == story, timeout=WORLD_TIMEOUT, what=f"events {story}")
 
 
 def test_job_retries_go_through_kuberay_retrying_on_a_new_ray_cluster(world: World, world_api: Api, world_ns: str):

@@ -180,7 +180,9 @@ def test_jobs_beyond_the_quota_wait_with_kueues_reason_and_start_as_others_finis
         admitted = api.condition(ns, waiting, ConditionType.ADMITTED)
         assert admitted["status"] == "True"
         assert admitted["message"] == f"admitted by Kueue queue team-a (ClusterQueue team-a, {GPU} flavor mi300x)"
-        assert ("Normal", "Admitted") in api.events(ns, waiting)
+        wait_until(
+            lambda: ("Normal", "Admitted") in api.events(ns, waiting), timeout=WORLD_TIMEOUT, what="the Admitted event"
+        )
     finally:
         sampler.stop()
     assert sampler.samples > 10
@@ -497,7 +499,13 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_later(
     for kind in ("Admitted", "Ready"):
         condition = api.condition(ns, "low", kind)
         assert condition["reason"] == "Preempted" and condition["message"].startswith(kueue_says), condition
-    assert any(t == "Warning" and r == "Preempted" and kueue_says in m for t, r, m in api.event_messages(ns, "low"))
+    wait_until(
+        lambda: any(
+            t == "Warning" and r == "Preempted" and kueue_says in m for t, r, m in api.event_messages(ns, "low")
+        ),
+        timeout=WORLD_TIMEOUT,
+        what="the Preempted event",
+    )
     # Kueue suspended its RayJob: KubeRay deletes the Ray cluster, freeing the GPUs.
     api.wait_status(ns, "low", "its Ray cluster gone", lambda s: queued(s) and "rayClusterName" not in s)
     wait_until(lambda: not kuberay.ray_pods(api.kube, ns, first), timeout=WORLD_TIMEOUT, what="low's pods gone")

@@ -138,9 +138,12 @@ def test_a_worker_pod_the_api_server_refuses_is_explained_with_its_words(world_a
     assert refused["message"].startswith("KubeRay cannot create the worker pod: ")
     assert " is forbidden: " in refused["message"] and "quota: one-pod" in refused["message"]
     assert api.phase(ns, "bert") == "Initializing"
-    # One event for the cause, though the message changes with each retry's pod name.
-    ((reason, message),) = warnings(api, ns, "bert")
+    # One event for the cause, though the message changes with each retry's pod name. The operator
+    # posts it after it writes the condition.
+    posted = wait_until(lambda: warnings(api, ns, "bert"), timeout=WORLD_TIMEOUT, what="the warning event")
+    ((reason, message),) = posted
     assert reason == Reason.POD_CREATION_FAILED and "quota: one-pod" in message
     api.kube.delete(quota)
     api.wait_status(ns, "bert", "the worker ready", lambda s: s.get("workersReady") == 1)
     wait_condition(api, ns, "bert", "False", Reason.RAY_PODS_AVAILABLE)
+    assert warnings(api, ns, "bert") == posted
