@@ -15,6 +15,7 @@ import pytest
 
 from rocmtrain_testworld import s3 as object_store
 from rocmtrain_testworld.api import KubeCluster
+from rocmtrain_testworld.processes import free_port
 from rocmtrain_testworld.s3 import S3Path, S3Server
 from rocmtrain_train.storage import object_store_filesystem
 
@@ -114,3 +115,11 @@ def test_a_stopped_server_keeps_its_data_and_close_removes_it(s3: S3Server, tmp_
     finally:
         server.close()
     assert not server.process.running() and not (tmp_path / "server" / "data").exists()
+
+
+def test_the_servers_ports_never_repeat():
+    """Each of the server's eight listeners gets a port of its own: `free_port` never returns a port twice in
+    a process, where the kernel may offer a port again once its probe socket has closed (a repeat once made
+    the filer's listener fail with "address already in use", beside the master on the same port)."""
+    ports = [free_port() for _ in range(500)]
+    assert len(set(ports)) == len(ports)

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -27,11 +28,23 @@ class ClusterError(RuntimeError):
     """The cluster could not be started or reached."""
 
 
+_GIVEN_PORTS: set[int] = set()
+_GIVEN_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """Return a TCP port on 127.0.0.1 that is free right now and that this process has not returned before.
+
+    The callers bind it later, often after picking others for the same server (SeaweedFS takes eight), and the
+    kernel may offer a port it offered a moment ago: a repeat would make the server's second listener fail."""
+    with _GIVEN_LOCK:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port not in _GIVEN_PORTS:
+                _GIVEN_PORTS.add(port)
+                return port
 
 
 def _libc_prctl() -> Callable[..., int] | None:
