@@ -1,10 +1,9 @@
 """End to end: a real training run reports into a real job's status through the progress endpoint.
 
-Real parts: the training loop (`rocmtrain run`'s local runner: an embedded Ray,
-Ray Train, the MiniLM model on the CPU) with its HTTP sink, the endpoint with
-the real TokenReview, and kube-apiserver. Not real: the Ray head pod the token
-is bound to is an object created here with KubeRay's labels (no KubeRay, no
-kubelet), and the training runs on this machine instead of in that pod.
+Real parts: the training loop (`rocmtrain run`'s local runner: an embedded Ray, Ray Train, a tiny BERT on
+the CPU, since what it learns does not count here) with its HTTP sink, the endpoint with the real TokenReview,
+and kube-apiserver. Not real: the Ray head pod the token is bound to is an object created here with KubeRay's
+labels (no KubeRay, no kubelet), and the training runs on this machine instead of in that pod.
 """
 
 from __future__ import annotations
@@ -21,15 +20,16 @@ from rocmtrain.api.models import RocmTrainingJob, RocmTrainingJobStatus
 from rocmtrain_testworld.kubecluster import KubeCluster
 from rocmtrain_train.config import local_settings
 from rocmtrain_train.driver.train_job import run_local
+from train.conftest import save_tiny_bert
 
 pytestmark = [pytest.mark.cluster, pytest.mark.ray]
 
 DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
 
 
-def tiny_spec() -> dict:
+def tiny_spec(model: Path) -> dict:
     return {
-        "model": {"source": "sentence-transformers/all-MiniLM-L6-v2", "numLabels": 3, "maxSeqLength": 32},
+        "model": {"source": str(model), "numLabels": 3, "maxSeqLength": 32},
         "data": {
             "train": {"uri": str(DATA / "train.jsonl"), "maxSamples": 192},
             "eval": {"uri": str(DATA / "eval.jsonl"), "maxSamples": 64},
@@ -44,16 +44,16 @@ def tiny_spec() -> dict:
         },
         "resources": {"workers": 1, "gpusPerWorker": 0, "cpusPerWorker": "1", "memoryPerWorker": "2Gi"},
         # Required by the API server; this test trains locally, into --storage.
-        "checkpoint": {"storagePath": "s3://checkpoints/tiny-minilm"},
+        "checkpoint": {"storagePath": "s3://checkpoints/tiny-bert"},
     }
 
 
 def test_training_moves_the_job_status_to_its_final_metrics(
     kube: KubeCluster, progress_server: ServerThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    namespace, name = kube.new_namespace("train"), "tiny-minilm"
+    namespace, name = kube.new_namespace("train"), "tiny-bert"
     cluster = f"{name}-k2m9p"
-    job = create_job(kube, namespace, name, cluster, tiny_spec())
+    job = create_job(kube, namespace, name, cluster, tiny_spec(save_tiny_bert(tmp_path / "bert")))
     head = create_ray_head(kube, namespace, name, cluster)
     (tmp_path / "token").write_text(bound_token(kube, head))
     (tmp_path / "ca.crt").write_bytes(progress_server.server.ca_crt)
