@@ -47,14 +47,17 @@ def trial_ids(run: RunSettings) -> list[str]:
     return sorted(p.name for p in Path(run.run_path, TRIALS_DIR).iterdir())
 
 
-def test_a_killed_trial_worker_is_recovered(ray_local, tmp_path):
+def test_a_killed_trial_worker_is_recovered(ray_local, tiny_bert, tmp_path):
+    """A rank of a trial is killed once Ray Train has recorded the trial's first checkpoint. Ray Train takes one
+    report of each rank per look at the workers, 2 s apart, and the ranks live until it has taken them all: the
+    kill lands in the trial, whose worker group starts again from that checkpoint."""
     extra = {
-        "data": {"train": {"maxSamples": 320}},  # 10 steps of 2 x 16: the kill lands while the trial trains
+        "data": {"train": {"maxSamples": 320}},  # 10 steps of 2 x 16, a checkpoint every 2
         "resources": {"workers": 2},
         "checkpoint": {"everySteps": 2},
         "faultTolerance": {"maxWorkerFailures": 1},
     }
-    run = settings(job("search-kill", SMALL, extra, tuning(numTrials=1)), tmp_path)
+    run = settings(job("search-kill", SMALL, extra, tuning(numTrials=1), model=tiny_bert), tmp_path)
     with ThreadPoolExecutor(1) as pool:
         search = pool.submit(run_local, run, console=False)
         deadline = time.monotonic() + 300
