@@ -1,13 +1,19 @@
 """Checkpoint contents (no Ray): random-number state per rank, the run's totals, and (DDP's) the model and
-optimiser rank 0 writes beside them."""
+optimiser rank 0 writes beside them; the local folders they are staged in, and their removal."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 
+from rocmtrain_train.checkpoint import staging
 from rocmtrain_train.checkpoint import train_state as checkpoint
 from rocmtrain_train.checkpoint.train_state import TrainState
 from rocmtrain_train.strategy.data_parallel import DataParallel
@@ -73,3 +79,60 @@ def test_the_run_totals_are_shared_out_so_that_they_add_up(world_size):
 def test_rng_seeds_differ_per_rank_and_step():
     seeds = {checkpoint.rng_seed(42, rank, step) for rank in range(8) for step in range(100)}
     assert len(seeds) == 800
+
+
+STAGE = """
+import sys
+from rocmtrain_train.checkpoint import staging
+folder = staging.new_folder(sys.argv[1])
+(folder / "weights.pt").write_bytes(b"a checkpoint's part")
+print(folder, flush=True)
+sys.stdin.read()
+"""
+
+
+def _staging_process(run_id: str, tmp: Path) -> tuple[subprocess.Popen, Path]:
+    """A process that stages a checkpoint's part in `tmp` (its TMPDIR), and runs until its stdin closes."""
+    env = os.environ | {"TMPDIR": str(tmp)}
+    process = subprocess.Popen(
+        [sys.executable, "-c", STAGE, run_id], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    return process, Path(process.stdout.readline().strip())
+
+
+def test_the_checkpoint_folders_of_a_killed_rank_are_removed_and_a_live_ones_kept(tmp_path):
+    """A rank killed before Ray Train uploaded its checkpoint leaves its folder; the next rank to start removes
+    it, and keeps those of processes that still run."""
+    killed, staged = _staging_process("run-a", tmp_path)
+    alive, kept = _staging_process("run-a", tmp_path)
+    try:
+        assert staged.parent.parent == tmp_path
+        assert staged.parent.name.startswith(f"{staging.PREFIX}run-a-{killed.pid}-")
+        killed.kill()
+        killed.wait()
+        (tmp_path / f"{staging.PREFIX}not-ours").mkdir()  # named alike, without a process: left alone
+        link = tmp_path / f"{staging.PREFIX}run-b-{killed.pid}-link"  # a link is never followed
+        link.symlink_to(kept.parent)
+        assert staging.remove_orphans(tmp_path) == [staged.parent]
+        assert not staged.parent.exists() and (kept / "weights.pt").is_file() and link.is_symlink()
+        assert (tmp_path / f"{staging.PREFIX}not-ours").is_dir()
+    finally:
+        alive.communicate("")
+    # Its process gone, the live one's root goes too, at the next start.
+    assert staging.remove_orphans(tmp_path) == [kept.parent]
+
+
+def test_a_run_removes_its_roots_when_it_ends(tmp_path, monkeypatch):
+    """`rocmtrain run` removes every root of its run when its ranks have ended, whether they still run or not,
+    and never another run's."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ours = staging.new_folder("run-a")
+    assert staging.new_folder("run-a").parent == ours.parent  # one root per run and process
+    other, theirs = _staging_process("run-b", tmp_path)
+    try:
+        assert staging.remove_run("run-a") == [ours.parent]
+        assert not ours.parent.exists() and (theirs / "weights.pt").is_file()
+        assert staging.new_folder("run-a").parent != ours.parent  # a new root once it is gone
+    finally:
+        other.communicate("")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rocmtrain.api.gpu_memory import GpuMemory
+from rocmtrain_train.checkpoint import staging
 from rocmtrain_train.config import RunSettings
 from rocmtrain_train.driver.driver_checks import available_gpus, preflight
 from rocmtrain_train.driver.torch_trainer import RunOutcome, run
@@ -118,3 +119,4 @@ def run_local(settings: RunSettings, *, console: bool = True) -> RunOutcome | Se
     finally:
         if started_ray:
             ray.shutdown()
+        staging.remove_run(settings.run_id)  # its ranks ran on this machine, and have ended

@@ -15,10 +15,8 @@ the GPU work of its steps. Each report is a `RankReport`; checkpoints upload asy
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import ray.train
@@ -26,7 +24,7 @@ import torch
 import torch.distributed as dist
 from ray.train import CheckpointUploadMode
 
-from rocmtrain_train.checkpoint import train_state
+from rocmtrain_train.checkpoint import staging, train_state
 from rocmtrain_train.checkpoint.model_export import merged_location
 from rocmtrain_train.data.prefetch import Prefetcher
 from rocmtrain_train.loop.rank_setup import Worker, build_worker
@@ -258,12 +256,13 @@ class TrainLoop:
         )
 
     def _checkpoint(self) -> ray.train.Checkpoint:
-        """This rank's part of a checkpoint, in a folder Ray Train deletes once it has uploaded it."""
+        """This rank's part of a checkpoint, in a folder Ray Train deletes once it has uploaded it (`staging`
+        removes one whose upload never completed)."""
         w = self.w
         totals: dict[str, Any] = dict(
             zip(w.state.TOTALS, sum_over_ranks([getattr(w.state, n) for n in w.state.TOTALS], w.device), strict=True)
         )
-        directory = Path(tempfile.mkdtemp(prefix="rocmtrain-checkpoint-"))
+        directory = staging.new_folder(w.settings.run_id)
         train_state.save(
             directory,
             rank=w.rank,
@@ -345,6 +344,7 @@ def _format(values: dict[str, Any]) -> str:
 
 def train_worker(config: dict[str, Any]) -> None:
     """Ray Train's `train_loop_per_worker`: `config["settings"]` is the run's RunSettings."""
+    staging.remove_orphans()  # the checkpoint folders of ranks that ended before their uploads did
     worker = build_worker(config["settings"])
     try:
         TrainLoop(worker).run()
