@@ -103,20 +103,24 @@ def _staging_process(run_id: str, tmp: Path) -> tuple[subprocess.Popen, Path]:
 
 def test_the_checkpoint_folders_of_a_killed_rank_are_removed_and_a_live_ones_kept(tmp_path):
     """A rank killed before Ray Train uploaded its checkpoint leaves its folder; the next rank to start removes
-    it, and keeps those of processes that still run."""
+    it, and keeps those of processes that still run, or that run in another PID namespace (a pid it cannot
+    judge)."""
     killed, staged = _staging_process("run-a", tmp_path)
     alive, kept = _staging_process("run-a", tmp_path)
     try:
         assert staged.parent.parent == tmp_path
-        assert staged.parent.name.startswith(f"{staging.PREFIX}run-a-{killed.pid}-")
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+        assert staged.parent.name.startswith(f"{staging.PREFIX}run-a-{namespace}.{killed.pid}-")
         killed.kill()
         killed.wait()
         (tmp_path / f"{staging.PREFIX}not-ours").mkdir()  # named alike, without a process: left alone
-        link = tmp_path / f"{staging.PREFIX}run-b-{killed.pid}-link"  # a link is never followed
+        elsewhere = tmp_path / f"{staging.PREFIX}run-a-{namespace + 1}.{killed.pid}-x"  # another PID namespace's
+        elsewhere.mkdir()
+        link = tmp_path / f"{staging.PREFIX}run-b-{namespace}.{killed.pid}-link"  # a link is never followed
         link.symlink_to(kept.parent)
         assert staging.remove_orphans(tmp_path) == [staged.parent]
         assert not staged.parent.exists() and (kept / "weights.pt").is_file() and link.is_symlink()
-        assert (tmp_path / f"{staging.PREFIX}not-ours").is_dir()
+        assert (tmp_path / f"{staging.PREFIX}not-ours").is_dir() and elsewhere.is_dir()
     finally:
         alive.communicate("")
     # Its process gone, the live one's root goes too, at the next start.
