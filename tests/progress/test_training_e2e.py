@@ -60,6 +60,9 @@ def test_training_moves_the_job_status_to_its_final_metrics(
     monkeypatch.setenv(PROGRESS_URL_ENV, progress_server.url(namespace, name))
     monkeypatch.setenv(PROGRESS_CA_ENV, str(tmp_path / "ca.crt"))
     monkeypatch.setenv(PROGRESS_TOKEN_ENV, str(tmp_path / "token"))
+    # Another Ray named on this machine (as `ray start` leaves one in /tmp/ray/ray_current_cluster): the
+    # embedded Ray is a new one all the same, never a stranger's cluster.
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
 
     settings = local_settings(
         RocmTrainingJob.model_validate(job),

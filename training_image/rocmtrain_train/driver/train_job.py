@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 LOOPBACK = "127.0.0.1"
 # Where Ray's state API and job clients find the dashboard, before any search among local processes.
 API_SERVER_ADDRESS_ENV = "RAY_API_SERVER_ADDRESS"
+RAY_ADDRESS_ENV = "RAY_ADDRESS"  # the cluster `ray.init()` joins; the embedded Ray never does
 
 
 def train(settings: RunSettings, sinks: list[Sink], *, echo_log: bool) -> RunOutcome | SearchOutcome:
@@ -55,8 +56,13 @@ def embedded_ray_options(settings: RunSettings) -> dict[str, Any]:
     Train's PlacementGroupCleaner asks whether a trial's Train controller still lives. Without it, a
     trial Tune stops early (its controller dies with it) keeps its workers' placement group, and with
     it their CPUs and GPUs, until the search ends.
+
+    The Ray is always a new one (`address="local"`): left to `ray.init()`, it would join the cluster that
+    `RAY_ADDRESS` or `/tmp/ray/ray_current_cluster` names (the latest `ray start` on this machine), and
+    refuse its own CPU and GPU counts there.
     """
     options: dict[str, Any] = {
+        "address": "local",
         "num_cpus": max(os.cpu_count() or 1, int(settings.concurrent_workers * settings.cpus_per_worker)),
         "num_gpus": settings.total_gpus * settings.job.spec.concurrent_runs,
         "include_dashboard": False,
@@ -69,26 +75,34 @@ def embedded_ray_options(settings: RunSettings) -> dict[str, Any]:
 
 
 def start_embedded_ray(options: dict[str, Any]) -> None:
-    """`ray.init(**options)`, with every Ray process told where the dashboard is, if it has one.
+    """`ray.init(**options)`, with every Ray process told where the dashboard is, if it has one, and not
+    told of any other Ray (`RAY_ADDRESS`).
 
     Left to find the state API, the PlacementGroupCleaner looks among this machine's processes for a
-    Ray, and gives up for good beside another one. The address (`RAY_API_SERVER_ADDRESS`) reaches Ray's
-    processes through the environment they inherit, set only while Ray starts: a runtime_env would
-    cost each worker process a round trip to Ray's runtime-env agent (0.2 s each here).
+    Ray, and gives up for good beside another one; given `RAY_ADDRESS`, Ray Train's processes ask that
+    cluster's. The environment reaches Ray's processes as they inherit it, so it is set only while Ray
+    starts: a runtime_env would cost each worker process a round trip to Ray's runtime-env agent (0.2 s
+    each here).
     """
     import ray
 
     port = options.get("dashboard_port")
-    previous = os.environ.get(API_SERVER_ADDRESS_ENV)
-    if port is not None:
-        os.environ[API_SERVER_ADDRESS_ENV] = f"http://{LOOPBACK}:{port}"
+    dashboard = None if port is None else f"http://{LOOPBACK}:{port}"
+    previous = {name: os.environ.get(name) for name in (API_SERVER_ADDRESS_ENV, RAY_ADDRESS_ENV)}
+    _set_environ({API_SERVER_ADDRESS_ENV: dashboard, RAY_ADDRESS_ENV: None})
     try:
         ray.init(**options)
     finally:
-        if previous is None:
-            os.environ.pop(API_SERVER_ADDRESS_ENV, None)
+        _set_environ(previous)
+
+
+def _set_environ(values: dict[str, str | None]) -> None:
+    """Sets each variable to its value, or unsets it where the value is None."""
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
         else:
-            os.environ[API_SERVER_ADDRESS_ENV] = previous
+            os.environ[name] = value
 
 
 def free_loopback_port() -> int:
