@@ -35,7 +35,11 @@ def pods():
     """PODS nodes (the first is Ray's head) with GPUS fake GPUs and CPUS CPUs each, in place of the embedded Ray
     (the next module that needs that starts it again)."""
     ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": CPUS, "num_gpus": GPUS})
+    # The Cluster would write its address to this machine's /tmp/ray/ray_current_cluster, where any Ray
+    # started beside it without an address (the other tests' session) would find it and join it.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ray._private.utils, "write_ray_address", lambda *_: None)
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": CPUS, "num_gpus": GPUS})
     nodes = [cluster.head_node, *(cluster.add_node(num_cpus=CPUS, num_gpus=GPUS) for _ in range(PODS - 1))]
     cluster.wait_for_nodes()
     # The ranks run this module's functions, sent by value: Ray's workers cannot import the tests.
