@@ -89,7 +89,7 @@ manifests: crds
 
 # The generated parts of docs/ (the field reference, the pure-module list); tests/unit/test_docs.py checks them.
 docs: install
-	$(PY) -m rocmtrain.docs
+	$(PY) -m rocmtrain.cli.docs
 
 render: install
 	$(BIN)/rocmtrain render $(or $(RENDER_JOB),examples/cluster-mi300x.yaml)

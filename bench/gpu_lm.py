@@ -11,7 +11,7 @@ our data path. What the words mean does not matter to throughput; their count do
 Each model trains with full fine-tuning and with a LoRA adapter (rank 16, alpha 32, all linear
 layers), bf16 autocast, SDPA attention, on one GPU, in two loops:
 
-- ours: the training image's loop (`rocmtrain_train.driver.torch_trainer.run`), one Ray Train
+- ours: the training image's loop (`rocmtrain_train.trainer.torch_trainer.run`), one Ray Train
   worker on the GPU, with dynamic padding of length-sorted batches (`training.packing` off);
 - reference: a minimal hand-written loop over the same records in the same batches (tokenised and
   padded by our data path: sorted by length, padded to the longest rounded up to a multiple of 8 as
@@ -61,10 +61,10 @@ import numpy as np
 import torch
 
 from lm_throughput import encoded_records, sft_script
-from rocmtrain.api.memory_fit import plan_job
 from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.plan.fit import plan_job
 from rocmtrain_train.config import local_settings
-from rocmtrain_train.data.lm_tokens import collate_lm
+from rocmtrain_train.data.causal_lm.tokens import collate_lm
 from rocmtrain_train.model.causal_lm import weights_dtype
 from train_throughput import read_jsonl, table
 
@@ -359,7 +359,7 @@ def disk_needed(model_dir: str, mode: str) -> int:
 
 def ours(model_dir: str, mode: str, work: LmGpuWorkload, folder: Path) -> LmRun:
     """Our loop, one Ray Train worker; the timed steps are those after the first report (which comes after step 1)."""
-    from rocmtrain_train.driver.torch_trainer import run
+    from rocmtrain_train.trainer.torch_trainer import run
 
     folder.mkdir(parents=True, exist_ok=True)
     free, needed = shutil.disk_usage(folder).free, disk_needed(model_dir, mode)

@@ -33,7 +33,7 @@ else
     echo "no .gpu-carry/ (make it with bench/gpu_lm_carry.sh and carry it): using what the machine has"
 fi
 export PYTHONPATH="$SITE:$PWD/operator:$PWD/training_image:$PWD/bench"
-"$PYTHON" -c "import ray, transformers, peft, pydantic, rocmtrain_train.driver.torch_trainer; \
+"$PYTHON" -c "import ray, transformers, peft, pydantic, rocmtrain_train.trainer.torch_trainer; \
 print('ray', ray.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, \
 'pydantic', pydantic.__version__)" 2>&1 | tee -a "$OUT/env.txt" || exit 1
 

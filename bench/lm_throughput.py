@@ -13,7 +13,7 @@ end of each epoch and one evaluation at the end:
    CPUs, as ours), the other settings TRL's;
 2. trl-padding-free: the same with `padding_free=True` and no packing: exactly our records a step,
    one flattened row a device;
-3. ours: this project's loop (`rocmtrain_train.driver.torch_trainer.run`) with `training.packing`
+3. ours: this project's loop (`rocmtrain_train.trainer.torch_trainer.run`) with `training.packing`
    (rows of `maxSeqLength`, positions restarting at each record); `ours-padded` is the same without
    packing (dynamic padding of length-sorted batches).
 
@@ -41,7 +41,7 @@ the median of the ratios within each round of runs:
 - peak RSS: the largest resident set (VmHWM) of any rank's process; this and the CPU time are read
   from outside, by the bench, for every arm alike;
 - eval loss: the mean loss over the response tokens of the evaluation records, computed by one
-  function for every arm (`rocmtrain_train.loop.lm_evaluate.loss_sums`, what our loop's evaluation
+  function for every arm (`rocmtrain_train.evaluation.causal_lm.loss_sums`, what our loop's evaluation
   runs) on the trained model, all ranks' shards summed.
 
     python bench/lm_throughput.py --runs 3
@@ -74,10 +74,10 @@ import torch
 
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain_train.config import local_settings
-from rocmtrain_train.data.lm_tokens import LmFormat, encode_lm
+from rocmtrain_train.data.causal_lm.tokens import LmFormat, encode_lm
 from rocmtrain_train.data.tokens import Encoded
-from rocmtrain_train.driver.torch_trainer import run
 from rocmtrain_train.reporting.jsonl_sink import JsonlSink
+from rocmtrain_train.trainer.torch_trainer import run
 from train_throughput import fit_on_workers, interleaved, medians, read_jsonl, table, wait_until_idle
 
 REPO = Path(__file__).resolve().parents[1]
@@ -263,8 +263,8 @@ def eval_loss(model: torch.nn.Module, tokenizer: Any, work: LmWorkload, device: 
     import torch.distributed as dist
 
     from rocmtrain_train.data.batch_plan import sorted_batches
-    from rocmtrain_train.data.lm_tokens import LmFormat, collate_lm, encode_lm
-    from rocmtrain_train.loop.lm_evaluate import loss_sums
+    from rocmtrain_train.data.causal_lm.tokens import LmFormat, collate_lm, encode_lm
+    from rocmtrain_train.evaluation.causal_lm import loss_sums
 
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     table = pa.Table.from_pylist(read_jsonl(Path(work.data) / "eval.jsonl"))
@@ -426,7 +426,7 @@ def lm_job(work: LmWorkload, packing: bool) -> RocmTrainingJob:
 
 
 def ours(arm: str, work: LmWorkload, folder: Path) -> LmMeasured:
-    """This project's loop: the workload as a RocmTrainingJob, trained by `torch_trainer.run`."""
+    """This project's loop: the workload as a RocmTrainingJob, trained by `trainer.torch_trainer.run`."""
     settings = local_settings(
         lm_job(work, packing=arm == "ours"),
         job_dir=str(folder),

@@ -62,7 +62,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rocmtrain.api.job_config import JOB_CONFIG_LIMIT, job_config_size
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.api.validate import validate_job
-from rocmtrain.kube import JOBS, RAYJOBS, Kube, Ref
+from rocmtrain.kube.client import JOBS, RAYJOBS, Kube, Ref
 from rocmtrain.render import render_rayjob
 from rocmtrain_testworld import nodes, runtime, world
 from rocmtrain_testworld.kubecluster import KubeCluster, free_port, running_cluster

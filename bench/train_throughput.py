@@ -7,7 +7,7 @@
 2. stock: the best setup a user could write with the same stock parts: the same `Trainer` with
    dynamic padding (`DataCollatorWithPadding`), length-grouped sampling, fused AdamW and
    DataLoader worker processes;
-3. ours: this project's training loop (`rocmtrain_train.driver.torch_trainer.run`).
+3. ours: this project's training loop (`rocmtrain_train.trainer.torch_trainer.run`).
 
 All arms fine-tune the same model on the same generated reviews (about 150 tokens on average,
 a long tail to 512) with the same ranks, global batch, epochs, learning rate, warmup and weight
@@ -54,9 +54,9 @@ from ray.train.torch import TorchTrainer
 
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain_train.config import local_settings
-from rocmtrain_train.driver.torch_trainer import run
 from rocmtrain_train.model.pretrained import resolve_model
 from rocmtrain_train.reporting.jsonl_sink import JsonlSink
+from rocmtrain_train.trainer.torch_trainer import run
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"

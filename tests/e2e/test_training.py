@@ -40,7 +40,7 @@ import pytest
 from transformers import AutoModelForSequenceClassification
 
 from own_code.expected import SDK_STEPS_LAST_METRICS, SDK_STEPS_LAST_PROGRESS
-from rocmtrain.api.conditions import ConditionType, Reason
+from rocmtrain.api.condition_reasons import ConditionType, Reason
 from rocmtrain.api.contract import PROGRESS_URL_ENV
 from rocmtrain.api.models import RocmTrainingJobStatus
 from rocmtrain_testworld import kuberay, rocmtrain_operator, runtime

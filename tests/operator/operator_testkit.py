@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kopf.testing import KopfRunner
 
-from rocmtrain.api.conditions import ConditionType, Reason
+from rocmtrain.api.condition_reasons import ConditionType, Reason
 from rocmtrain_testworld import rocmtrain_operator
 from rocmtrain_testworld.gotools import go_tool
 from rocmtrain_testworld.kubecluster import KubeCluster, free_port

@@ -35,7 +35,7 @@ from operator_testkit import (
     wait_until,
 )
 
-from rocmtrain.api.conditions import ConditionType, Reason
+from rocmtrain.api.condition_reasons import ConditionType, Reason
 from rocmtrain.api.validate import validate_job
 from rocmtrain.render import render_rayjob
 from rocmtrain_testworld.kubecluster import KUBERAY_CRDS_DIR, KubeCluster

@@ -16,8 +16,8 @@ import pytest
 from operator_testkit import job_manifest
 from PIL import Image
 
-from rocmtrain import cluster_cli
 from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.cli import cluster as cluster_cli
 from rocmtrain.render import render_rayjob
 from rocmtrain_testworld import kuberay, kueue
 from rocmtrain_testworld.api import KubeCluster

@@ -27,8 +27,8 @@ from operator_testkit import (
     wait_until,
 )
 
-from rocmtrain.api.conditions import ConditionType, Reason
-from rocmtrain.status.rayjob_update import APPLIED_REASON, DEFERRED_REASON
+from rocmtrain.api.condition_reasons import ConditionType, Reason
+from rocmtrain.render.rayjob_update import APPLIED_REASON, DEFERRED_REASON
 from rocmtrain_testworld import kuberay, kwok
 from rocmtrain_testworld.nodes import MI250_LABELS, MI300X_LABELS, PRODUCT_LABEL
 from rocmtrain_testworld.world import World

@@ -29,7 +29,7 @@ from operator_testkit import (
     wait_until,
 )
 
-from rocmtrain.api.conditions import ConditionType, Reason
+from rocmtrain.api.condition_reasons import ConditionType, Reason
 from rocmtrain.api.models import DEFAULT_IMAGE
 from rocmtrain.api.quantity import parse_quantity
 from rocmtrain.api.timestamps import parse_time, rfc3339

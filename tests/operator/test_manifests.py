@@ -12,7 +12,7 @@ from operator_testkit import OPERATOR_NAMESPACE, REPO, kustomize_build
 
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.controller.settings import OperatorConfig
-from rocmtrain.metrics_access import METRICS_PATH
+from rocmtrain.metrics.access import METRICS_PATH
 from rocmtrain.progress import tls
 from rocmtrain.progress.server import METRICS_SERVICE_NAME, SERVICE_NAME, ProgressServerConfig
 from rocmtrain.render import render_rayjob

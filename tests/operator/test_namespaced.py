@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 import yaml
+from faults.operator_process import OperatorProcess
 from operator_testkit import OPERATOR_NAMESPACE, RAYJOBS, REPO, Api, job_manifest, kustomize_build, wait_until
 
-from faults.operator_process import OperatorProcess
 from rocmtrain_testworld.kubecluster import KubeCluster, request
 
 pytestmark = pytest.mark.cluster

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from operator_testkit import SMALL, WORLD_TIMEOUT, Api, wait_until
 
-from rocmtrain.api.conditions import ConditionType, Reason
+from rocmtrain.api.condition_reasons import ConditionType, Reason
 from rocmtrain_testworld import kuberay, kwok
 from rocmtrain_testworld.nodes import MI300X_LABELS, PRODUCT_LABEL
 from rocmtrain_testworld.world import World

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from operator_testkit import Api, Operator, wait_until
 
-from rocmtrain import prometheus
 from rocmtrain.controller import rayjob_watch
+from rocmtrain.metrics import prometheus
 from rocmtrain.status.objects import rayjob_view
 from rocmtrain_testworld.kubecluster import KubeCluster
 

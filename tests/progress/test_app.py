@@ -16,15 +16,18 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from fakes import merge_patch
-from rocmtrain.api.conditions import Reason
+from rocmtrain.api.condition_reasons import Reason
 from rocmtrain.api.contract import PROGRESS_AUDIENCE, progress_path
+from rocmtrain.api.errors import Conflict
 from rocmtrain.api.models import RocmTrainingJob
-from rocmtrain.progress import errors, tls
+from rocmtrain.progress import tls
 from rocmtrain.progress.auth import Identity
-from rocmtrain.progress.errors import Conflict, Forbidden, Gone, Unauthenticated, Unavailable
-from rocmtrain.progress.limits import MAX_BODY_BYTES, RateLimiter
+from rocmtrain.progress.limits import MAX_BODY_BYTES
 from rocmtrain.progress.server import ProgressServerConfig, make_app
 from rocmtrain.render import RenderOptions, render_rayjob
+from rocmtrain.serving import errors
+from rocmtrain.serving.errors import Forbidden, Gone, Unauthenticated, Unavailable
+from rocmtrain.serving.rate import RateLimiter
 from rocmtrain.status import notifications
 
 NOW = dt.datetime(2025, 3, 1, tzinfo=dt.UTC)
@@ -174,11 +177,10 @@ async def test_refusals_write_nothing(http: TestClient, jobs: Jobs, url: str, he
     [
         (errors.Unauthenticated("token revoked"), 401, {"WWW-Authenticate": "Bearer"}),
         (errors.Forbidden("not this job's head"), 403, {}),
-        (errors.NotFound(), 404, {}),
+        (errors.JobNotFound(), 404, {}),
         (errors.TooManyRequests(2.5, "slow down"), 429, {"Retry-After": "3"}),
         (errors.Busy(0.1), 429, {"Retry-After": "1"}),
         (errors.Unavailable("pod lookup failed with HTTP 500"), 503, {"Retry-After": "5"}),
-        (errors.Conflict(), 503, {"Retry-After": "5"}),
     ],
     ids=lambda value: type(value).__name__ if isinstance(value, errors.Refusal) else None,
 )
@@ -195,7 +197,7 @@ async def test_a_refusal_from_any_part_is_answered_with_its_own_status(
         resp = await client.post(URL, json=REPORT, headers=bearer("good"))
         assert (resp.status, await resp.json()) == (status, {"error": str(refusal)})
         assert {name: resp.headers[name] for name in headers} == headers
-    assert str(errors.NotFound()) == "no such job" and str(errors.Busy(1)) == "busy"
+    assert str(errors.JobNotFound()) == "no such job" and str(errors.Busy(1)) == "busy"
     assert jobs.patches == []
 
 
@@ -279,7 +281,7 @@ async def test_job_deleted_while_writing_is_404(http: TestClient, jobs: Jobs):
 async def test_a_job_that_keeps_changing_is_503(http: TestClient, jobs: Jobs):
     jobs.conflicts = 10
     resp = await http.post(URL, json=REPORT, headers=bearer("good"))
-    assert resp.status == 503
+    assert (resp.status, await resp.json(), resp.headers["Retry-After"]) == (503, {"error": "job kept changing"}, "5")
     assert jobs.patches == []
 
 

@@ -20,8 +20,8 @@ from rocmtrain.progress.auth import (
     ray_pod_of_job,
     token_claims,
 )
-from rocmtrain.progress.errors import Forbidden, Unauthenticated
-from rocmtrain.reviews import MAX_TOKEN_BYTES, TtlCache
+from rocmtrain.serving.errors import Forbidden, Unauthenticated
+from rocmtrain.serving.reviews import MAX_TOKEN_BYTES, TtlCache
 
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 BOUND = {
@@ -231,7 +231,7 @@ async def test_any_tokenreview_failure_is_unavailable_never_a_crash(code: int):
     from aiohttp import web
 
     from rocmtrain.progress.auth import TokenReviewAuthenticator
-    from rocmtrain.progress.errors import Unavailable
+    from rocmtrain.serving.errors import Unavailable
 
     async def answer(_: web.Request) -> web.Response:
         return web.json_response({"kind": "Status", "code": code}, status=code)
@@ -263,8 +263,8 @@ async def test_reviews_are_cached_refusals_apart_and_kept_within_their_budget():
     """Accepted and refused answers are cached apart (refusals never push out an accepted token), and
     TokenReviews beyond the budget are refused as Busy before they are sent."""
     from rocmtrain.progress.auth import CACHE_ENTRIES, TokenReviewAuthenticator
-    from rocmtrain.progress.errors import Busy
-    from rocmtrain.progress.limits import RateLimiter
+    from rocmtrain.serving.errors import Busy
+    from rocmtrain.serving.rate import RateLimiter
 
     reviewed: list[str] = []
     good = _jwt({**CLAIMS, "sub": "good"})
@@ -299,8 +299,8 @@ async def test_forgeries_never_take_the_reviews_of_a_pod_that_reported():
     accepted still has its next token (rotated by the kubelet) reviewed. Forgeries that name no pod, or a pod
     that has not reported, stay in the shared budget."""
     from rocmtrain.progress.auth import TokenReviewAuthenticator, claimed_pod_uid
-    from rocmtrain.progress.errors import Busy
-    from rocmtrain.progress.limits import RateLimiter
+    from rocmtrain.serving.errors import Busy
+    from rocmtrain.serving.rate import RateLimiter
 
     reviewed: list[str] = []
     clock = [0.0]
@@ -336,8 +336,8 @@ async def test_forgeries_claiming_a_reporting_pod_spend_its_few_own_reviews_then
         KNOWN_POD_REVIEW_RATE_PER_SECOND,
         TokenReviewAuthenticator,
     )
-    from rocmtrain.progress.errors import Busy
-    from rocmtrain.progress.limits import RateLimiter
+    from rocmtrain.serving.errors import Busy
+    from rocmtrain.serving.rate import RateLimiter
 
     reviewed: list[str] = []
     clock = [0.0]

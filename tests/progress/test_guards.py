@@ -22,9 +22,9 @@ from kubernetes_asyncio import client
 from rocmtrain.api.contract import progress_path
 from rocmtrain.progress import tls
 from rocmtrain.progress.auth import Identity
-from rocmtrain.progress.errors import Unauthenticated
-from rocmtrain.progress.limits import RateLimiter
 from rocmtrain.progress.server import ProgressServer, ProgressServerConfig, make_app
+from rocmtrain.serving.errors import Unauthenticated
+from rocmtrain.serving.rate import RateLimiter
 from rocmtrain_testworld.kubecluster import free_port
 
 HEADER_TIMEOUT = 1.5

@@ -8,7 +8,8 @@ import pytest
 
 from fakes import Clock
 from rocmtrain.api.models import PREFLIGHT_ERROR_LIMIT, Progress, ProgressReport
-from rocmtrain.progress.limits import MAX_BODY_BYTES, MAX_KEYS, RateLimiter, ReportError, parse_report
+from rocmtrain.progress.limits import MAX_BODY_BYTES, MAX_KEYS, ReportError, parse_report
+from rocmtrain.serving.rate import RateLimiter
 
 GOOD = {"progress": {"step": 10, "totalSteps": 100, "percent": 10.0}, "metrics": {"trainLoss": 0.7}}
 

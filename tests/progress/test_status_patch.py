@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 
 from fakes import merge_patch
-from rocmtrain.api.conditions import Reason
+from rocmtrain.api.condition_reasons import Reason
 from rocmtrain.api.models import HISTORY_LENGTH, PREFLIGHT_ERROR_LIMIT, ProgressReport, RocmTrainingJobStatus
-from rocmtrain.progress.status_patch import (
+from rocmtrain.status.progress_patch import (
     network_events,
     progress_patch,
     recovery_events,

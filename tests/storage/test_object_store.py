@@ -14,10 +14,10 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
+from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.models import DataSource, DataSpec, ModelSpec
 from rocmtrain_testworld.processes import free_port
 from rocmtrain_testworld.s3 import S3Path, S3Server
-from rocmtrain_train.config import ConfigError
 from rocmtrain_train.data.records import read_records
 from rocmtrain_train.driver.driver_checks import check_object_store
 from rocmtrain_train.model.pretrained import CACHE_ENV, packaged_model, resolve_model

@@ -8,18 +8,14 @@ per token count exactly the matrix products of a real Llama with grouped-query a
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import pyarrow as pa
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rocmtrain_train.data.lm_tokens import LmFormat, collate_lm, collate_packed, encode_lm, pack
-
-sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
 import gpu_lm
 from lm_throughput import real_tokens
+from rocmtrain_train.data.causal_lm.tokens import LmFormat, collate_lm, collate_packed, encode_lm, pack
 
 RECORDS = [
     ("question : what colour is the zorb ? answer :", "red"),

@@ -2,23 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).parents[2] / "bench" / "train_throughput.py"
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("train_throughput", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
+import train_throughput as bench
 
 
 def measured(accuracy: float, seconds: float) -> bench.Measured:

@@ -5,14 +5,9 @@ from __future__ import annotations
 import pytest
 
 from rocmtrain.api.contract import JOB_ENV
+from rocmtrain.api.errors import ConfigError
 from rocmtrain_train.checkpoint.train_state import resumable
-from rocmtrain_train.config import (
-    CLUSTER_LOG_ROOT,
-    ConfigError,
-    cluster_settings,
-    job_from_env,
-    local_settings,
-)
+from rocmtrain_train.config import CLUSTER_LOG_ROOT, cluster_settings, job_from_env, local_settings
 from train.jobs import EXAMPLES, job
 
 

@@ -11,8 +11,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
+from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.models import DataSource, DataSpec, ModelSpec
-from rocmtrain_train.config import ConfigError
 from rocmtrain_train.data.records import (
     fingerprint,
     read_records,
@@ -233,3 +233,19 @@ def test_the_fingerprint_changes_with_the_files(tmp_path):
     assert before == fingerprint(DataSource(uri=str(path)), DATA, None)
     write(path, ROWS[:-1], "jsonl")
     assert fingerprint(DataSource(uri=str(path)), DATA, None) != before
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_a_head_reads_the_first_records_and_the_first_of_every_file(tmp_path, fmt):
+    first = tmp_path / "data" / f"a.{fmt}"
+    write(first, ROWS, fmt)
+    write(tmp_path / "data" / f"b.{fmt}", [{"text": "other", "label": 1}] * 5, fmt)
+    if fmt == "parquet":  # row groups of 2: 3 records of the first file, 1 of the second
+        pq.write_table(pa.Table.from_pylist(ROWS), first, row_group_size=2)
+    table = read_table(DataSource(uri=str(tmp_path / "data")), DATA, CLASSIFY, None, head=3)
+    texts = table.column("text").to_pylist()
+    assert texts[:3] == [r["text"] for r in ROWS[:3]] and texts[-1] == "other"
+    assert len(texts) == 4 if fmt == "parquet" else len(texts) >= 4  # JSON lines and CSV: whole first blocks
+    write(tmp_path / "data" / f"b.{fmt}", [{"body": "other", "label": 1}], fmt)
+    with pytest.raises(ConfigError, match=rf"b\.{fmt}\): no field 'text'"):
+        read_table(DataSource(uri=str(tmp_path / "data")), DATA, CLASSIFY, None, head=3)

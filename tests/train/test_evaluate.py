@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rocmtrain.api.models import ModelSpec
-from rocmtrain_train.loop.evaluate import batch_sums, metrics_from_sums
+from rocmtrain_train.evaluation.classification import batch_sums, metrics_from_sums
 
 CLASSIFY = ModelSpec(source="/m", numLabels=3)
 REGRESS = ModelSpec(source="/m", task="regression")

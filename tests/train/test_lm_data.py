@@ -15,9 +15,17 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.models import DataSource, DataSpec, ModelSpec
-from rocmtrain_train.config import ConfigError
-from rocmtrain_train.data.lm_tokens import IGNORE, LmFormat, collate_lm, collate_packed, encode_lm, loss_counts, pack
+from rocmtrain_train.data.causal_lm.tokens import (
+    IGNORE,
+    LmFormat,
+    collate_lm,
+    collate_packed,
+    encode_lm,
+    loss_counts,
+    pack,
+)
 from rocmtrain_train.data.records import read_table, text_lengths
 from rocmtrain_train.loop.step_loop import loss_weight
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from rocmtrain_train.data.lm_tokens import LmFormat, collate_lm, collate_packed, encode_lm, pack
+from rocmtrain_train.data.causal_lm.tokens import LmFormat, collate_lm, collate_packed, encode_lm, pack
 from rocmtrain_train.tasks import task_for
 from train.jobs import job
 from train.test_lm_data import pair_table

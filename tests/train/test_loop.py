@@ -8,8 +8,8 @@ import time
 import pytest
 
 from rocmtrain_train.data.prefetch import Prefetcher
-from rocmtrain_train.driver.torch_trainer import poll_interval_s
 from rocmtrain_train.loop.step_loop import steps_until_report
+from rocmtrain_train.trainer.torch_trainer import poll_interval_s
 
 
 @pytest.mark.parametrize(

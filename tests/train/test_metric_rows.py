@@ -1,4 +1,4 @@
-"""One metric display table (`rocmtrain.api.models.metric_rows`), read from the `Metrics` model: every
+"""One metric display table (`rocmtrain.api.models.metrics.metric_rows`), read from the `Metrics` model: every
 field has a row, and `rocmtrain status` and the run summary show each metric the same way."""
 
 from __future__ import annotations

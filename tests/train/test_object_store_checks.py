@@ -24,9 +24,10 @@ import yaml
 
 from fakes import Sent
 from rocmtrain.api.contract import DRIVER_ERROR_PREFIX, JOB_ENV, PROGRESS_TOKEN_ENV, PROGRESS_URL_ENV
+from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain_train.cli import run as cli
-from rocmtrain_train.config import ConfigError, RunSettings
+from rocmtrain_train.config import RunSettings
 from rocmtrain_train.driver.driver_checks import WRITE_CHECK, check_object_store
 from rocmtrain_train.reporting.local_endpoint import LocalEndpoint
 from rocmtrain_train.reporting.log_upload import keep_logs

@@ -21,8 +21,8 @@ from ray.train import RunConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from rocmtrain_train.config import local_settings
-from rocmtrain_train.driver.torch_trainer import scaling_config
-from rocmtrain_train.reporting.relay import Inbox, ReportRelay
+from rocmtrain_train.reporting.relay import Inbox, MessageKind, ReportRelay
+from rocmtrain_train.trainer.torch_trainer import scaling_config
 from train.jobs import EXAMPLES, job
 
 pytestmark = pytest.mark.ray
@@ -82,7 +82,7 @@ def test_each_gpu_is_a_rank_and_each_pod_holds_a_block_of_ranks(pods, tmp_path):
     ).fit()
 
     ((kind, reports, _),) = ray.get(inbox.drain.remote())
-    assert kind == "report"
+    assert kind is MessageKind.REPORT
     ranks = sorted(reports, key=lambda r: r["rank"])
     assert [r["rank"] for r in ranks] == list(range(PODS * GPUS))
     assert {r["world_size"] for r in ranks} == {PODS * GPUS} == {settings.world_size}

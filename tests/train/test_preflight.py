@@ -17,12 +17,13 @@ import yaml
 from transformers import AutoConfig, AutoTokenizer, ViTConfig
 
 from rocmtrain.api.contract import JOB_ENV
-from rocmtrain.api.gpu_memory import job_gpu_memory
-from rocmtrain.api.memory_fit import plan_job
+from rocmtrain.api.errors import ConfigError
+from rocmtrain.plan.fit import plan_job
+from rocmtrain.plan.gpu_memory import job_gpu_memory
 from rocmtrain_train.cli import run as cli
-from rocmtrain_train.config import ConfigError
+from rocmtrain_train.data.records import read_table
 from rocmtrain_train.driver import train_job as local
-from rocmtrain_train.driver.driver_checks import preflight
+from rocmtrain_train.driver.driver_checks import check_data, preflight
 from rocmtrain_train.model.pretrained import position_limit
 from train.jobs import EXAMPLES, job, settings
 from train.test_object_store_checks import buckets
@@ -373,3 +374,20 @@ def test_the_cluster_driver_reports_the_planned_bytes_beside_the_measured_peak(t
     spec = lm_job("planned", tiny_lm, {"resources": resources}).spec
     planned = plan_job(spec, json.loads((tiny_lm / "config.json").read_text()), job_gpu_memory(spec)).plan.total
     assert (metrics["gpuMemoryPeakBytes"], metrics["gpuMemoryPlannedBytes"]) == (7, planned)
+
+
+@pytest.mark.parametrize(("fmt", "tail"), [("jsonl", '{"text": broken\n'), ("csv", "one,too,many,columns\n")])
+def test_the_preflight_reads_only_the_first_records_of_the_data(tmp_path, fmt, tail):
+    """A file whose tail is unreadable: the whole read (a rank's) fails on it, the pre-flight never gets there."""
+    rows = [{"text": f"review number {i} of a long enough file", "label": i % 2} for i in range(60_000)]
+    path = tmp_path / f"train.{fmt}"
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows) + tail)
+    else:
+        path.write_text("text,label\n" + "".join(f"{row['text']},{row['label']}\n" for row in rows) + tail)
+    assert path.stat().st_size > 2 * 2**20  # beyond the first block the readers parse
+    run = settings(job("head", {"data": {"train": {"uri": str(path)}, "eval": None}}), tmp_path / "runs")
+    spec = run.job.spec
+    with pytest.raises(ConfigError, match=rf"cannot read .*train\.{fmt} as {fmt}"):
+        read_table(spec.data.train, spec.data, spec.model, run.base_dir)
+    check_data(run)

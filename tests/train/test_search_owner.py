@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rocmtrain_train.config import ConfigError
+from rocmtrain.api.errors import ConfigError
 from rocmtrain_train.search.tune_trials import OWNER_FILE, SEARCH_DIR, _tuner
 from train.jobs import job, settings
 

@@ -22,8 +22,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from rocmtrain.api.models import ProgressReport
 from rocmtrain_train.checkpoint import staging
 from rocmtrain_train.config import RunSettings
-from rocmtrain_train.driver.torch_trainer import RunOutcome
 from rocmtrain_train.driver.train_job import run_local
+from rocmtrain_train.trainer.torch_trainer import RunOutcome
 from train.jobs import job, settings
 
 pytestmark = pytest.mark.ray
@@ -54,7 +54,7 @@ def test_two_workers_fine_tune_minilm(two_workers):
     assert len(losses) >= 10 and sum(losses[-5:]) < 0.8 * sum(losses[:5])
     assert reports[-1].final and reports[-1].progress.step == reports[-1].progress.total_steps
     # The driver hears of the last step within seconds: the controller polls the ranks twice per report
-    # interval (torch_trainer.poll_interval_s). At Ray's 2 s against a report a second, its 30 reports
+    # interval (trainer.torch_trainer.poll_interval_s). At Ray's 2 s against a report a second, its 30 reports
     # queued up, and the driver heard of the end 34 s after the ranks had got there.
     lag = logged_at(Path(run.log_dir, "main.log"), "completed at step") - logged_at(
         Path(run.log_dir, "rank-0.log"), f"step {GLOBAL_STEPS}/{GLOBAL_STEPS} "

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from rocmtrain import api, docs, render
+from rocmtrain import api, render
 from rocmtrain.api import crd
 from rocmtrain.api.patterns import PATTERN_DESCRIPTIONS
+from rocmtrain.cli import docs
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE, MODULES, METRICS, _PLAN = docs.BLOCKS

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from rocmtrain.api.conditions import ConditionType, Reason
+from rocmtrain.api.condition_reasons import ConditionType, Reason
 from rocmtrain.status.gauges import JOB_GAUGES, gpu_kind, job_samples, queue_wait, waiting_since
 
 NOW = dt.datetime(2026, 1, 2, 12, 0, 0, tzinfo=dt.UTC)

@@ -1,6 +1,6 @@
 """The memory plan, pure: model shapes from config.json, the parts per GPU, what fits, and each GPU's memory.
 
-The plan against real tensors and autograd's activations is in tests/train/test_memory_plan.py.
+The plan against real tensors and autograd's activations is in tests/train/test_memory_plan_measured.py.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from rocmtrain.api.gpu_memory import GIB, GpuMemory, job_gpu_memory, product_gib, vram_label_bytes
-from rocmtrain.api.memory_fit import changes_that_fit, plan_job
-from rocmtrain.api.memory_plan import RUNTIME_BYTES, Setup, plan_memory
-from rocmtrain.api.model_shapes import ModelConfigError, model_shape
+from rocmtrain.admission.node_fit import NodeInfo, gpu_memory
 from rocmtrain.api.models import AdapterSpec, RocmTrainingJobSpec
 from rocmtrain.api.ranks import shard_group
-from rocmtrain.node_fit import NodeInfo, gpu_memory
+from rocmtrain.plan.fit import changes_that_fit, plan_job
+from rocmtrain.plan.gpu_memory import GIB, GpuMemory, job_gpu_memory, product_gib, vram_label_bytes
+from rocmtrain.plan.memory import RUNTIME_BYTES, Setup, plan_memory
+from rocmtrain.plan.model_shapes import ModelConfigError, model_shape
 from unit.samples import EXAMPLES
 
 LLAMA_70B = json.loads((EXAMPLES / "models" / "llama-3.1-70b" / "config.json").read_text())

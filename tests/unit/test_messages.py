@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rocmtrain.api.conditions import ConditionType
+from rocmtrain.api.condition_reasons import ConditionType
 from rocmtrain.status.messages import CONDITION_MESSAGE_LIMIT, bounded
 from unit.test_status import RUN, rayjob, run
 

@@ -16,8 +16,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from kubernetes_asyncio import client
 
 from fakes import Clock, api_answering
-from rocmtrain import metrics_access
-from rocmtrain.metrics_access import (
+from rocmtrain.metrics import access as metrics_access
+from rocmtrain.metrics.access import (
     FORBIDDEN_SECONDS,
     SOURCE_REVIEW_BURST,
     UNAUTHENTICATED_SECONDS,
@@ -25,10 +25,10 @@ from rocmtrain.metrics_access import (
     access_review_spec,
     require_allowed,
 )
-from rocmtrain.metrics_server import metrics_app
-from rocmtrain.progress.errors import Busy, Forbidden, TooManyRequests, Unauthenticated, Unavailable
-from rocmtrain.progress.limits import RateLimiter
-from rocmtrain.reviews import MAX_TOKEN_BYTES
+from rocmtrain.metrics.server import metrics_app
+from rocmtrain.serving.errors import Busy, Forbidden, TooManyRequests, Unauthenticated, Unavailable
+from rocmtrain.serving.rate import RateLimiter
+from rocmtrain.serving.reviews import MAX_TOKEN_BYTES
 
 PROMETHEUS = {
     "username": "system:serviceaccount:monitoring:prometheus",

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from rocmtrain.api.conditions import Reason
+from rocmtrain.admission.node_fit import NodeInfo, check, node_info
+from rocmtrain.api.condition_reasons import Reason
 from rocmtrain.api.models import RocmTrainingJobSpec
-from rocmtrain.node_fit import NodeInfo, check, node_info
 
 MI300X = {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM", "amd.com/gpu.family": "AI", "amd.com/gpu.vram": "192G"}
 NODES = [NodeInfo("a", 8, MI300X), NodeInfo("b", 8, MI300X), NodeInfo("cpu", 0, {})]

@@ -9,8 +9,9 @@ import json
 
 import pytest
 
+from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.models import NOTIFY_EVENTS, RocmTrainingJobSpec, RocmTrainingJobStatus
-from rocmtrain.controller.settings import ConfigError, OperatorConfig
+from rocmtrain.controller.settings import OperatorConfig
 from rocmtrain.status import notifications
 from rocmtrain.status.notifications import MAX_ATTEMPTS, MESSAGE_LIMIT, Notice, Target
 from unit.samples import minimal_job

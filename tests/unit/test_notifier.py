@@ -16,13 +16,14 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
 from rocmtrain.controller.notifier import Notifier
 from rocmtrain.controller.reconciler import JobState, Reconciler
 from rocmtrain.controller.settings import OperatorConfig
-from rocmtrain.progress.limits import RateLimiter
+from rocmtrain.serving.rate import RateLimiter
 from rocmtrain.status.notifications import DELIVERY_HEADER, MAX_ATTEMPTS, SIGNATURE_HEADER
 
 KEY = "s1gning-k3y"
@@ -211,16 +212,68 @@ async def test_a_missing_secret_or_a_bad_url_is_logged_by_name_and_given_up_afte
         notifier.notify(_job("c", "broken"), {}, RUNNING)
         await _until(lambda: notifier.pending == 0)
     assert f"(try {MAX_ATTEMPTS}): Secret missing not found or not readable, given up" in caplog.text
-    assert f"(try {MAX_ATTEMPTS}): Secret broken could not be read (TimeoutError), given up" in caplog.text
+    broken = "Secret broken could not be read (TimeoutError: the API server took too long)"
+    assert f"(try {MAX_ATTEMPTS}): {broken}, given up" in caplog.text
     assert sorted(warned) == [
         f"a: Running notification to spec.notifications[0]: Secret missing not found or not readable, "
         f"given up after {MAX_ATTEMPTS} tries",
         f"b: Running notification to spec.notifications[0]: key url of Secret bad is not an http(s) URL, "
         f"given up after {MAX_ATTEMPTS} tries",
-        f"c: Running notification to spec.notifications[0]: Secret broken could not be read (TimeoutError), "
-        f"given up after {MAX_ATTEMPTS} tries",
+        f"c: Running notification to spec.notifications[0]: {broken}, given up after {MAX_ATTEMPTS} tries",
     ]
     _no_secrets_in(caplog)
+
+
+async def test_a_secret_read_that_fails_is_logged_with_its_message_and_traceback(
+    receiver: Receiver, caplog: pytest.LogCaptureFixture
+):
+    async with _notifier(receiver, scale=0.001) as notifier:
+        notifier.notify(_job("c", "broken"), {}, RUNNING)
+        await _until(lambda: notifier.pending == 0)
+    (given_up,) = [r for r in caplog.records if r.getMessage().endswith("given up")]
+    assert "could not be read (TimeoutError: the API server took too long)" in given_up.getMessage()
+    assert given_up.exc_info is not None and isinstance(given_up.exc_info[1], TimeoutError)
+    assert "Traceback" in caplog.text
+
+
+async def test_a_bug_in_reading_the_secret_is_logged_as_one_not_as_an_unreadable_secret(
+    receiver: Receiver, caplog: pytest.LogCaptureFixture
+):
+    async def buggy(namespace: str, name: str) -> Mapping[str, str] | None:
+        raise KeyError("data")
+
+    notifier = Notifier(buggy, retry_scale=0.001)  # type: ignore[arg-type]
+    notifier.start()
+    try:
+        notifier.notify(_job("a"), {}, RUNNING)
+        await _until(lambda: notifier.pending == 0)
+    finally:
+        await notifier.stop()
+    (failed,) = [r for r in caplog.records if r.exc_info is not None]
+    assert failed.getMessage() == "notification of ml/a to spec.notifications[0] failed"
+    assert isinstance(failed.exc_info[1], KeyError)  # type: ignore[index]
+    assert "could not be read" not in caplog.text
+
+
+async def test_a_state_that_cannot_be_recorded_is_logged_with_its_message_and_traceback_and_a_bug_surfaces(
+    receiver: Receiver, caplog: pytest.LogCaptureFixture
+):
+    errors = [aiohttp.ClientConnectionError("the API server closed the connection"), TypeError("a bug")]
+
+    async def record(job: Mapping[str, Any], entries: list[dict[str, Any]]) -> None:
+        raise errors.pop(0)
+
+    await receiver.start()
+    async with _notifier(receiver, record=record) as notifier:
+        notifier.notify(_job("a"), {}, RUNNING)  # Pending is not recorded, the notice is delivered, and then a bug
+        await _until(lambda: notifier.pending == 0)
+    unrecorded, failed = [r for r in caplog.records if r.exc_info is not None]
+    assert unrecorded.getMessage() == (
+        "could not record the notification state of ml/a: ClientConnectionError: the API server closed the connection"
+    )
+    assert failed.getMessage() == "notification of ml/a to spec.notifications[0] failed"
+    assert isinstance(failed.exc_info[1], TypeError)  # type: ignore[index]
+    assert len(receiver.received) == 1
 
 
 async def test_the_queue_is_bounded_and_each_job_rate_limited(receiver: Receiver, caplog: pytest.LogCaptureFixture):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from rocmtrain.admission.policy import Policy, image_allowed, normalize_image
 from rocmtrain.api.models import RocmTrainingJob
-from rocmtrain.policy import Policy, image_allowed, normalize_image
 from unit.edits import put
 from unit.samples import full_job
 

@@ -1,4 +1,4 @@
-"""What the operator may change in a RayJob that exists (`rocmtrain.status.rayjob_update`); pure.
+"""What the operator may change in a RayJob that exists (`rocmtrain.render.rayjob_update`); pure.
 
 A running RayJob keeps its Ray cluster and entrypoint: only `suspend` and the lifecycle fields are
 patched, and a fixed field whose render changed (a newer operator version) is reported, never written,
@@ -15,16 +15,18 @@ import pytest
 
 from fakes import merge_patch as apply_patch
 from rocmtrain.api.kuberay import JobDeploymentStatus
+from rocmtrain.api.models import MUTABLE_FIELDS, RocmTrainingJob
 from rocmtrain.api.validate import validate_job
 from rocmtrain.render import render_rayjob
-from rocmtrain.render.rayjob import MUTABLE_RAYJOB_DEFAULTS
-from rocmtrain.status.rayjob_update import (
+from rocmtrain.render.rayjob import MUTABLE_RAYJOB_DEFAULTS, mutable_rayjob_fields
+from rocmtrain.render.rayjob_update import (
     FIXED_FIELDS,
     applied_message,
     between_runs,
     deferred_message,
     holds,
     merge_patch,
+    mutable_patch,
     rayjob_update,
 )
 from unit.samples import example, full_job, minimal_job
@@ -169,3 +171,29 @@ def test_the_events_name_the_fields_and_when_they_apply() -> None:
         "RayJob bert is suspended: the Ray cluster and submission of its next run use this operator version's "
         "render (spec.entrypoint, spec.rayClusterSpec)"
     )
+
+
+def test_mutable_patch_carries_only_suspend_and_lifecycle():
+    rendered = {"suspend": True, "shutdownAfterJobFinishes": True, "ttlSecondsAfterFinished": 60, "entrypoint": "x"}
+    live = {"suspend": False, "shutdownAfterJobFinishes": True, "ttlSecondsAfterFinished": 0, "entrypoint": "y"}
+    assert mutable_patch(rendered, live, queued=False) == {"suspend": True, "ttlSecondsAfterFinished": 60}
+    # Kueue owns `suspend` of a queued RayJob.
+    assert mutable_patch(rendered, live, queued=True) == {"ttlSecondsAfterFinished": 60}
+    # KubeRay's defaults (ttl 0) count as equal to an unset field: no patch loop.
+    defaulted = {"shutdownAfterJobFinishes": True, "ttlSecondsAfterFinished": 0}
+    assert mutable_patch({"shutdownAfterJobFinishes": True}, defaulted, queued=False) == {}
+
+
+def test_the_rayjob_fields_that_follow_the_job_are_those_of_its_mutable_fields():
+    """Every RayJob field `mutable_patch` carries over comes from `MUTABLE_FIELDS`, and has KubeRay's default."""
+    manifest = full_job()
+    assert set(MUTABLE_FIELDS) == {"suspend", "lifecycle"}
+    job = RocmTrainingJob.model_validate(manifest)
+    assert set(mutable_rayjob_fields(job)) == set(MUTABLE_RAYJOB_DEFAULTS)  # the full job sets a TTL
+    changed = RocmTrainingJob.model_validate(
+        {**manifest, "spec": {**manifest["spec"], "suspend": True, "lifecycle": {"shutdownAfterJobFinishes": True}}}
+    )
+    assert mutable_patch(mutable_rayjob_fields(changed), mutable_rayjob_fields(job), queued=False) == {
+        "suspend": True,
+        "ttlSecondsAfterFinished": 0,
+    }

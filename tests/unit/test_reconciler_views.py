@@ -1,10 +1,12 @@
-"""The reconciler never acts on a view of a job older than one it has synced (`Reconciler._older`).
+"""The reconciler never acts on a view of a job older than one it has synced (`Reconciler._older`), and does no
+work twice: one validation per generation of a job, one read of its RayJob per sync.
 
 The RayJob watch's handlers take the job from kopf's index, which may still hold the previous generation
 while the job's own event brings the new one: a sync (a deleted RayJob made again) or a next run's render
 (`Reconciler.next_run`) of that older view would write its spec back onto the RayJob (here, suspend a job
 its user has just resumed, or render its older spec). The API server is a small stand-in that keeps one
-RayJob and applies merge patches as the real one does; nothing else is faked.
+RayJob and applies merge patches as the real one does (and counts its reads, the RayJob watch's views among
+them); nothing else is faked.
 """
 
 from __future__ import annotations
@@ -13,10 +15,14 @@ import asyncio
 import copy
 from typing import Any
 
+import pytest
+
 from fakes import merge_patch
+from rocmtrain.controller import reconciler as reconciler_module
 from rocmtrain.controller.reconciler import Reconciler
 from rocmtrain.controller.settings import OperatorConfig
 from rocmtrain.status.objects import rayjob_view
+from rocmtrain.status.phase import Hold, HoldKind
 from unit.samples import minimal_job
 
 
@@ -25,6 +31,7 @@ class _OneRayJob:
 
     def __init__(self) -> None:
         self.rayjob: dict[str, Any] | None = None
+        self.reads = 0
         self.spec_patches: list[dict[str, Any]] = []
         self.statuses: list[dict[str, Any]] = []
 
@@ -36,7 +43,15 @@ class _OneRayJob:
         return copy.deepcopy(self.rayjob)
 
     async def get(self, ref: Any, namespace: str, name: str) -> dict[str, Any] | None:
+        self.reads += 1
         return copy.deepcopy(self.rayjob)
+
+    def watched(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The RayJob watch's view of the RayJob (`Reconciler`'s `known`): a read too, when it finds one."""
+        if self.rayjob is None:
+            return None
+        self.reads += 1
+        return rayjob_view(self.rayjob)
 
     async def patch(
         self, ref: Any, namespace: str, name: str, patch: dict[str, Any], *, resource_version: str | None = None
@@ -65,9 +80,15 @@ def _job(generation: int, *, suspend: bool) -> dict[str, Any]:
     return job
 
 
-def _reconciler(kube: _OneRayJob) -> Reconciler:
+def _reconciler(kube: _OneRayJob, *, watched: bool = False, hold: Hold | None = None) -> Reconciler:
+    """`watched`: the RayJob watch has seen the RayJob as it is; `hold`: what holds every job back."""
+
+    async def before_render(namespace: str) -> Hold | None:
+        return hold
+
     config = OperatorConfig.from_env({"ROCMTRAIN_JOB_NETWORK_POLICIES": "false"})
-    return Reconciler(kube, config, known=lambda namespace, name: None)  # type: ignore[arg-type]
+    known = kube.watched if watched else lambda namespace, name: None
+    return Reconciler(kube, config, known=known, before_render=before_render)  # type: ignore[arg-type]
 
 
 def test_an_older_view_of_a_job_never_brings_its_spec_back() -> None:
@@ -125,3 +146,58 @@ def test_a_status_is_never_computed_from_an_older_spec_of_the_rayjob() -> None:
 
     kube = asyncio.run(scenario())
     assert all(status.get("phase") != "Suspended" for status in kube.statuses)
+
+
+def test_a_generation_is_validated_once_however_often_its_status_is_refreshed(monkeypatch: pytest.MonkeyPatch) -> None:
+    validated: list[int] = []
+
+    def counted(obj: dict[str, Any], **kwargs: Any) -> Any:
+        validated.append(obj["metadata"]["generation"])
+        return real(obj, **kwargs)
+
+    real = reconciler_module.validate_job
+    monkeypatch.setattr(reconciler_module, "validate_job", counted)
+
+    async def scenario() -> None:
+        kube = _OneRayJob()
+        reconciler = _reconciler(kube)
+        await reconciler.sync(_job(1, suspend=False), [])
+        assert kube.rayjob is not None
+        for deployment in ("Initializing", "Running", "Running"):  # the RayJob's events, the stall loop
+            kube.rayjob["status"] = {"jobDeploymentStatus": deployment}
+            await reconciler.refresh(_job(1, suspend=False), rayjob_view(kube.rayjob))
+        assert validated == [1]
+        await reconciler.sync(_job(2, suspend=True), [])  # the user suspends it
+        await reconciler.refresh(_job(2, suspend=True), rayjob_view(kube.rayjob))
+        assert validated == [1, 2]
+        kube.rayjob["status"] = {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}
+        await reconciler.refresh(_job(2, suspend=True), rayjob_view(kube.rayjob))
+        assert kube.statuses[-1]["phase"] == "Succeeded"
+        assert reconciler._states["job-uid"].checked is None  # an ended job's reading is not kept
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["updated", "held"])
+def test_a_sync_reads_the_jobs_rayjob_once(held: bool) -> None:
+    """The watch's view leaves the RayJob's fixed fields out: a sync that updates the RayJob reads the API server's
+    RayJob alone, and decides everything on it."""
+
+    def written(job: dict[str, Any], kube: _OneRayJob) -> dict[str, Any]:
+        """`job` with the status the operator wrote."""
+        job["status"] = {key: value for status in kube.statuses for key, value in status.items()}
+        return job
+
+    async def scenario() -> None:
+        kube = _OneRayJob()
+        await _reconciler(kube).sync(_job(1, suspend=False), [])
+        assert kube.rayjob is not None and kube.reads == 0  # made without a read
+        kube.rayjob["status"] = {"jobDeploymentStatus": "Running"}
+        reconciler = _reconciler(kube, watched=True, hold=Hold(HoldKind.BLOCKED, "Held", "held") if held else None)
+        await reconciler.sync(written(_job(1, suspend=False), kube), [])  # after a restart: checked once more
+        assert kube.reads == 1
+        await reconciler.sync(written(_job(2, suspend=True), kube), [])  # the user suspends it
+        assert kube.reads == 2
+        assert kube.spec_patches == [{"suspend": True}]  # a held job's RayJob takes its mutable fields too
+
+    asyncio.run(scenario())

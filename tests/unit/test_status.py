@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from rocmtrain.api.conditions import ConditionType, Reason
+from rocmtrain.api.condition_reasons import ConditionType, Reason
 from rocmtrain.api.models import RocmTrainingJobSpec
 from rocmtrain.api.timestamps import rfc3339
 from rocmtrain.api.validate import validate_job
 from rocmtrain.status.accounting import Price
-from rocmtrain.status.conditions import Condition, merge_conditions
+from rocmtrain.status.condition_merge import Condition, merge_conditions
 from rocmtrain.status.events import transition_events
 from rocmtrain.status.messages import CONDITION_MESSAGE_LIMIT
 from rocmtrain.status.phase import (
@@ -725,7 +725,7 @@ PREEMPTED = "Preempted to accommodate a workload (UID: 1, JobUID: 2) due to prio
 
 
 def kueue_view(*conds: tuple[str, str, str, str], flavor: str | None = None) -> dict[str, Any]:
-    """A Workload view (`rocmtrain.status.kueue.workload_view`)."""
+    """A Workload view (`rocmtrain.status.workload.workload_view`)."""
     return {
         "metadata": {
             "namespace": "ns",

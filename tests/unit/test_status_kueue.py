@@ -1,4 +1,4 @@
-"""Kueue's Workload read into an admission verdict (pure: `rocmtrain.status.kueue`, no cluster).
+"""Kueue's Workload read into an admission verdict (pure: `rocmtrain.status.workload`, no cluster).
 
 The Workloads are written the way Kueue v0.17 writes them (conditions and messages as
 seen in the world); test_kueue.py shows the same against the real Kueue.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rocmtrain.status.kueue import Admission, admission, rayjob_owner, workload_view
+from rocmtrain.status.workload import Admission, admission, rayjob_owner, workload_view
 
 WAITING = (
     "couldn't assign flavors to pod set gpu: insufficient unused quota for amd.com/gpu in flavor mi300x, 8 more needed"

@@ -1,4 +1,4 @@
-"""When a queued job will start (pure: `rocmtrain.status.queue`, no cluster)."""
+"""When a queued job will start (pure: `rocmtrain.status.queue_estimate`, no cluster)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from rocmtrain.api.models import QUEUE_BASIS_LIMIT, RocmTrainingJobStatus
-from rocmtrain.status.kueue import workload_view
-from rocmtrain.status.queue import (
+from rocmtrain.status.queue_estimate import (
     Holder,
     Known,
     Member,
@@ -21,6 +20,7 @@ from rocmtrain.status.queue import (
     expected_end,
     kueue_order,
 )
+from rocmtrain.status.workload import workload_view
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 QUOTA = Quota("team-a", 8, 8)

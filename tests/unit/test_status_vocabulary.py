@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from rocmtrain.api.conditions import ConditionType, Reason
+from rocmtrain.api.condition_reasons import ConditionType, Reason
 from rocmtrain.api.kuberay import JobDeploymentStatus, JobStatus
-from rocmtrain.api.kueue import WorkloadCondition
+from rocmtrain.api.workload_conditions import WorkloadCondition
 from rocmtrain.status.accounting import account
-from rocmtrain.status.conditions import Condition, merge_conditions
+from rocmtrain.status.condition_merge import Condition, merge_conditions
 from rocmtrain.status.phase import OWNED_FIELDS
 from unit.test_status import RUN, T0, cluster, conditions, observe, rayjob
 

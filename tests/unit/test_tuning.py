@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from rocmtrain import node_fit
+from rocmtrain.admission import node_fit
+from rocmtrain.admission.node_fit import NodeInfo
 from rocmtrain.api import crd
-from rocmtrain.api.conditions import Reason
+from rocmtrain.api.condition_reasons import Reason
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.api.validate import validate_job
-from rocmtrain.node_fit import NodeInfo
 from rocmtrain.render import render_rayjob
 from rocmtrain.status.objects import requested_gpus
 from rocmtrain.status.phase import Observation, compute_status

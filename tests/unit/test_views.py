@@ -210,7 +210,7 @@ def test_curves_from_status_history():
 def test_plot_of_local_runs_needs_no_cluster(tmp_path, capsys):
     from PIL import Image
 
-    from rocmtrain import cluster_cli
+    from rocmtrain.cli import cluster as cluster_cli
 
     for name, scale in (("run-a", 1.0), ("run-b", 0.5)):
         logs = tmp_path / "runs" / name / "logs"

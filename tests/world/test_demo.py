@@ -1,6 +1,6 @@
 """`make demo` following a job: what it prints of each status read, and when it gives up (no cluster).
 
-The statuses are the operator's own, recorded from real runs (tests/gitops/recorded/); the crash loop
+The statuses are the operator's own, recorded from real runs (tests/operator/gitops/recorded/); the crash loop
 is the one a clone under /tmp showed (a Ray head whose mounts failed, exit code 32).
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from rocmtrain_testworld import demo
 
-RECORDED = Path(__file__).resolve().parents[1] / "gitops" / "recorded"
+RECORDED = Path(__file__).resolve().parents[1] / "operator" / "gitops" / "recorded"
 CRASH_LOOP = {
     "type": "RayPodsUnavailable",
     "status": "True",

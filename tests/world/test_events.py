@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from rocmtrain.kube import Kube
+from rocmtrain.kube.client import Kube
 from rocmtrain.status.messages import EVENT_MESSAGE_LIMIT
 from rocmtrain_testworld.kubecluster import KubeCluster
 from unit.samples import minimal_job

@@ -13,21 +13,18 @@ from __future__ import annotations
 
 import sys
 import uuid
-from pathlib import Path
 
 import ray
 
 from rocmtrain.api.contract import DRIVER_ERROR_PREFIX
+from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.models import PREFLIGHT_ERROR_LIMIT, Progress, ProgressReport
-from rocmtrain_train.config import ConfigError, cluster_settings, job_from_env
+from rocmtrain_train.config import cluster_settings, job_from_env
 from rocmtrain_train.driver.driver_checks import preflight
-from rocmtrain_train.driver.torch_trainer import failure_line
-from rocmtrain_train.driver.train_job import train
+from rocmtrain_train.driver.train_job import run_sinks, train
 from rocmtrain_train.reporting import operator_sink
-from rocmtrain_train.reporting.console_sink import ConsoleSink
-from rocmtrain_train.reporting.driver_report import Sink, with_planned_memory
-from rocmtrain_train.reporting.jsonl_sink import JsonlSink
 from rocmtrain_train.storage import without_secrets
+from rocmtrain_train.trainer.torch_trainer import failure_line
 
 
 def _fail(message: str) -> None:
@@ -52,16 +49,11 @@ def main() -> int:
         _refuse(exc)
         return 2
     ray.init()
-    sinks: list[Sink] = [
-        ConsoleSink(sys.stdout, progress_bar=False, language_model=settings.job.spec.model.task == "causal-lm"),
-        JsonlSink(Path(settings.log_dir) / "metrics.jsonl"),
-    ]
-    if (progress := operator_sink.from_env()) is not None:  # the operator's progress endpoint
-        sinks.append(progress)
+    sinks = run_sinks(settings, planned, console=sys.stdout, progress_bar=False)
     if planned is not None:
         print(f"memory plan: {planned.summary()}", flush=True)
     try:
-        outcome = train(settings, with_planned_memory(sinks, planned), echo_log=True)
+        outcome = train(settings, sinks, echo_log=True)
     except Exception as exc:
         print(f"training failed: {without_secrets(str(exc))}", file=sys.stderr)
         _fail(f"training failed: {failure_line(exc)}")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rocmtrain.api.contract import JOB_ENV, RELATIVE_PREFIX, join_location
+from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.models import STORAGE_REQUIRED, RocmTrainingJob
 from rocmtrain.api.quantity import parse_quantity, whole_cpus
 from rocmtrain.api.ranks import RankLayout, rank_layout
@@ -23,10 +24,6 @@ CLUSTER_LOG_ROOT = "/tmp/rocmtrain/runs"  # noqa: S108 - a fixed, documented loc
 DEFAULT_LOCAL_STORAGE = "./runs"
 # Seconds between metric reports from the workers.
 DEFAULT_REPORT_INTERVAL_SECONDS = 10.0
-
-
-class ConfigError(ValueError):
-    """A job that cannot run as configured; raised before any worker starts."""
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from rocmtrain.api.contract import (
     TRAINING_ENV,
     WORLD_SIZE_ENV,
 )
+from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.models import DataSpec, ModelSpec, NetworkTransport, ProgressReport, TrainingSpec
 from rocmtrain.api.trainer_status import TrainerStatusError, place_metrics, report_from
 from rocmtrain_train.reporting import operator_sink, rccl_log
@@ -57,8 +58,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class ContractError(RuntimeError):
-    """The environment contract is missing a variable: the code runs outside a RocmTrainingJob."""
+class ContractError(ConfigError, RuntimeError):
+    """The environment contract is missing a variable: the code runs outside a RocmTrainingJob (a RuntimeError too,
+    as the SDK's callers may catch it)."""
 
 
 def _variable(name: str) -> str:

@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 import pyarrow.fs as pafs
 
 from rocmtrain.api.contract import is_local, is_object_store
-from rocmtrain_train.config import ConfigError, resolve_relative
+from rocmtrain.api.errors import ConfigError
+from rocmtrain_train.config import resolve_relative
 
 # Returns the filesystem and the path inside it for an object-store URI; tests inject their own.
 ObjectStoreFactory = Callable[[str], tuple[pafs.FileSystem, str]]

@@ -1,6 +1,6 @@
 """Every name and number that two sides of the project must agree on, written once.
 
-The operator (`rocmtrain.controller`, `rocmtrain.kube`, `rocmtrain.progress`), the
+The operator (`rocmtrain.controller`, `rocmtrain.kube.client`, `rocmtrain.progress`), the
 renderer (`rocmtrain.render`) and the training image (`rocmtrain_train`) import
 these instead of spelling them again; a value that two modules would otherwise
 both write belongs here. Sections:

@@ -99,14 +99,20 @@ _DROP = {"title", "propertyNames"}
 _NULLABLE = "x-rocmtrain-nullable"
 
 
+def _referred(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """The definition a `$ref` node names; an enum's without its docstring, which describes the type, not the field."""
+    target: dict[str, Any] = defs[schema["$ref"].rsplit("/", 1)[-1]]
+    return {k: v for k, v in target.items() if k != "description"} if "enum" in target else target
+
+
 def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     """Turn one pydantic JSON-schema node into a structural OpenAPI v3 node."""
     if "$ref" in schema:
-        target = defs[schema["$ref"].rsplit("/", 1)[-1]]
-        merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
-        return _structural(merged, defs)
+        target, rest = _referred(schema, defs), {k: v for k, v in schema.items() if k != "$ref"}
+        # An enum's keys follow the field's, as a Literal's do (the CRD stays as it was before StrEnums).
+        return _structural({**rest, **target} if "enum" in target else {**target, **rest}, defs)
     if "anyOf" in schema:
-        options = [o for o in schema["anyOf"] if o.get("type") != "null"]
+        options = [_referred(o, defs) if "$ref" in o else o for o in schema["anyOf"] if o.get("type") != "null"]
         if len(options) != 1:
             raise ValueError(f"unsupported union in schema: {schema}")
         rest = {k: v for k, v in schema.items() if k not in ("anyOf", "default")}
@@ -254,7 +260,7 @@ def custom_resource_definition() -> dict[str, Any]:
 
 def render_crd_yaml() -> str:
     """The CRD as YAML text, exactly as committed under crds/."""
-    header = "# Generated from operator/rocmtrain/api/models.py by `make crds`. Do not edit.\n"
+    header = "# Generated from operator/rocmtrain/api/models/ by `make crds`. Do not edit.\n"
     return header + yaml.safe_dump(custom_resource_definition(), sort_keys=False, width=120)
 
 

@@ -44,7 +44,7 @@ def rayjob_name_of(job_name: str) -> str:
 
 
 def network_policy_name(job: RocmTrainingJob) -> str:
-    """The NetworkPolicy around the job's Ray pods (`rocmtrain.render.network`)."""
+    """The NetworkPolicy around the job's Ray pods (`rocmtrain.render.network_policy`)."""
     return f"{job.metadata.name}-ray"
 
 

@@ -16,6 +16,7 @@ from typing import Any, Final, TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from rocmtrain.api.errors import InputError
 from rocmtrain.api.models import ProgressReport
 from rocmtrain.api.trainer_status import TrainerStatusError, TrainerStatusReport, to_progress_report
 
@@ -27,7 +28,7 @@ MAX_KEYS: Final = 512
 M = TypeVar("M", bound=BaseModel)
 
 
-class BodyError(ValueError):
+class BodyError(InputError, ValueError):  # a ValueError too: `decode` catches the decoder's
     """A body that is not a report; the message names schema fields only, never a value or a client's key."""
 
 

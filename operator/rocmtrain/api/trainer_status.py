@@ -25,6 +25,7 @@ from pydantic import ConfigDict, Field, StringConstraints, ValidationError
 from pydantic.alias_generators import to_snake
 from pydantic_core import ErrorDetails
 
+from rocmtrain.api.errors import InputError
 from rocmtrain.api.models import MAX_CUSTOM_METRICS, ApiModel, ProgressReport
 from rocmtrain.api.types import MetricName
 
@@ -84,7 +85,7 @@ class TrainerStatusReport(ApiModel):
     trainer_status: TrainerStatus
 
 
-class TrainerStatusError(ValueError):
+class TrainerStatusError(InputError):
     """A KEP-2779 report that cannot be a ProgressReport; the message names its fields, never its values."""
 
 

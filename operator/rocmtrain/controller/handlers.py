@@ -6,7 +6,7 @@
   404 when KubeRay's CRD is removed): map their state into the owning job's status
   (only the job's own RayJob: the job controls it and it has the job's RayJob name),
   bring a suspended RayJob (between two runs) in line with the current render before KubeRay makes its
-  next Ray cluster (`rocmtrain.status.rayjob_update`), and recreate a RayJob
+  next Ray cluster (`rocmtrain.render.rayjob_update`), and recreate a RayJob
   deleted behind our back while its job has not finished (nor been refused by its driver's pre-flight,
   whose RayJob the reconciler deletes: `Reconciler.sync`);
 - the Ray pods of our jobs (`PodWatch`) and Kueue's Workloads of our RayJobs
@@ -38,17 +38,19 @@ from typing import Any
 
 import kopf
 
-from rocmtrain import node_fit, prometheus
+from rocmtrain.admission import node_fit
 from rocmtrain.api.contract import GROUP, PLURAL, VERSION
+from rocmtrain.api.models import Phase
 from rocmtrain.api.names import rayjob_name_of
 from rocmtrain.controller.informer import Key, View
 from rocmtrain.controller.runtime import JobIndex, OperatorRuntime, open_runtime, probe_loop_lag, runtime_of
 from rocmtrain.controller.settings import OperatorConfig, configure_kopf
-from rocmtrain.kube import CLUSTER_QUEUES, LOCAL_QUEUES
-from rocmtrain.status import queue
+from rocmtrain.kube.client import CLUSTER_QUEUES, LOCAL_QUEUES
+from rocmtrain.metrics import prometheus
+from rocmtrain.render.rayjob_update import between_runs
+from rocmtrain.status import queue_estimate
 from rocmtrain.status.objects import controller_ref, is_jobs_rayjob, job_view, queued, requested_gpus
-from rocmtrain.status.phase import has_ended
-from rocmtrain.status.rayjob_update import between_runs
+from rocmtrain.status.phase import has_ended, phase_of
 
 JOB = (GROUP, VERSION, PLURAL)
 
@@ -161,7 +163,7 @@ async def watch_stalls(runtime: OperatorRuntime) -> None:
     while True:
         await asyncio.sleep(runtime.config.stall_check_seconds)
         running = [
-            job for store in list(runtime.jobs.values()) for job in store if job["status"].get("phase") == "Running"
+            job for store in list(runtime.jobs.values()) for job in store if phase_of(job["status"]) is Phase.RUNNING
         ]
         for job in running:
             meta = job["metadata"]
@@ -187,16 +189,16 @@ async def watch_queues(runtime: OperatorRuntime) -> None:
 
 
 async def estimate_queues(runtime: OperatorRuntime) -> None:
-    """Write `status.queue` of every Queued job (`rocmtrain.status.queue`); no read while none is Queued."""
+    """Write `status.queue` of every Queued job (`rocmtrain.status.queue_estimate`); no read while none is Queued."""
     jobs = [job for store in list(runtime.jobs.values()) for job in store]
     waiting = [
-        job for job in jobs if job["status"].get("phase") == "Queued" and "deletionTimestamp" not in job["metadata"]
+        job for job in jobs if phase_of(job["status"]) is Phase.QUEUED and "deletionTimestamp" not in job["metadata"]
     ]
     if not waiting:
         return
     workloads = list(runtime.workloads.views.values())
     cluster_queue_of = {}
-    for namespace, local_queue in sorted(queue.waiting_local_queues(workloads)):
+    for namespace, local_queue in sorted(queue_estimate.waiting_local_queues(workloads)):
         local = await runtime.kube.get_readable(LOCAL_QUEUES, namespace, local_queue)
         if cluster_queue := ((local or {}).get("spec") or {}).get("clusterQueue"):
             cluster_queue_of[(namespace, local_queue)] = cluster_queue
@@ -207,10 +209,10 @@ async def estimate_queues(runtime: OperatorRuntime) -> None:
         for name in sorted(set(cluster_queue_of.values())):
             if (one := await runtime.kube.get_readable(CLUSTER_QUEUES, None, name)) is not None:
                 found.append(one)
-    quotas = {quota.cluster_queue: quota for quota in map(queue.cluster_queue_quota, found)}
+    quotas = {quota.cluster_queue: quota for quota in map(queue_estimate.cluster_queue_quota, found)}
     now = dt.datetime.now(dt.UTC)
-    estimated = queue.estimates(
-        workloads, cluster_queue_of, quotas, queue.known_jobs(jobs), now, listed=listed is not None
+    estimated = queue_estimate.estimates(
+        workloads, cluster_queue_of, quotas, queue_estimate.known_jobs(jobs), now, listed=listed is not None
     )
     for job in waiting:
         meta = job["metadata"]

@@ -38,8 +38,9 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from rocmtrain import prometheus
+from rocmtrain.api.errors import ApiError
 from rocmtrain.controller.supervision import DEFAULT_RESTART, RestartPolicy, Supervision, capped_backoff
+from rocmtrain.metrics import prometheus
 
 Key = tuple[str, str]
 View = dict[str, Any]
@@ -56,7 +57,7 @@ HANDLERS_AT_ONCE = 16
 NOT_SERVED = frozenset({403, 404})
 
 
-class _Expired(Exception):
+class _Expired(ApiError):
     """The watch's resourceVersion is too old (410): list again."""
 
 

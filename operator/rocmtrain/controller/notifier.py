@@ -28,8 +28,11 @@ from typing import Any
 
 import aiohttp
 
+from rocmtrain.api.errors import ConfigError
+from rocmtrain.api.models import DeliveryState
 from rocmtrain.controller.settings import DefaultNotification
-from rocmtrain.progress.limits import RateLimiter
+from rocmtrain.kube.client import API_ERRORS, error_message
+from rocmtrain.serving.rate import RateLimiter
 from rocmtrain.status import notifications
 from rocmtrain.status.notifications import DELIVERY_HEADER, SIGNATURE_HEADER, Notice, Target
 
@@ -55,7 +58,7 @@ TRACKED_JOBS = 4096
 logger = logging.getLogger(__name__)
 
 
-class Unusable(Exception):
+class Unusable(ConfigError):
     """A target's Secret or its keys are missing or wrong (the message names the Secret and key, never a value)."""
 
 
@@ -230,8 +233,8 @@ class Notifier:
             return self._default.url, self._default.signing_key
         try:
             data = await self._secret(delivery.ref["metadata"]["namespace"], target.secret)
-        except Exception as exc:  # an API error or timeout: tried again, as no answer
-            raise Unusable(f"Secret {target.secret} could not be read ({type(exc).__name__})") from None
+        except API_ERRORS as exc:  # tried again, as no answer; a bug is not caught
+            raise Unusable(f"Secret {target.secret} could not be read ({error_message(exc)})") from exc
         if data is None:
             raise Unusable(f"Secret {target.secret} not found or not readable")
         url = data.get(target.url_key, "").strip()
@@ -249,9 +252,10 @@ class Notifier:
         event, label = delivery.notice.event, delivery.target.label
         what = f"{event} notification of {delivery.job} to {label} (try {delivery.attempt})"
         if delivery.attempt == 1 and not delivery.resumed:
-            await self._write(delivery, "Pending")
+            await self._write(delivery, DeliveryState.PENDING)
         status: int | None = None
         problem = ""
+        failure: BaseException | None = None  # why the Secret could not be read: its traceback is logged
         try:
             url, key = await self._where(delivery)
             headers = {"Content-Type": "application/json", DELIVERY_HEADER: delivery.id}
@@ -260,20 +264,20 @@ class Notifier:
             async with self._session.post(url, data=delivery.body, headers=headers, allow_redirects=False) as answer:
                 status = answer.status
         except Unusable as exc:
-            problem = str(exc)
+            problem, failure = str(exc), exc.__cause__
         except (aiohttp.ClientError, TimeoutError) as exc:  # its text may hold the URL: the type alone
             problem = f"no answer ({type(exc).__name__})"
         if status is not None and 200 <= status < 300:
             logger.info("%s delivered", what)
-            await self._write(delivery, "Delivered")
+            await self._write(delivery, DeliveryState.DELIVERED)
             return None
         problem = problem or f"HTTP {status}"
         delay = notifications.retry_delay(delivery.attempt, status)
         if delay is not None:
-            logger.warning("%s: %s", what, problem)
+            logger.warning("%s: %s", what, problem, exc_info=failure)
             return delay
-        logger.warning("%s: %s, given up", what, problem)
-        await self._write(delivery, "Failed")
+        logger.warning("%s: %s, given up", what, problem, exc_info=failure)
+        await self._write(delivery, DeliveryState.FAILED)
         if self._warn is not None:
             tries = f"{delivery.attempt} {'try' if delivery.attempt == 1 else 'tries'}"
             message = (
@@ -282,7 +286,7 @@ class Notifier:
             await self._warn(delivery.ref, message)
         return None
 
-    async def _write(self, delivery: Delivery, state: str) -> None:
+    async def _write(self, delivery: Delivery, state: DeliveryState) -> None:
         """Write the notice's state into the job's `status.notifications` (best effort: a failure is logged)."""
         uid = delivery.ref["metadata"]["uid"]
         if self._record is None or uid not in self._states:
@@ -294,7 +298,9 @@ class Notifier:
                 return
             try:
                 await self._record(delivery.ref, entries)
-            except Exception as exc:
-                logger.warning("could not record the notification state of %s: %s", delivery.job, type(exc).__name__)
+            except API_ERRORS as exc:  # a bug is not caught
+                logger.warning(
+                    "could not record the notification state of %s: %s", delivery.job, error_message(exc), exc_info=True
+                )
                 return
             written[:] = entries

@@ -17,7 +17,7 @@ from kubernetes_asyncio import client
 
 from rocmtrain.controller.informer import Handler, Informer, View, custom_objects
 from rocmtrain.controller.supervision import DEFAULT_RESTART, RestartPolicy
-from rocmtrain.kube import RAYJOBS
+from rocmtrain.kube.client import RAYJOBS
 from rocmtrain.status.objects import rayjob_view
 
 

@@ -1,8 +1,8 @@
 """Per-job orchestration: validate, pre-flight, create or update the RayJob, write the status.
 
 The decisions live in pure modules (`rocmtrain.api.validate`, `rocmtrain.render`,
-`rocmtrain.node_fit`, `rocmtrain.status`); this module
-sequences them around the few API calls of `rocmtrain.kube`. A job's spec is read
+`rocmtrain.admission.node_fit`, `rocmtrain.status`); this module
+sequences them around the few API calls of `rocmtrain.kube.client`. A job's spec is read
 one way everywhere here: `validate_job` in the cluster context.
 
 Level-triggered: `sync` is called for every observed state of a job and does
@@ -32,6 +32,10 @@ thread gives the loop its turn at least every 5 ms (Python's switch interval). T
 pure functions of data the loop does not change meanwhile (the index replaces a job's
 view, it never edits one).
 
+No work twice: a job's generation is validated once, however often its status is refreshed
+(`Reconciler._checked`), and a sync reads the job's RayJob once: the watch's view where it
+serves (a status, a deletion), else the API server's whole RayJob (`Reconciler._apply_rayjob`).
+
 All status writes of one job go through one asyncio lock, and the operator keeps
 the status it last wrote per job, so that two paths (the job's own and the
 watches') never write an older view over a newer one, and a transition is
@@ -48,13 +52,22 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, S
 from dataclasses import dataclass, field
 from typing import Any
 
-from rocmtrain import node_fit, prometheus
-from rocmtrain.api.conditions import Reason
-from rocmtrain.api.models import RocmTrainingJob, RocmTrainingJobSpec
+from rocmtrain.admission import node_fit
+from rocmtrain.api.condition_reasons import Reason
+from rocmtrain.api.models import Phase, RocmTrainingJob, RocmTrainingJobSpec
 from rocmtrain.api.validate import FieldError, validate_job
 from rocmtrain.controller.settings import OperatorConfig
-from rocmtrain.kube import JOBS, NETWORK_POLICIES, RAYJOBS, ApiMissing, Kube, Refused
+from rocmtrain.kube.client import JOBS, NETWORK_POLICIES, RAYJOBS, ApiMissing, Kube, Refused
+from rocmtrain.metrics import prometheus
 from rocmtrain.render import render_network_policy, render_rayjob
+from rocmtrain.render.rayjob_update import (
+    APPLIED_REASON,
+    DEFERRED_REASON,
+    applied_message,
+    between_runs,
+    deferred_message,
+    rayjob_update,
+)
 from rocmtrain.status import phase
 from rocmtrain.status.accounting import Price
 from rocmtrain.status.events import transition_events
@@ -68,14 +81,6 @@ from rocmtrain.status.objects import (
     rayjob_view,
 )
 from rocmtrain.status.phase import Hold, HoldKind
-from rocmtrain.status.rayjob_update import (
-    APPLIED_REASON,
-    DEFERRED_REASON,
-    applied_message,
-    between_runs,
-    deferred_message,
-    rayjob_update,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -95,11 +100,6 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-async def _validated(job: Mapping[str, Any]) -> tuple[RocmTrainingJob | None, list[FieldError]]:
-    """The job's one reading: as `rocmtrain validate` reads a cluster job (in a thread: see the module docstring)."""
-    return await asyncio.to_thread(validate_job, job_document(job), context="cluster")
-
-
 @dataclass
 class JobState:
     """What the operator remembers about one job (by uid) between handler runs."""
@@ -110,6 +110,8 @@ class JobState:
     newest: int = 0  # the newest generation of the job seen by a sync: an older view is never acted on
     seen_rayjob: tuple[str, int] = ("", 0)  # (uid, generation) of the newest RayJob spec a status was computed from
     tried: int | None = None  # the generation last tried while a retry is scheduled
+    # (generation, its reading, what refuses it) of the generation last checked, until the job ends (`_checked`)
+    checked: tuple[int | None, RocmTrainingJob | None, tuple[FieldError, ...]] | None = None
     deferred: tuple[str, ...] = ()  # the RayJob's fixed fields whose render change was announced
     ended: bool = False  # the driver's pre-flight refusal was acted on (`Reconciler.end_refused`)
     retry: asyncio.TimerHandle | None = None
@@ -128,7 +130,7 @@ class Reconciler:
         workload: Callable[[Mapping[str, Any]], Mapping[str, Any] | None] = lambda rayjob: None,
         notify: Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]], object] | None = None,
     ) -> None:
-        """`known(namespace, name)`: the watched view of a RayJob, if any (saves a read);
+        """`known(namespace, name)`: the watched view of a RayJob, if any (saves a read where no update follows);
         `before_render(namespace)`: awaited before a job there is rendered (the progress CA),
         it returns what holds the RayJob back, if anything does;
         `pods(namespace, job)`: the job's Ray pods; `workload(rayjob)`: Kueue's Workload of a RayJob;
@@ -183,6 +185,23 @@ class Reconciler:
         for task in list(self._retries):
             task.cancel()
         await asyncio.gather(*self._retries, return_exceptions=True)
+
+    async def _checked(
+        self, job: Mapping[str, Any], state: JobState
+    ) -> tuple[RocmTrainingJob | None, tuple[FieldError, ...]]:
+        """The job's one reading, as `rocmtrain validate` reads a cluster job (in a thread: see the module
+        docstring), and what refuses it: its field errors, else the operator's allow-lists and limits. Once per
+        generation: a spec change makes a new one, the policy is fixed for the process, and the metadata that
+        changes within a generation (labels) is read by neither. Kept until the job ends: an ended job is rarely
+        read again, and the finished jobs a cluster keeps would hold their readings for good."""
+        meta = job["metadata"]
+        if state.checked is not None and state.checked[0] == meta.get("generation"):
+            return state.checked[1], state.checked[2]
+        valid, errors = await asyncio.to_thread(validate_job, job_document(job), context="cluster")
+        refused = tuple(errors if valid is None else self._config.policy.check(valid.spec, meta["namespace"]))
+        if not phase.has_ended(self._current(state, job)):
+            state.checked = (meta.get("generation"), valid, refused)
+        return valid, refused
 
     def _price(self, spec: RocmTrainingJobSpec) -> Price | None:
         pricing = self._config.pricing
@@ -276,18 +295,14 @@ class Reconciler:
         self, job: Mapping[str, Any], nodes: Iterable[node_fit.NodeInfo], state: JobState, blocked: Hold | None
     ) -> float | None:
         meta = job["metadata"]
-        valid, errors = await _validated(job)
-        why, refused = (
-            (phase.INVALID_SPEC, errors)
-            if valid is None
-            else (phase.NOT_ALLOWED, self._policy(valid, meta["namespace"]))
-        )
+        valid, refused = await self._checked(job, state)
+        why = phase.INVALID_SPEC if valid is None else phase.NOT_ALLOWED
         async with state.lock:
             if self._older(state, job):
                 return None  # a newer generation's sync started meanwhile: it brings the RayJob in line
             current = self._current(state, job)
             if valid is None or refused:
-                if current.get("phase") in phase.TERMINAL_PHASES:
+                if (ended := phase.phase_of(current)) is not None and ended.is_terminal:
                     return None  # it ended as it was: a rule added since does not rewrite how
                 problems = [str(e) for e in refused]
                 await self._stop(job, await self._read_rayjob(meta["namespace"], meta["name"]))
@@ -302,7 +317,7 @@ class Reconciler:
             if phase.has_ended(current):
                 rayjob = await self._read_rayjob(meta["namespace"], meta["name"])
             else:
-                rayjob, hold = await self._apply_rayjob(job, valid, nodes, blocked, state)
+                rayjob, hold = await self._apply_rayjob(job, valid, nodes, blocked, state, current)
             view = rayjob_view(rayjob) if rayjob is not None else None
             self._newer_rayjob(state, view)
             new = phase.compute_status(
@@ -310,10 +325,6 @@ class Reconciler:
             )
             await self._write(job, state, current, new)
         return None if hold is None else hold.retry_after(self._config.retry_seconds)
-
-    def _policy(self, valid: RocmTrainingJob, namespace: str) -> list[FieldError]:
-        """What the operator's allow-lists and limits refuse in the job."""
-        return self._config.policy.check(valid.spec, namespace)
 
     async def end_refused(self, job: Mapping[str, Any]) -> None:
         """End a job its driver refused at pre-flight (`status.preflightError`): its status Failed
@@ -335,7 +346,7 @@ class Reconciler:
             logger.warning("deleted RayJob %s/%s: its job is refused", namespace, name)
 
     async def _read_rayjob(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        """The RayJob as the watch last saw it, else as the API server has it."""
+        """The RayJob as the watch last saw it, else as the API server has it (a status, a deletion: no update)."""
         return self._known(namespace, name) or await self._kube.get(RAYJOBS, namespace, name)
 
     async def _apply_rayjob(
@@ -345,9 +356,12 @@ class Reconciler:
         nodes: Iterable[node_fit.NodeInfo],
         blocked: Hold | None,
         state: JobState,
+        current: Mapping[str, Any],
     ) -> tuple[Mapping[str, Any] | None, Hold | None]:
-        """Create the RayJob or carry the mutable fields over (`rocmtrain.status.rayjob_update`): the RayJob, or
-        what holds it back."""
+        """Create the RayJob or carry the mutable fields over (`rocmtrain.render.rayjob_update`): the RayJob, or
+        what holds it back. One read of the RayJob, whole (an update compares the fixed fields, which the watch's
+        view leaves out), and everything decided on it; none for a job whose status the operator has not written
+        yet, which as a rule has no RayJob: its create finds out."""
         meta = job["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         rendered = await asyncio.to_thread(render_rayjob, valid, options=self._config.render_options)
@@ -355,12 +369,10 @@ class Reconciler:
         hold = blocked or node_fit.check(valid.spec, nodes)
         if hold is None and self._config.job_network_policies:
             hold = await self._protect(job, valid)
-        if hold is None:
-            live = self._known(namespace, name)  # not seen yet: the create below finds out
-        else:  # held: carry the fields over to a RayJob that already exists, create none
-            live = await self._read_rayjob(namespace, name)
-            if live is None:
-                return None, hold
+        has_status = phase.phase_of(current) is not None
+        live = await self._kube.get(RAYJOBS, namespace, name) if has_status or hold is not None else None
+        if live is None and hold is not None:
+            return None, hold  # held: the fields are carried over to a RayJob that exists, none is created
         if live is None:
             try:
                 created = await self._kube.create(RAYJOBS, rendered)
@@ -372,14 +384,12 @@ class Reconciler:
             if created is not None:
                 logger.info("created RayJob %s/%s", namespace, name)
                 return created, None
-            live = await self._kube.get(RAYJOBS, namespace, name)
+            live = await self._kube.get(RAYJOBS, namespace, name)  # it exists after all: a sync cut short
             if live is None:  # deleted between the create and the read: the retry creates it
                 raise LookupError(f"RayJob {namespace}/{name} vanished while it was created")
         if controller_ref(live).get("uid") != meta["uid"]:
             conflict = f"a RayJob named {name} exists and is not this job's"
             return None, Hold(HoldKind.CONFLICT, Reason.RAYJOB_CONFLICT, conflict, retry_seconds=CONFLICT_RETRY_SECONDS)
-        if "rayClusterSpec" not in (live.get("spec") or {}):  # the watch's view: the fixed fields are left out
-            live = await self._kube.get(RAYJOBS, namespace, name) or live
         return await self._update_rayjob(job, valid, rendered["spec"], live, state), None
 
     async def next_run(self, job: Mapping[str, Any]) -> None:
@@ -390,8 +400,8 @@ class Reconciler:
         namespace, name = meta["namespace"], meta["name"]
         state = self._state(meta["uid"])
         async with self._slots, asyncio.timeout(self._config.reconcile_deadline):
-            valid, _ = await _validated(job)
-            if valid is None or self._policy(valid, namespace):
+            valid, refused = await self._checked(job, state)
+            if valid is None or refused:
                 return
             async with state.lock:
                 if self._older(state, job) or state.synced != meta.get("generation"):
@@ -410,9 +420,9 @@ class Reconciler:
         live: Mapping[str, Any],
         state: JobState,
     ) -> Mapping[str, Any]:
-        """Patch the job's existing RayJob `live` towards the `rendered` spec as `rocmtrain.status.rayjob_update`
+        """Patch the job's existing RayJob `live` towards the `rendered` spec as `rocmtrain.render.rayjob_update`
         decides, and post its render-change events; the RayJob. A render change is written only onto the version
-        read: `Changed` when the RayJob changed since, and the caller's retry (the sync's, or the RayJob watch's)
+        read: `Conflict` when the RayJob changed since, and the caller's retry (the sync's, or the RayJob watch's)
         reads it again and decides again."""
         namespace, name = live["metadata"]["namespace"], live["metadata"]["name"]
         kueue = bool(valid.spec.scheduling.queue_name) or queued(live)
@@ -454,20 +464,20 @@ class Reconciler:
             if self._older(state, job) or not self._newer_rayjob(state, rayjob):
                 return  # an older view of the job or its RayJob than one the status was computed from
             current = self._current(state, job)
-            valid, _ = await _validated(job)
-            if valid is None or self._policy(valid, meta["namespace"]):
+            valid, refused = await self._checked(job, state)
+            if valid is None or refused:
                 return  # a spec the job handler refuses; it owns that status (and deletes the RayJob)
             generation = current.get("observedGeneration") or meta.get("generation")
             new = phase.compute_status(self._observe(job, valid, current, generation=generation, rayjob=rayjob))
             await self._write(job, state, current, new)
 
     async def set_queue(self, job: Mapping[str, Any], queue: Mapping[str, Any] | None) -> None:
-        """Write a Queued job's `status.queue` (`rocmtrain.status.queue`) where it changed; nothing once the job
-        left Queued (the status mapping clears it then)."""
+        """Write a Queued job's `status.queue` (`rocmtrain.status.queue_estimate`) where it changed; nothing once
+        the job left Queued (the status mapping clears it then)."""
         state = self._state(job["metadata"]["uid"])
         async with state.lock:
             current = self._current(state, job)
-            if current.get("phase") != "Queued":
+            if phase.phase_of(current) is not Phase.QUEUED:
                 return
             new = {**{key: current.get(key) for key in phase.OWNED_FIELDS}, "queue": queue}
             await self._write(job, state, current, new)
@@ -483,6 +493,8 @@ class Reconciler:
         if await self._kube.patch_status(JOBS, meta["namespace"], meta["name"], patch, uid=meta["uid"]) is None:
             return
         state.written = {key: new.get(key) for key in phase.OWNED_FIELDS}
+        if phase.has_ended(new):
+            state.checked = None  # its reading is not kept (`_checked`)
         if (waited := queue_wait(current, new, _now())) is not None:
             prometheus.QUEUE_WAIT_SECONDS.observe(waited)
         for event in transition_events(current, new):

@@ -20,8 +20,8 @@ from typing import Any
 
 import kopf
 
-from rocmtrain import metrics_server, prometheus
-from rocmtrain.api.conditions import Reason
+from rocmtrain.admission.node_fit import NodeInfo
+from rocmtrain.api.condition_reasons import Reason
 from rocmtrain.api.contract import MANAGED_SELECTOR
 from rocmtrain.api.names import rayjob_name_of
 from rocmtrain.controller.informer import Informer, Key, View
@@ -31,9 +31,10 @@ from rocmtrain.controller.rayjob_watch import RayJobWatch
 from rocmtrain.controller.reconciler import Reconciler
 from rocmtrain.controller.settings import OperatorConfig
 from rocmtrain.controller.workload_watch import WorkloadWatch, rayjob_key
-from rocmtrain.kube import JOBS, Kube, new_api_client
-from rocmtrain.metrics_access import MetricsAccess
-from rocmtrain.node_fit import NodeInfo
+from rocmtrain.kube.client import JOBS, Kube, new_api_client
+from rocmtrain.metrics import prometheus
+from rocmtrain.metrics import server as metrics_server
+from rocmtrain.metrics.access import MetricsAccess
 from rocmtrain.progress.server import ProgressServer, start_progress_server
 from rocmtrain.progress.tls import ConfigMapTaken
 from rocmtrain.status.phase import Hold, HoldKind

@@ -32,7 +32,7 @@ ROCMTRAIN_PROTECTED_NAMESPACES defaults to `kube-system` and the operator's own 
 (`ROCMTRAIN_OPERATOR_NAMESPACE`); set it to `-` to protect none.
 
 ROCMTRAIN_METRICS_SECURE defaults to `true` where the progress endpoint is on, whose
-certificate `/metrics` then serves (`rocmtrain.metrics_server`), else to `false`: plain
+certificate `/metrics` then serves (`rocmtrain.metrics.server`), else to `false`: plain
 HTTP, which is allowed on a loopback address only (the metrics name every team's jobs,
 GPUs and cost).
 
@@ -52,21 +52,18 @@ from dataclasses import dataclass, field
 
 import kopf
 
+from rocmtrain.admission.policy import DEFAULT_MAX_GPUS, DEFAULT_MAX_WORKER_PODS, Policy
 from rocmtrain.api.contract import OPERATOR_NAME
+from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.models import NOTIFY_EVENTS
 from rocmtrain.api.patterns import DNS_LABEL, DNS_SUBDOMAIN, IMAGE
 from rocmtrain.controller.supervision import RestartPolicy
-from rocmtrain.policy import DEFAULT_MAX_GPUS, DEFAULT_MAX_WORKER_PODS, Policy
 from rocmtrain.progress.server import ProgressServerConfig, listen_host
 from rocmtrain.render import RenderOptions
 from rocmtrain.render.options import MAX_SUBMITTER_RETRIES
 from rocmtrain.status.accounting import Pricing, parse_currency, parse_pricing
 
 NOTIFY_EVENTS_ALL = frozenset(NOTIFY_EVENTS)
-
-
-class ConfigError(ValueError):
-    """An environment variable has an unusable value."""
 
 
 def _int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:

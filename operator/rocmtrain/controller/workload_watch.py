@@ -17,7 +17,7 @@ from kubernetes_asyncio import client
 from rocmtrain.api.contract import WORKLOAD_GROUP, WORKLOAD_PLURAL, WORKLOAD_VERSION
 from rocmtrain.controller.informer import Handler, Informer, Key, View, custom_objects
 from rocmtrain.controller.supervision import DEFAULT_RESTART, RestartPolicy
-from rocmtrain.status.kueue import rayjob_owner, workload_view
+from rocmtrain.status.workload import rayjob_owner, workload_view
 
 
 def _of_rayjob(workload: Mapping[str, Any]) -> View | None:

@@ -1,9 +1,9 @@
 """The progress endpoint: training drivers push `ProgressReport`s, the operator writes them to status.
 
 Modules: `server` (aiohttp app factory and the running server), `auth`
-(TokenReview authentication, pod-based authorisation), `limits` (body and rate
-bounds), `status_patch` (report to status merge patch, pure), `store` (job
-reads and status patches), `errors` (the refusals, each carrying its HTTP
-answer), `tls` (the operator-managed CA and serving certificate, and the CA
-ConfigMap in job namespaces).
+(TokenReview authentication, pod-based authorisation), `limits` (body bounds),
+`store` (job reads and status patches), `tls` (the operator-managed CA and
+serving certificate, and the CA ConfigMap in job namespaces). The report's merge
+patch of the status is pure: `rocmtrain.status.progress_patch`; the refusals, token
+reviews, rate limits and TLS site are shared with `/metrics`: `rocmtrain.serving`.
 """

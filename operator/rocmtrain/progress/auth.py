@@ -36,7 +36,6 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from rocmtrain import prometheus
 from rocmtrain.api.contract import (
     KIND,
     PROGRESS_AUDIENCE,
@@ -47,9 +46,10 @@ from rocmtrain.api.contract import (
     RAYJOB_VERSION,
 )
 from rocmtrain.api.names import rayjob_name_of
-from rocmtrain.progress.errors import Forbidden, Unauthenticated, checked
-from rocmtrain.progress.limits import RateLimiter
-from rocmtrain.reviews import MAX_TOKEN_BYTES, ReviewBudget, TtlCache, token_key, token_review
+from rocmtrain.metrics import prometheus
+from rocmtrain.serving.errors import Forbidden, Unauthenticated, checked
+from rocmtrain.serving.rate import RateLimiter
+from rocmtrain.serving.reviews import MAX_TOKEN_BYTES, ReviewBudget, TtlCache, token_key, token_review
 
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"

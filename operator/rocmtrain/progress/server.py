@@ -58,7 +58,6 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from kubernetes_asyncio import client
 
-from rocmtrain import prometheus
 from rocmtrain.api.contract import (
     PROGRESS_AUDIENCE,
     PROGRESS_BURST,
@@ -66,28 +65,32 @@ from rocmtrain.api.contract import (
     PROGRESS_RATE_PER_SECOND,
     TRAINER_STATUS_PATH,
 )
+from rocmtrain.api.errors import Conflict
 from rocmtrain.api.models import ProgressReport
 from rocmtrain.api.patterns import DNS_LABEL
-from rocmtrain.kube import new_api_client
+from rocmtrain.kube.client import new_api_client
+from rocmtrain.metrics import prometheus
 from rocmtrain.progress import tls
 from rocmtrain.progress.auth import Identity, PodAuthoriser, TokenReviewAuthenticator
-from rocmtrain.progress.errors import (
+from rocmtrain.progress.limits import MAX_BODY_BYTES, parse_report, parse_trainer_status
+from rocmtrain.progress.store import KubeJobStore
+from rocmtrain.render import RenderOptions
+from rocmtrain.serving.errors import (
     BodyTimeout,
-    Conflict,
     Ended,
     Forbidden,
     Gone,
-    NotFound,
+    JobNotFound,
     Refusal,
     TooLarge,
     TooManyRequests,
     Unauthenticated,
+    Unavailable,
 )
-from rocmtrain.progress.limits import MAX_BODY_BYTES, RateLimiter, parse_report, parse_trainer_status
-from rocmtrain.progress.status_patch import progress_patch, report_events, takes_reports
-from rocmtrain.progress.store import KubeJobStore
-from rocmtrain.render import RenderOptions
-from rocmtrain.reviews import bearer_token
+from rocmtrain.serving.rate import RateLimiter
+from rocmtrain.serving.reviews import bearer_token
+from rocmtrain.serving.site import Bounds, TlsSite
+from rocmtrain.status.progress_patch import progress_patch, report_events, takes_reports
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +180,7 @@ async def _record(
 
     The patch carries the resourceVersion it was computed from, so a concurrent
     write (another report, the operator's own status updates) is never lost.
-    Raise Ended once the job has ended, Gone, Unavailable, or Conflict when it keeps changing.
+    Raise Ended once the job has ended, Gone, or Unavailable (also when it keeps changing).
     """
     meta = job["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta.get("uid")
@@ -194,7 +197,7 @@ async def _record(
         if fresh is None or fresh["metadata"].get("uid") != uid:
             raise Gone
         job = fresh
-    raise Conflict
+    raise Unavailable("job kept changing")
 
 
 # Events that reports bring (a new best trial, a recovered worker), per job and reason: a few at once,
@@ -242,7 +245,7 @@ def make_app(
             raise Forbidden("token is for another namespace")
         job = await jobs.get(namespace, name)
         if job is None:
-            raise NotFound
+            raise JobNotFound
         await authorise(identity, job)
         return job
 
@@ -252,7 +255,7 @@ def make_app(
         async def receive(request: web.Request) -> web.Response:
             namespace, name = request.match_info["namespace"], request.match_info["name"]
             if not (_LABEL.match(namespace) and _LABEL.match(name)):
-                raise NotFound
+                raise JobNotFound
             job = await admit(request, namespace, name)
             wait = limiter.acquire(f"{namespace}/{name}")
             if wait > 0:
@@ -396,66 +399,6 @@ class ProgressServerConfig:
         """`https://host[:port]` of the endpoint as jobs reach it (`RenderOptions.progress_base_url`)."""
         host = self.advertise_host or f"{self.service}.{self.namespace}.svc"
         return f"https://{host}" if self.advertise_port == 443 else f"https://{host}:{self.advertise_port}"
-
-
-class _Refused(asyncio.Protocol):
-    """A connection over the cap: closed as soon as it is made."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.close()
-
-
-def capped(factory: web.Server, limit: int) -> Callable[[], asyncio.BaseProtocol]:
-    """`factory` (aiohttp's protocol factory) refusing connections beyond `limit` open ones."""
-
-    def make() -> asyncio.BaseProtocol:
-        return _Refused() if len(factory.connections) >= limit else factory()
-
-    return make
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """What connections may hold before they prove anything: how many are open at once, and how long
-    each has for its TLS handshake and for each request's headers (also before the first)."""
-
-    max_connections: int
-    header_timeout: float
-    handshake_timeout: float
-
-
-class TlsSite:
-    """An aiohttp application served over TLS within `Bounds` (`start`); `stop` closes it."""
-
-    def __init__(self, runner: web.AppRunner, listener: asyncio.Server) -> None:
-        self._runner, self._listener = runner, listener
-
-    @classmethod
-    async def start(
-        cls, app: web.Application, host: str, port: int, context: ssl.SSLContext, bounds: Bounds
-    ) -> TlsSite:
-        """Serve `app` on `host`:`port`; a handler is cancelled when its client goes away."""
-        runner = web.AppRunner(app, access_log=None, handler_cancellation=True, keepalive_timeout=bounds.header_timeout)
-        await runner.setup()
-        assert runner.server is not None
-        try:
-            listener = await asyncio.get_running_loop().create_server(
-                capped(runner.server, bounds.max_connections),
-                host,
-                port,
-                ssl=context,
-                ssl_handshake_timeout=bounds.handshake_timeout,
-                reuse_address=True,
-            )
-        except BaseException:
-            await runner.cleanup()
-            raise
-        return cls(runner, listener)
-
-    async def stop(self) -> None:
-        """Stop listening and close the open connections."""
-        self._listener.close()
-        await self._runner.cleanup()
 
 
 class ProgressServer:

@@ -1,7 +1,7 @@
 """Read RocmTrainingJobs, merge-patch their status subresource and post events on them
 (the endpoint's only writes).
 
-Throttling, server errors and broken connections are retried briefly (`rocmtrain.kube.retrying`)
+Throttling, server errors and broken connections are retried briefly (`rocmtrain.kube.client.retrying`)
 before they become a 503 for the reporting job.
 """
 
@@ -13,8 +13,9 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from rocmtrain.api.contract import GROUP, PLURAL, VERSION
-from rocmtrain.kube import Kube, retrying
-from rocmtrain.progress.errors import Conflict, Gone, checked
+from rocmtrain.api.errors import Conflict
+from rocmtrain.kube.client import Kube, retrying
+from rocmtrain.serving.errors import Gone, checked
 
 
 class KubeJobStore:

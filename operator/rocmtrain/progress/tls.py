@@ -51,6 +51,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from rocmtrain.api.contract import MANAGED_BY_LABEL, MANAGED_LABELS, OPERATOR_NAME
+from rocmtrain.api.errors import Conflict
 from rocmtrain.api.timestamps import parse_time, rfc3339
 
 SECRET_NAME = "rocmtrain-progress-tls"  # noqa: S105 - a name, not a password
@@ -67,7 +68,7 @@ SERVING_KEYS = ("ca.crt", "tls.crt", "tls.key")
 NEXT_KEYS = ("next-ca.crt", "next.crt", "next.key", "next.after")
 
 
-class ConfigMapTaken(Exception):
+class ConfigMapTaken(Conflict):
     """A ConfigMap of the CA bundle's name exists in a job namespace and is not the operator's."""
 
     def __init__(self, namespace: str) -> None:

@@ -23,7 +23,7 @@ Design choices (KubeRay v1.5.1, Ray 2.60.0):
   RayCluster and gives it (RAY_AUTH_MODE, RAY_AUTH_TOKEN) to the head, the workers and the
   submitter; Ray then refuses every dashboard, job-API and RPC request without it, so
   nobody outside the job can submit code to its cluster (the NetworkPolicy of
-  `rocmtrain.render.network` also keeps them from Ray's ports). Users cannot set either
+  `rocmtrain.render.network_policy` also keeps them from Ray's ports). Users cannot set either
   variable (`rocmtrain.api.validate`).
 - One worker group with replicas = minReplicas = maxReplicas and the autoscaler off:
   data-parallel training wants a fixed world size, and Kueue requires it.

@@ -11,9 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rocmtrain.api.conditions import ConditionType, Reason
-from rocmtrain.status.conditions import Condition, find
-from rocmtrain.status.phase import count
+from rocmtrain.api.condition_reasons import ConditionType, Reason
+from rocmtrain.api.models import Phase
+from rocmtrain.status.condition_merge import Condition, find
+from rocmtrain.status.phase import count, phase_of
 
 EventType = Literal["Normal", "Warning"]
 
@@ -27,7 +28,6 @@ class Event:
     message: str
 
 
-_WARNING_PHASES = frozenset({"Failed"})
 # Condition types whose turning True (or changing reason while True) deserves its own event: (type, event type).
 _NOTABLE: tuple[tuple[ConditionType, EventType], ...] = (
     (ConditionType.UNSCHEDULABLE, "Warning"),
@@ -58,14 +58,14 @@ def transition_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Ev
     events: list[Event] = []
     old_conditions = old.get("conditions") or []
     new_conditions = new.get("conditions") or []
-    phase = new.get("phase")
-    if phase and phase != old.get("phase"):
+    phase, before = phase_of(new), phase_of(old)
+    if phase is not None and phase is not before:
         ready = find(new_conditions, ConditionType.READY) or {}
         detail = ready.get("message") or ready.get("reason") or ""
-        message = f"{old.get('phase') or 'New'} → {phase}" + (f": {detail}" if detail else "")
-        events.append(Event("Warning" if phase in _WARNING_PHASES else "Normal", phase, message))
+        message = f"{before or 'New'} → {phase}" + (f": {detail}" if detail else "")
+        events.append(Event("Warning" if phase is Phase.FAILED else "Normal", phase, message))
     for kind, event_type in _NOTABLE:
-        if kind is ConditionType.STALLED and phase == "Failed":
+        if kind is ConditionType.STALLED and phase is Phase.FAILED:
             continue  # a failure is Stalled too (for kstatus); the phase event tells it
         raised = _read(new_conditions, kind)
         if raised is not None and _raised(_read(old_conditions, kind), raised):

@@ -1,4 +1,4 @@
-"""Per-job metric values from the jobs the operator indexes (pure; `rocmtrain.prometheus` serves them).
+"""Per-job metric values from the jobs the operator indexes (pure; `rocmtrain.metrics.prometheus` serves them).
 
 Every gauge is labelled `namespace` and `job_name` and read from the job's
 status at scrape time, so a deleted job's series go with it. Cardinality is bounded:
@@ -14,16 +14,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rocmtrain.api.conditions import ConditionType
+from rocmtrain.api.condition_reasons import ConditionType
+from rocmtrain.api.models import Phase
 from rocmtrain.api.timestamps import parse_time
 from rocmtrain.status.accounting import gpu_seconds_at
-from rocmtrain.status.conditions import find
+from rocmtrain.status.condition_merge import find
 from rocmtrain.status.objects import requested_gpus
-from rocmtrain.status.phase import TERMINAL_PHASES
+from rocmtrain.status.phase import phase_of
 
 Job = Mapping[str, Any]  # a job view (`rocmtrain.status.objects.job_view`)
-WAITING_PHASES = frozenset({"Pending", "Queued"})
-STARTED_PHASES = frozenset({"Initializing", "Running"})
 
 
 def _number(value: object, scale: float = 1.0) -> float | None:
@@ -41,13 +40,14 @@ def _since(moment: object) -> float | None:
 
 def waiting_since(job: Job) -> float | None:
     """When a Pending or Queued job began to wait (its Ready condition turned False), as a Unix time."""
-    if job["status"].get("phase") not in WAITING_PHASES:
+    phase = phase_of(job["status"])
+    if phase is None or not phase.is_waiting:
         return None
     return _since(_condition(job, ConditionType.READY).get("lastTransitionTime"))
 
 
 def _stalled(job: Job) -> float | None:
-    if job["status"].get("phase") != "Running":
+    if phase_of(job["status"]) is not Phase.RUNNING:
         return None
     return 1.0 if _condition(job, ConditionType.STALLED).get("status") == "True" else 0.0
 
@@ -134,7 +134,8 @@ def gpu_kind(resources: Mapping[str, Any]) -> str | None:
 def _rank(job: Job) -> tuple[int, float, str, str]:
     """Jobs that have not ended first (by name), then the most recently ended."""
     meta, status = job["metadata"], job["status"]
-    ended = status.get("phase") in TERMINAL_PHASES
+    phase = phase_of(status)
+    ended = phase is not None and phase.is_terminal
     when = _since(status.get("completionTime")) or 0.0
     return (1 if ended else 0, -when if ended else 0.0, meta.get("namespace", ""), meta.get("name", ""))
 
@@ -162,7 +163,8 @@ def job_samples(jobs: Iterable[Job], now: dt.datetime, limit: int) -> JobSamples
 
 def queue_wait(old: Mapping[str, Any], new: Mapping[str, Any], now: dt.datetime) -> float | None:
     """Seconds a job waited (Pending or Queued) before it started, when `old` → `new` is that start."""
-    if old.get("phase") not in WAITING_PHASES or new.get("phase") not in STARTED_PHASES:
+    before, after = phase_of(old), phase_of(new)
+    if before is None or not before.is_waiting or after is None or not after.holds_gpus:
         return None
     ready = find(old.get("conditions") or [], ConditionType.READY) or {}
     since = parse_time(ready.get("lastTransitionTime"))

@@ -21,13 +21,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rocmtrain.api.conditions import ConditionType
-from rocmtrain.api.models import MAX_NOTIFICATIONS, NOTIFY_EVENTS, NotifyEvent
+from rocmtrain.api.condition_reasons import ConditionType
+from rocmtrain.api.models import MAX_NOTIFICATIONS, NOTIFY_EVENTS, DeliveryState, NotifyEvent, Phase
+from rocmtrain.api.models.status import NotificationState
 from rocmtrain.api.timestamps import rfc3339
-from rocmtrain.status.conditions import Condition, find
+from rocmtrain.status.condition_merge import Condition, find
 from rocmtrain.status.messages import EVENT_MESSAGE_LIMIT, bounded
-
-_PHASES = frozenset({"Queued", "Running", "Succeeded", "Failed"})
+from rocmtrain.status.phase import phase_of
 
 SIGNATURE_HEADER = "X-Rocmtrain-Signature"
 DELIVERY_HEADER = "X-Rocmtrain-Delivery"
@@ -108,14 +108,19 @@ def _best_trial_notice(status: Mapping[str, Any]) -> Notice:
     return Notice("NewBestTrial", "NewBestTrial", message)
 
 
+def _phase_event(phase: Phase | None) -> NotifyEvent | None:
+    """The event a change into `phase` notifies: the phases that are events (Queued, Running, Succeeded, Failed)."""
+    return next((event for event in NOTIFY_EVENTS if event == phase), None)
+
+
 def notices(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Notice]:
     """The notices the change from status `old` to `new` brings."""
     found: list[Notice] = []
-    phase = new.get("phase")
-    if phase in _PHASES and phase != old.get("phase"):
-        found.append(_phase_notice(phase, new))
+    phase = phase_of(new)
+    if (event := _phase_event(phase)) is not None and phase is not phase_of(old):
+        found.append(_phase_notice(event, new))
     stalled, was = _condition(new, ConditionType.STALLED), _condition(old, ConditionType.STALLED)
-    if phase != "Failed" and stalled is not None and stalled.holds and (was is None or not was.holds):
+    if phase is not Phase.FAILED and stalled is not None and stalled.holds and (was is None or not was.holds):
         found.append(_stalled_notice(new))
     best = (new.get("tuning") or {}).get("bestTrialId")
     if best is not None and best != (old.get("tuning") or {}).get("bestTrialId"):
@@ -124,17 +129,22 @@ def notices(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Notice]:
 
 
 def recorded(
-    entries: Sequence[Mapping[str, Any]], target: Target, notice: Notice, delivery: str, state: str, now: dt.datetime
+    entries: Sequence[Mapping[str, Any]],
+    target: Target,
+    notice: Notice,
+    delivery: str,
+    state: DeliveryState,
+    now: dt.datetime,
 ) -> list[dict[str, Any]]:
     """`status.notifications` with the entry of `target` replaced: its last notice, and that notice's state."""
-    entry = {
-        "target": target.label,
-        "event": notice.event,
-        "reason": bounded(notice.reason, REASON_LIMIT),
-        "deliveryId": delivery,
-        "state": state,
-        "time": rfc3339(now),
-    }
+    entry = NotificationState(
+        target=target.label,
+        event=notice.event,
+        reason=bounded(notice.reason, REASON_LIMIT),
+        delivery_id=delivery,
+        state=state,
+        time=rfc3339(now),
+    ).dump()
     kept = [dict(e) for e in entries if e.get("target") != target.label]
     return sorted([*kept, entry], key=lambda e: str(e.get("target")))[: MAX_NOTIFICATIONS + 1]
 
@@ -150,7 +160,7 @@ def pending(
     found = []
     for entry in status.get("notifications") or []:
         target, event = by_label.get(entry.get("target")), entry.get("event")
-        if entry.get("state") != "Pending" or target is None or event not in NOTIFY_EVENTS:
+        if entry.get("state") != DeliveryState.PENDING or target is None or event not in NOTIFY_EVENTS:
             continue
         notice = rebuild[event](status) if event in rebuild else _phase_notice(event, status)
         found.append(

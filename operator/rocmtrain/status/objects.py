@@ -8,7 +8,7 @@
   of its RayJob (garbage collection deletes the RayJob with the job), and reading it back;
 - `is_jobs_rayjob`: whether a RayJob is the one whose state a job's status follows;
 - `queued`: whether Kueue manages a RayJob (what the operator may change in one that exists is
-  `rocmtrain.status.rayjob_update`'s).
+  `rocmtrain.render.rayjob_update`'s).
 
 No I/O and no kopf: plain mappings in, plain mappings out.
 """

@@ -2,13 +2,13 @@
 
 Inputs are plain data: the job, the owned RayJob as KubeRay last wrote it (or
 None), the Ray pods of the job (`rocmtrain.status.pods`), Kueue's Workload of a
-queued job (`rocmtrain.status.kueue`), why the operator holds the RayJob back (a
+queued job (`rocmtrain.status.workload`), why the operator holds the RayJob back (a
 `Hold`: pre-flight, KubeRay missing, a name conflict, the API server refusing the
 RayJob), and the time. The output is the part of `status` the operator owns
 (everything but the progress fields the training driver reports) plus the events
 that explain each transition (`rocmtrain.status.events`). Conditions are typed
-values (`rocmtrain.status.conditions`); their types and reasons are named in
-`rocmtrain.api.conditions`.
+values (`rocmtrain.status.condition_merge`); their types and reasons are named in
+`rocmtrain.api.condition_reasons`.
 
 Two conditions say why GPUs are not in use, and never at once: `Unschedulable`
 (pre-flight) when no node could ever hold the workers, so no RayJob is made;
@@ -52,17 +52,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from rocmtrain.api.conditions import ConditionType, Reason
+from rocmtrain.api.condition_reasons import ConditionType, Reason
 from rocmtrain.api.contract import DRIVER_ERROR_PREFIX, KUEUE_QUEUE_LABEL, RAYJOB_API_VERSION
 from rocmtrain.api.kuberay import JobDeploymentStatus, JobStatus
 from rocmtrain.api.models import Phase, RocmTrainingJobSpec, RocmTrainingJobStatus
 from rocmtrain.api.timestamps import parse_time, rfc3339
 from rocmtrain.api.tracebacks import last_failure
 from rocmtrain.status.accounting import Price, account
-from rocmtrain.status.conditions import Condition, find, merge_conditions
-from rocmtrain.status.kueue import Admission, admission
+from rocmtrain.status.condition_merge import Condition, find, merge_conditions
 from rocmtrain.status.messages import QUOTE_LIMIT, bounded
 from rocmtrain.status.pods import PodProblem, RayPods, assess, creation_failure
+from rocmtrain.status.workload import Admission, admission
 
 # Status fields the operator writes; the progress endpoint owns the others.
 OWNED_FIELDS = (
@@ -85,11 +85,6 @@ OWNED_FIELDS = (
     "cost",
     "queue",
 )
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-# Phases in which the job is where its spec asks it to be: Ready is True.
-READY_PHASES = frozenset({"Running", "Succeeded", "Suspended"})
-# Phases in which the Ray cluster's ready workers hold their GPUs (see `rocmtrain.status.accounting`).
-HOLDING_PHASES = frozenset({"Initializing", "Running"})
 
 
 class HoldKind(enum.Enum):
@@ -153,7 +148,7 @@ class Observation:
     hold: Hold | None = None  # why the RayJob is held back; None when nothing holds it
     price: Price | None = None  # the price of the job's GPU-hours, when the operator has one
     pods: Sequence[Mapping[str, Any]] = ()  # the job's Ray pods (`rocmtrain.status.pods.pod_view`), of any Ray cluster
-    workload: Mapping[str, Any] | None = None  # Kueue's Workload of the RayJob (`rocmtrain.status.kueue.workload_view`)
+    workload: Mapping[str, Any] | None = None  # the RayJob's Kueue Workload (`rocmtrain.status.workload.workload_view`)
 
 
 @dataclass(frozen=True)
@@ -277,8 +272,10 @@ def last_rayjob_change(rayjob: Mapping[str, Any]) -> dt.datetime | None:
 
 def _suspended_state(obs: Observation) -> _State:
     if queue := _queue(obs):  # Kueue holds it: a Kueue job's spec.suspend is refused at admission
-        return _State("Queued", *_waiting(obs, queue))
-    return _State("Suspended", Reason.SUSPENDED, "suspended: the Ray cluster is deleted until spec.suspend is false")
+        return _State(Phase.QUEUED, *_waiting(obs, queue))
+    return _State(
+        Phase.SUSPENDED, Reason.SUSPENDED, "suspended: the Ray cluster is deleted until spec.suspend is false"
+    )
 
 
 # How Ray's job supervisor starts the message of an entrypoint that exited non-zero; its logs' tail follows.
@@ -300,7 +297,7 @@ def driver_error_first(message: str) -> str:
 
 
 def _failed(reason: str, message: str, default: str) -> _State:
-    return _State("Failed", reason or Reason.FAILED, driver_error_first(message) or default)
+    return _State(Phase.FAILED, reason or Reason.FAILED, driver_error_first(message) or default)
 
 
 # Deployment states in which a RayJob asked to suspend is (being) suspended.
@@ -315,11 +312,12 @@ _SUSPENDABLE = frozenset(
 )
 
 
-_KubeRayStatus = TypeVar("_KubeRayStatus", JobDeploymentStatus, JobStatus)
+_Known = TypeVar("_Known", JobDeploymentStatus, JobStatus)
 
 
-def _known(kind: type[_KubeRayStatus], value: str | None) -> _KubeRayStatus | None:
-    """`value` (absent: the empty string) as a KubeRay status of `kind`; None for one KubeRay v1.5.1 does not write."""
+def _known(kind: type[_Known], value: str | None) -> _Known | None:
+    """`value` (absent: the empty string) as a member of `kind`; None for one it lacks (a status KubeRay v1.5.1
+    does not write, a phase this operator does not know)."""
     try:
         return kind(value or "")
     except ValueError:
@@ -330,10 +328,10 @@ def _running_state(job_status: JobStatus | None, job_id: str, workers: str) -> _
     """The phase of a RayJob whose deployment is Running, by the Ray job's status."""
     match job_status:
         case JobStatus.RUNNING | JobStatus.SUCCEEDED | JobStatus.FAILED | JobStatus.STOPPED:
-            return _State("Running", Reason.RUNNING, f"Ray job {job_id} is {job_status.lower()} ({workers})")
+            return _State(Phase.RUNNING, Reason.RUNNING, f"Ray job {job_id} is {job_status.lower()} ({workers})")
         case JobStatus.NEW | JobStatus.PENDING | None:
             return _State(
-                "Initializing", Reason.SUBMITTING, f"the Ray job is submitted and waiting to start ({workers})"
+                Phase.INITIALIZING, Reason.SUBMITTING, f"the Ray job is submitted and waiting to start ({workers})"
             )
 
 
@@ -355,18 +353,20 @@ def _rayjob_state(obs: Observation, rayjob: Mapping[str, Any]) -> _State:
         case JobDeploymentStatus.SUSPENDING | JobDeploymentStatus.SUSPENDED:
             if _queue(obs):  # Kueue unsuspended it: admitted
                 return _State(
-                    "Pending", Reason.ADMITTED, "admitted by Kueue; waiting for KubeRay to start the Ray cluster"
+                    Phase.PENDING, Reason.ADMITTED, "admitted by Kueue; waiting for KubeRay to start the Ray cluster"
                 )
-            return _State("Pending", Reason.RESUMING, "resuming: waiting for KubeRay to recreate the Ray cluster")
+            return _State(Phase.PENDING, Reason.RESUMING, "resuming: waiting for KubeRay to recreate the Ray cluster")
         case JobDeploymentStatus.RETRYING:
-            return _State("Initializing", Reason.RETRYING, f"retrying on a new Ray cluster after a failure ({workers})")
+            return _State(
+                Phase.INITIALIZING, Reason.RETRYING, f"retrying on a new Ray cluster after a failure ({workers})"
+            )
         case JobDeploymentStatus.INITIALIZING | JobDeploymentStatus.WAITING:
-            return _State("Initializing", Reason.INITIALIZING, f"starting the Ray cluster ({workers})")
+            return _State(Phase.INITIALIZING, Reason.INITIALIZING, f"starting the Ray cluster ({workers})")
         case JobDeploymentStatus.RUNNING:
             return _running_state(job_status, st.get("jobId", ""), workers)
         case JobDeploymentStatus.COMPLETE:
             if job_status is JobStatus.SUCCEEDED:
-                return _State("Succeeded", Reason.SUCCEEDED, message or "the Ray job succeeded")
+                return _State(Phase.SUCCEEDED, Reason.SUCCEEDED, message or "the Ray job succeeded")
             ended = Reason.STOPPED if job_status is JobStatus.STOPPED else reason
             return _failed(ended, message, f"the Ray job ended {st.get('jobStatus') or ''}")
         case JobDeploymentStatus.FAILED:
@@ -374,10 +374,20 @@ def _rayjob_state(obs: Observation, rayjob: Mapping[str, Any]) -> _State:
         case JobDeploymentStatus.VALIDATION_FAILED:
             return _failed(Reason.VALIDATION_FAILED, message, "KubeRay rejected the RayJob")
         case JobDeploymentStatus.NEW:
-            return _State("Pending", Reason.RAYJOB_CREATED, "waiting for KubeRay to start the RayJob")
+            return _State(Phase.PENDING, Reason.RAYJOB_CREATED, "waiting for KubeRay to start the RayJob")
         case None:
             unknown = st.get("jobDeploymentStatus")
-            return _State("Pending", Reason.UNKNOWN_STATE, f"KubeRay reports an unknown deployment status {unknown!r}")
+            return _State(
+                Phase.PENDING, Reason.UNKNOWN_STATE, f"KubeRay reports an unknown deployment status {unknown!r}"
+            )
+
+
+# ---- a status as written -------------------------------------------------------------
+
+
+def phase_of(status: Mapping[str, Any] | None) -> Phase | None:
+    """The phase of a status as written (wire form); None when it has none, or one this operator does not know."""
+    return Phase.of((status or {}).get("phase"))
 
 
 def refusal(status: Mapping[str, Any] | None) -> str | None:
@@ -388,33 +398,34 @@ def refusal(status: Mapping[str, Any] | None) -> str | None:
 
 def has_ended(status: Mapping[str, Any] | None) -> bool:
     """Whether a job has ended: its phase is terminal, or its driver refused it (it is about to be Failed)."""
-    return (status or {}).get("phase") in TERMINAL_PHASES or refusal(status) is not None
+    phase = phase_of(status)
+    return (phase is not None and phase.is_terminal) or refusal(status) is not None
 
 
 def _state(obs: Observation) -> _State:
-    previous = obs.current.get("phase")
-    if previous in TERMINAL_PHASES:
+    previous = phase_of(obs.current)
+    if previous is not None and previous.is_terminal:
         ready = find(obs.current.get("conditions") or [], ConditionType.READY) or {}
         return _State(previous, ready.get("reason", previous), ready.get("message", ""))
     if (refused := refusal(obs.current)) is not None:
-        return _State("Failed", Reason.PREFLIGHT_FAILED, refused)
+        return _State(Phase.FAILED, Reason.PREFLIGHT_FAILED, refused)
     if obs.rayjob is not None:
         return _rayjob_state(obs, obs.rayjob)
     if obs.hold is not None:
-        return _State("Pending", obs.hold.reason, obs.hold.message)
-    return _State("Pending", Reason.CREATING_RAYJOB, "creating the RayJob")
+        return _State(Phase.PENDING, obs.hold.reason, obs.hold.message)
+    return _State(Phase.PENDING, Reason.CREATING_RAYJOB, "creating the RayJob")
 
 
 # ---- conditions ----------------------------------------------------------------------
 
 
-def _stall(obs: Observation, phase: str) -> tuple[str, str] | None:
+def _stall(obs: Observation, phase: Phase) -> tuple[str, str] | None:
     """(reason, message) when a running job has shown no progress for too long.
 
     The built-in driver reports from its start, and the RayJob's changes count too; a job's own code
     may never report, so its reports alone count, once it has sent one.
     """
-    if phase != "Running":
+    if phase is not Phase.RUNNING:
         return None
     reported = parse_time(obs.current.get("lastProgressTime"))
     if obs.spec.code is not None:
@@ -437,20 +448,20 @@ NO_REPORT = (
 )
 
 
-def _progress_reported(obs: Observation, phase: str) -> Condition | None:
+def _progress_reported(obs: Observation, phase: Phase) -> Condition | None:
     """Of a job running its own code, once it runs: whether the code has reported progress (it need not)."""
-    if obs.spec.code is None or phase not in ("Running", *TERMINAL_PHASES):
+    if obs.spec.code is None or not (phase is Phase.RUNNING or phase.is_terminal):
         return None
     kind = ConditionType.PROGRESS_REPORTED
     if obs.current.get("lastProgressTime"):
         limit = f"it counts as stalled after {int(obs.stall_after)}s without a report"
         return Condition(kind, True, Reason.PROGRESS_REPORTED, f"your code reports progress; {limit}")
-    return Condition(kind, False, Reason.NO_PROGRESS_REPORTED, NO_REPORT_YET if phase == "Running" else NO_REPORT)
+    return Condition(kind, False, Reason.NO_PROGRESS_REPORTED, NO_REPORT_YET if phase is Phase.RUNNING else NO_REPORT)
 
 
 def _failure(state: _State) -> tuple[str, str] | None:
     """(reason, message) of a failed job: kstatus reads `Stalled=True` as Failed."""
-    return (state.reason, state.message) if state.phase == "Failed" else None
+    return (state.reason, state.message) if state.phase is Phase.FAILED else None
 
 
 def _alarm(
@@ -464,7 +475,7 @@ def _alarm(
     return None
 
 
-def _admitted(obs: Observation, phase: str) -> Condition | None:
+def _admitted(obs: Observation, phase: Phase) -> Condition | None:
     """Kueue admission: the RayJob is made suspended; Kueue unsuspends it on admission, suspends it on eviction.
 
     Kueue's Workload, when seen, has the last word and the words: why it waits, which
@@ -475,14 +486,14 @@ def _admitted(obs: Observation, phase: str) -> Condition | None:
     if not queue:
         return None
     kind = ConditionType.ADMITTED
-    if phase in TERMINAL_PHASES:
+    if phase.is_terminal:
         previous = Condition.read(find(obs.current.get("conditions") or [], kind))
         if previous is not None:
             return previous
     if obs.rayjob is None:
         return Condition(kind, False, Reason.PENDING, f"not yet submitted to Kueue queue {queue}")
     kueue = _kueue(obs)
-    held = phase == "Queued" or (obs.rayjob.get("spec") or {}).get("suspend")
+    held = phase is Phase.QUEUED or (obs.rayjob.get("spec") or {}).get("suspend")
     if held or (kueue is not None and not kueue.admitted):
         return Condition(kind, False, *_waiting(obs, queue))
     return Condition(kind, True, Reason.ADMITTED, _admitted_message(obs, queue))
@@ -491,15 +502,15 @@ def _admitted(obs: Observation, phase: str) -> Condition | None:
 def _desired_conditions(obs: Observation, state: _State) -> list[Condition]:
     phase = state.phase
     current = obs.current.get("conditions") or []
-    hold = obs.hold if obs.rayjob is None and phase not in TERMINAL_PHASES else None
+    hold = obs.hold if obs.rayjob is None and not phase.is_terminal else None
 
     def held_by(kind: HoldKind) -> tuple[str, str] | None:
         return (hold.reason, hold.message) if hold is not None and hold.kind is kind else None
 
-    starting = phase in ("Initializing", "Running")
+    starting = phase.holds_gpus
     problem = _pod_problem(obs) if starting else None
     candidates = [
-        Condition(ConditionType.READY, phase in READY_PHASES, state.reason, state.message),
+        Condition(ConditionType.READY, phase.is_ready, state.reason, state.message),
         _admitted(obs, phase),
         _alarm(current, ConditionType.UNSCHEDULABLE, held_by(HoldKind.UNSCHEDULABLE), Reason.SCHEDULABLE),
         _alarm(
@@ -515,10 +526,10 @@ def _desired_conditions(obs: Observation, state: _State) -> list[Condition]:
             current,
             ConditionType.STALLED,
             _stall(obs, phase) or _failure(state),
-            Reason.PROGRESSING if phase == "Running" else Reason.NOT_RUNNING,
+            Reason.PROGRESSING if phase is Phase.RUNNING else Reason.NOT_RUNNING,
         ),
-        Condition(ConditionType.SUCCEEDED, True, state.reason, state.message) if phase == "Succeeded" else None,
-        Condition(ConditionType.FAILED, True, state.reason, state.message) if phase == "Failed" else None,
+        Condition(ConditionType.SUCCEEDED, True, state.reason, state.message) if phase is Phase.SUCCEEDED else None,
+        Condition(ConditionType.FAILED, True, state.reason, state.message) if phase is Phase.FAILED else None,
     ]
     return [condition for condition in candidates if condition is not None]
 
@@ -526,13 +537,13 @@ def _desired_conditions(obs: Observation, state: _State) -> list[Condition]:
 # ---- status --------------------------------------------------------------------------
 
 
-def _restarts(rayjob: Mapping[str, Any] | None, phase: str) -> int:
+def _restarts(rayjob: Mapping[str, Any] | None, phase: Phase) -> int:
     """Whole-job retries: KubeRay's failure count, less the final failure (of a refused job too, whose retry
     KubeRay may have begun before the operator deleted the RayJob)."""
     if rayjob is None:
         return 0
     failed = count(_rayjob_status(rayjob).get("failed"))
-    return max(failed - 1, 0) if phase == "Failed" else failed
+    return max(failed - 1, 0) if phase is Phase.FAILED else failed
 
 
 def compute_status(obs: Observation) -> dict[str, Any]:
@@ -541,16 +552,16 @@ def compute_status(obs: Observation) -> dict[str, Any]:
     current = obs.current
     desired, ready = _workers(obs)
     rayjob_status = _rayjob_status(obs.rayjob) if obs.rayjob is not None else {}
-    started = state.phase in ("Initializing", "Running") or state.phase in TERMINAL_PHASES
+    started = state.phase.holds_gpus or state.phase.is_terminal
     start_time = current.get("startTime") or (
         rfc3339(parse_time(rayjob_status.get("startTime")) or obs.now) if started and obs.rayjob is not None else None
     )
     completion = current.get("completionTime")
-    if state.phase in TERMINAL_PHASES and not completion:
+    if state.phase.is_terminal and not completion:
         completion = rfc3339(parse_time(rayjob_status.get("endTime")) or obs.now)
-    held = ready * obs.spec.resources.gpus_per_worker if state.phase in HOLDING_PHASES and obs.rayjob is not None else 0
+    held = ready * obs.spec.resources.gpus_per_worker if state.phase.holds_gpus and obs.rayjob is not None else 0
     # An ended job is counted up to its end, however late the operator sees it.
-    until = min(obs.now, parse_time(completion) or obs.now) if state.phase in TERMINAL_PHASES else obs.now
+    until = min(obs.now, parse_time(completion) or obs.now) if state.phase.is_terminal else obs.now
     usage = account(current, held, until, obs.price)
     status = RocmTrainingJobStatus(
         phase=state.phase,
@@ -569,16 +580,16 @@ def compute_status(obs: Observation) -> dict[str, Any]:
         workers_ready=ready,
         gpus=obs.spec.total_gpus,
         start_time=start_time,
-        completion_time=completion if state.phase in TERMINAL_PHASES else None,
+        completion_time=completion if state.phase.is_terminal else None,
         restarts=max(_restarts(obs.rayjob, state.phase), count(current.get("restarts"))),
         gpu_seconds=usage.gpu_seconds,
         gpus_held=usage.gpus_held,
         accounted_until=usage.accounted_until,
         cost=usage.cost,
-        # The queue loop estimates it (`rocmtrain.status.queue`); kept while Queued, cleared after.
-        queue=current.get("queue") if state.phase == "Queued" else None,
+        # The queue loop estimates it (`rocmtrain.status.queue_estimate`); kept while Queued, cleared after.
+        queue=current.get("queue") if state.phase is Phase.QUEUED else None,
     )
-    if state.phase in TERMINAL_PHASES and obs.rayjob is None:
+    if state.phase.is_terminal and obs.rayjob is None:
         # The RayJob is gone after the end (deleted by KubeRay or by hand): keep what was seen.
         status = status.model_copy(
             update={
@@ -614,7 +625,7 @@ def invalid_status(
     message = f"{prefix}: " + "; ".join(errors)
     usage = account(current, 0, now, price) if current.get("accountedUntil") else None
     return RocmTrainingJobStatus(
-        phase="Failed",
+        phase=Phase.FAILED,
         conditions=merge_conditions(
             current.get("conditions") or [],
             [

@@ -26,9 +26,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rocmtrain.api.conditions import Reason
+from rocmtrain.api.condition_reasons import Reason
 from rocmtrain.api.contract import JOB_NAME_LABEL, RAY_CLUSTER_LABEL, RAY_NODE_TYPE_LABEL
-from rocmtrain.status.conditions import find
+from rocmtrain.status.condition_merge import find
 
 # The kubelet's waiting reasons of an image that cannot be pulled.
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})

@@ -3,5 +3,5 @@
 `pool` (the GPU pool per GPU model, its holders, Kueue's queues), `job` (one job on one
 screen), `curves` (loss and accuracy curves from a job's status or a local run's log),
 `table` (aligned text tables). The commands that read the objects and draw are in
-`rocmtrain.cluster_cli` and `rocmtrain.plot`.
+`rocmtrain.cli.cluster` and `rocmtrain.cli.plot`.
 """

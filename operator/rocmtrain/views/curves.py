@@ -2,7 +2,7 @@
 `metrics.jsonl` (every ProgressReport of the run, as `rocmtrain run` writes it).
 
 A local run's reports become points exactly as the operator turns reports into `status.history`
-(`rocmtrain.progress.status_patch`), without the operator's bound on the number of points.
+(`rocmtrain.status.progress_patch`), without the operator's bound on the number of points.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rocmtrain.api.models import ProgressReport
-from rocmtrain.progress.status_patch import extend_history, history_point
+from rocmtrain.status.progress_patch import extend_history, history_point
 
 Series = list[tuple[int, float]]  # (step, value)
 

@@ -13,7 +13,7 @@ from rocmtrain.api.models import NetworkTransport, metric_rows
 from rocmtrain.api.timestamps import parse_time
 from rocmtrain.status.accounting import gpu_seconds_at
 from rocmtrain.status.gauges import WHOLE_GPU_KIND, gpu_kind
-from rocmtrain.status.network import unused_rdma
+from rocmtrain.status.rdma import unused_rdma
 from rocmtrain.views.pool import pod_gpus
 from rocmtrain.views.table import table
 

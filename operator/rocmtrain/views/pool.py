@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rocmtrain.api.contract import GPU_NODE_LABELS, JOB_NAME_LABEL
-from rocmtrain.api.kueue import WorkloadCondition
+from rocmtrain.api.kubernetes import PodPhase
 from rocmtrain.api.quantity import amd_devices, container_devices
+from rocmtrain.api.workload_conditions import WorkloadCondition
 from rocmtrain.views.table import table
 
 UNLABELLED = "(no product-name label)"
-ENDED_POD_PHASES = frozenset({"Succeeded", "Failed"})
 
 WHOLE_GPU = "spx_nps1"  # an unpartitioned GPU, as the node labeller calls it
 
@@ -100,6 +100,14 @@ class PoolView:
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return obj.get("metadata") or {}
+
+
+def _has_ended(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod has ended (`PodPhase.has_ended`): it holds its GPUs no more."""
+    try:
+        return PodPhase((pod.get("status") or {}).get("phase") or "").has_ended
+    except ValueError:  # no phase yet, or one Kubernetes does not write
+        return False
 
 
 def pod_gpus(pod: Mapping[str, Any]) -> int:
@@ -220,7 +228,7 @@ def pool_view(
     gpu_nodes = {
         _meta(n).get("name"): n for n in nodes if amd_devices((n.get("status") or {}).get("allocatable") or {})
     }
-    live = [p for p in pods if (p.get("status") or {}).get("phase") not in ENDED_POD_PHASES and pod_gpus(p)]
+    live = [p for p in pods if not _has_ended(p) and pod_gpus(p)]
     by_node: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     unbound = []
     for pod in live:

@@ -28,8 +28,8 @@ from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.api.validate import Context
 
 if TYPE_CHECKING:
-    from rocmtrain_train.driver.torch_trainer import RunOutcome
     from rocmtrain_train.search.tune_trials import SearchOutcome
+    from rocmtrain_train.trainer.torch_trainer import RunOutcome
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -67,7 +67,7 @@ def _failure(job: RocmTrainingJob, exc: Exception) -> str:
 
     if job.spec.code is not None:
         return without_secrets(str(exc))
-    from rocmtrain_train.driver.torch_trainer import failure_line
+    from rocmtrain_train.trainer.torch_trainer import failure_line
 
     return without_secrets(failure_line(exc))
 
@@ -79,7 +79,8 @@ def main(argv: list[str]) -> int:
     if job is None:
         return EXIT_CONFIG
     try:
-        from rocmtrain_train.config import ConfigError, local_settings
+        from rocmtrain.api.errors import ConfigError
+        from rocmtrain_train.config import local_settings
         from rocmtrain_train.driver import own_code
     except ModuleNotFoundError as exc:
         print(

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rocmtrain.api.contract import GROUP, PLURAL, VERSION
-from rocmtrain.api.models import MAX_NAME_LENGTH, RocmTrainingJob
+from rocmtrain.api.models import MAX_NAME_LENGTH, Phase, RocmTrainingJob
 from rocmtrain.api.validate import validate_job
 from rocmtrain_train.cli.run import EXIT_CONFIG, EXIT_FAILED, LOCAL_REPORT_INTERVAL_SECONDS, read_one_job
 from rocmtrain_train.cli.scaling_report import SizeResult, as_json, chart, markdown, scaling_rows
@@ -131,7 +131,7 @@ async def _measure_on_cluster(
             await jobs.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
             print(f"{workers} worker(s): created RocmTrainingJob {namespace}/{name}", file=sys.stderr, flush=True)
             status = await _until_ended(jobs, namespace, name, timeout)
-            if status.get("phase") != "Succeeded":
+            if Phase.of(status.get("phase")) is not Phase.SUCCEEDED:
                 ready: dict[str, Any] = next(
                     (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {}
                 )
@@ -147,13 +147,13 @@ async def _until_ended(jobs: Any, namespace: str, name: str, timeout: float) -> 
     while True:
         found = await jobs.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
         status = found.get("status") or {}
-        phase = status.get("phase")
-        if phase == "Failed" or (phase == "Succeeded" and "trainSeconds" in (status.get("metrics") or {})):
+        phase = Phase.of(status.get("phase"))
+        if phase is Phase.FAILED or (phase is Phase.SUCCEEDED and "trainSeconds" in (status.get("metrics") or {})):
             return status
-        if phase == "Succeeded":
+        if phase is Phase.SUCCEEDED:
             deadline = min(deadline, time.monotonic() + METRICS_GRACE_SECONDS)
         if time.monotonic() > deadline:
-            what = "reported no metrics" if phase == "Succeeded" else f"did not end within {timeout:.0f} s"
+            what = "reported no metrics" if phase is Phase.SUCCEEDED else f"did not end within {timeout:.0f} s"
             raise TimeoutError(f"{namespace}/{name} {what}")
         await asyncio.sleep(POLL_SECONDS)
 

@@ -1,7 +1,7 @@
 """Records: reading JSONL, CSV or Parquet from a path, an object store or the hub.
 
 A data source is read into an Arrow table of just the fields the job names (`text`, `pair`,
-`label`; a causal-lm job's are `lm_records`'), columnar and compact; only the rows a rank trains
+`label`; a causal-lm job's are `causal_lm.records`'), columnar and compact; only the rows a rank trains
 on become Python strings (`records`). The records are shuffled once with `data.shuffleSeed` and cut to `maxSamples`
 (`sample_order`); which rank trains on which of them is `batch_plan`'s business.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -23,9 +23,9 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from rocmtrain.api.contract import HUB_SCHEME
+from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.models import DataSource, DataSpec, ModelSpec
-from rocmtrain_train.config import ConfigError
-from rocmtrain_train.data.lm_records import check_columns, lm_fields, lm_lengths
+from rocmtrain_train.data.causal_lm.records import check_columns, lm_fields, lm_lengths
 from rocmtrain_train.storage import (
     HubFactory,
     ObjectStoreFactory,
@@ -122,17 +122,34 @@ def source_files(
     return fs, chosen, fmt
 
 
-def _read_file(fs: pafs.FileSystem, path: str, fmt: str, columns: list[str]) -> pa.Table:
-    """One file; of Parquet only the named columns are read (JSON lines and CSV have no such index)."""
+def _first(batches: Iterable[pa.RecordBatch], limit: int) -> list[pa.RecordBatch]:
+    """Batches until they hold `limit` records; the next one is never read."""
+    taken, count = [], 0
+    for batch in batches:
+        taken.append(batch)
+        count += batch.num_rows
+        if count >= limit:
+            break
+    return taken
+
+
+def _read_file(fs: pafs.FileSystem, path: str, fmt: str, columns: list[str], limit: int | None) -> pa.Table:
+    """One file, or with a `limit` its first records (at least `limit` where it has them): Parquet's first row
+    groups, the first blocks of JSON lines and CSV. Of Parquet only the named columns are read (JSON lines and
+    CSV have no such index)."""
     try:
         with fs.open_input_file(path) as f:
             if fmt == "parquet":
                 parquet = pq.ParquetFile(f)
                 present = set(parquet.schema_arrow.names)
-                return parquet.read(columns=columns if present >= set(columns) else None)
-            if fmt == "csv":
-                return pacsv.read_csv(f)
-            return pajson.read_json(f)
+                named = columns if present >= set(columns) else None
+                if limit is None or not parquet.metadata.num_rows:
+                    return parquet.read(columns=named)
+                return pa.Table.from_batches(_first(parquet.iter_batches(batch_size=limit, columns=named), limit))
+            if limit is None:
+                return pacsv.read_csv(f) if fmt == "csv" else pajson.read_json(f)
+            reader = pacsv.open_csv(f) if fmt == "csv" else pajson.open_json(f)
+            return pa.Table.from_batches(_first(reader, limit), reader.schema)
     except (OSError, pa.ArrowInvalid) as exc:
         raise ConfigError(f"cannot read {path} as {fmt}: {exc}") from exc
 
@@ -197,17 +214,21 @@ def read_table(
     object_store: ObjectStoreFactory = object_store_filesystem,
     hub: HubFactory = hub_filesystem,
     check: bool = True,
+    head: int | None = None,
 ) -> pa.Table:
-    """The records of a source as a table of `text`, (`pair`,) `label` (causal-lm: see `lm_records`): the
-    fields exist and have values; with `check`, every label fits the task too (the driver's pre-flight;
-    workers check their own rows)."""
+    """The records of a source as a table of `text`, (`pair`,) `label` (causal-lm: see `causal_lm.records`): the
+    fields exist and have values; with `check`, every label fits the task too (workers check their own rows).
+
+    With a `head`, only the first records are read (the driver's pre-flight): at least `head` where the source
+    has them, and at least one of every file, so that every file's fields are checked."""
     fs, files, fmt = source_files(source, base_dir, object_store=object_store, hub=hub)
     fields = record_fields(data, model)
-    tables = []
+    tables: list[pa.Table] = []
     for path in files:
         if describe(fs, path).size == 0:
             continue
-        table = _read_file(fs, path, fmt, list(fields.values()))
+        limit = None if head is None else max(1, head - sum(t.num_rows for t in tables))
+        table = _read_file(fs, path, fmt, list(fields.values()), limit)
         where = f"{source.uri} ({PurePosixPath(path).name})" if len(files) > 1 else source.uri
         columns = {name: _column(table, field, where) for name, field in fields.items()}
         tables.append(pa.table(_checked(columns, data, model, where, check=check)))

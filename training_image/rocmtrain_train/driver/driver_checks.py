@@ -10,17 +10,18 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from rocmtrain.api.contract import HUB_SCHEME, is_local, is_object_store
-from rocmtrain.api.gpu_memory import GpuMemory, job_gpu_memory
-from rocmtrain.api.memory_fit import JobPlan, plan_job
-from rocmtrain.api.model_shapes import ModelConfigError
-from rocmtrain_train.config import ConfigError, RunSettings
-from rocmtrain_train.data.records import read_table, sample_order
+from rocmtrain.api.errors import ConfigError
+from rocmtrain.plan.fit import JobPlan, plan_job
+from rocmtrain.plan.gpu_memory import GpuMemory, job_gpu_memory
+from rocmtrain.plan.model_shapes import ModelConfigError
+from rocmtrain_train.config import RunSettings
+from rocmtrain_train.data.records import read_table
 from rocmtrain_train.model.pretrained import packaged_model, resolve_model
 from rocmtrain_train.storage import ObjectStoreFactory, filesystem, object_store_filesystem, store_error
 from rocmtrain_train.tasks import task_for
 
-# Training records the pre-flight tokenises to check that they fit the job (a language model's responses
-# within maxSeqLength).
+# Records the pre-flight reads of each data source (more where the ranks need more), and tokenises of the
+# training data to check that they fit the job (a language model's responses within maxSeqLength).
 SAMPLE_RECORDS = 256
 
 
@@ -51,18 +52,23 @@ def check_model(settings: RunSettings) -> Any:
 
 def check_data(settings: RunSettings, tokenizer: Any = None) -> None:
     """The data sources are readable, have the fields, valid labels or records, and a record for every rank;
-    with the tokenizer, a sample of the training records tokenises into sequences that fit the job."""
+    with the tokenizer, the first training records tokenise into sequences that fit the job.
+
+    Only the first records of each source are read (the ranks read the whole of it, and check the rows they
+    train on): enough for every rank and the sample, and the first of every file."""
     spec = settings.job.spec
     train = spec.data.train
-    table = read_table(train, spec.data, spec.model, settings.base_dir)
+    head = max(settings.world_size, SAMPLE_RECORDS)
+    table = read_table(train, spec.data, spec.model, settings.base_dir, head=head)
+    # The head holds every record where the source has fewer than `head`, so a refusal counts them all.
     usable = min(table.num_rows, train.max_samples or table.num_rows)
     if usable < settings.world_size:
         raise ConfigError(f"{train.uri}: {usable} training records for {settings.world_size} ranks")
     if tokenizer is not None:
-        sample = sample_order(table.num_rows, spec.data.shuffle_seed, train.max_samples)[:SAMPLE_RECORDS]
+        sample = range(min(table.num_rows, train.max_samples or SAMPLE_RECORDS, SAMPLE_RECORDS))
         task_for(spec).encode(tokenizer, table, sample, train.uri, False)
     if spec.data.eval is not None:
-        read_table(spec.data.eval, spec.data, spec.model, settings.base_dir)
+        read_table(spec.data.eval, spec.data, spec.model, settings.base_dir, head=SAMPLE_RECORDS)
 
 
 def check_storage(settings: RunSettings) -> None:

@@ -24,9 +24,10 @@ from typing import IO, Any
 
 from rocmtrain.api.code import CodeRun, code_environment
 from rocmtrain.api.contract import PYTHON
+from rocmtrain.api.errors import ConfigError, RocmTrainError
 from rocmtrain.api.models import ProgressReport, RocmTrainingJob
 from rocmtrain.api.tracebacks import last_failure
-from rocmtrain_train.config import ConfigError, RunSettings, resolve_relative
+from rocmtrain_train.config import RunSettings, resolve_relative
 from rocmtrain_train.driver.driver_checks import available_gpus, check_gpus, check_storage
 from rocmtrain_train.reporting.console_sink import ConsoleSink
 from rocmtrain_train.reporting.driver_report import Sink
@@ -38,7 +39,7 @@ TAIL_BYTES = 64 * 1024
 LINE_BYTES = 8 * 1024  # a longer line is relayed in pieces
 
 
-class CodeFailed(RuntimeError):
+class CodeFailed(RocmTrainError):
     """The command exited non-zero (or was ended by a signal); the message says why, error line first."""
 
     def __init__(self, returncode: int, why: str) -> None:

@@ -5,19 +5,21 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
-from rocmtrain.api.gpu_memory import GpuMemory
+from rocmtrain.plan.fit import JobPlan
+from rocmtrain.plan.gpu_memory import GpuMemory
 from rocmtrain_train.checkpoint import staging
 from rocmtrain_train.config import RunSettings
 from rocmtrain_train.driver.driver_checks import available_gpus, preflight
-from rocmtrain_train.driver.torch_trainer import RunOutcome, run
 from rocmtrain_train.reporting import operator_sink
 from rocmtrain_train.reporting.console_sink import ConsoleSink
 from rocmtrain_train.reporting.driver_report import Sink, with_planned_memory
 from rocmtrain_train.reporting.jsonl_sink import JsonlSink
 from rocmtrain_train.reporting.log_upload import keep_logs
+from rocmtrain_train.trainer.torch_trainer import RunOutcome, run
 
 if TYPE_CHECKING:
     from rocmtrain_train.search.tune_trials import SearchOutcome
@@ -39,6 +41,21 @@ def train(settings: RunSettings, sinks: list[Sink], *, echo_log: bool) -> RunOut
         return run(settings, sinks, echo_log=echo_log)
     finally:
         keep_logs(settings)
+
+
+def run_sinks(
+    settings: RunSettings, planned: JobPlan | None, *, console: TextIO | None, progress_bar: bool | None = None
+) -> list[Sink]:
+    """Where a run's progress reports go: `metrics.jsonl`, the console where `console` names its stream, and the
+    operator's progress endpoint where the environment names one (a cluster job's status); each passes the memory
+    plan's bytes per GPU on (`with_planned_memory`)."""
+    sinks: list[Sink] = [JsonlSink(Path(settings.log_dir) / "metrics.jsonl")]
+    if console is not None:
+        language_model = settings.job.spec.model.task == "causal-lm"
+        sinks.append(ConsoleSink(console, progress_bar=progress_bar, language_model=language_model))
+    if (progress := operator_sink.from_env()) is not None:
+        sinks.append(progress)
+    return with_planned_memory(sinks, planned)
 
 
 def local_gpu_memory() -> GpuMemory | None:
@@ -123,13 +140,9 @@ def run_local(settings: RunSettings, *, console: bool = True) -> RunOutcome | Se
     started_ray = not ray.is_initialized()
     if started_ray:
         start_embedded_ray(embedded_ray_options(settings))
-    sinks: list[Sink] = [JsonlSink(Path(settings.log_dir) / "metrics.jsonl")]
-    if console:
-        sinks.append(ConsoleSink(language_model=settings.job.spec.model.task == "causal-lm"))
-    if (progress := operator_sink.from_env()) is not None:  # report into a cluster job's status, if asked to
-        sinks.append(progress)
+    sinks = run_sinks(settings, planned, console=sys.stderr if console else None)
     try:
-        return train(settings, with_planned_memory(sinks, planned), echo_log=False)
+        return train(settings, sinks, echo_log=False)
     finally:
         if started_ray:
             ray.shutdown()

@@ -28,13 +28,14 @@ import torch
 import torch.distributed as dist
 from transformers import PreTrainedModel, get_linear_schedule_with_warmup
 
+from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.models import NetworkTransport, TrainingSpec
 from rocmtrain_train.checkpoint import train_state
 from rocmtrain_train.checkpoint.train_state import TrainState
-from rocmtrain_train.config import ConfigError, RunSettings
+from rocmtrain_train.config import RunSettings
 from rocmtrain_train.data.batch_plan import BatchPlan
-from rocmtrain_train.data.rank_shard import Tokenizing, TrainData, load_eval_data, load_train_data, takes_token_types
 from rocmtrain_train.data.tokens import Encoded
+from rocmtrain_train.loop.rank_shard import Tokenizing, TrainData, load_eval_data, load_train_data, takes_token_types
 from rocmtrain_train.model.pretrained import compile_model, parameter_counts, resolve_model
 from rocmtrain_train.reporting import rccl_log
 from rocmtrain_train.reporting.log_files import rank_logger

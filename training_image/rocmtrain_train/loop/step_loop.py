@@ -342,8 +342,9 @@ def _format(values: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
 
 
-def train_worker(config: dict[str, Any]) -> None:
-    """Ray Train's `train_loop_per_worker`: `config["settings"]` is the run's RunSettings."""
+def train_rank(config: dict[str, Any]) -> None:
+    """Build this rank and run its step loop (on the rank, under Ray Train); `config["settings"]` is the run's
+    RunSettings."""
     staging.remove_orphans()  # the checkpoint folders of ranks that ended before their uploads did
     worker = build_worker(config["settings"])
     try:

@@ -16,9 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rocmtrain.api.model_shapes import training_dtype
+from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.models import ALL_LINEAR, AdapterSpec, RocmTrainingJobSpec
-from rocmtrain_train.config import ConfigError
+from rocmtrain.plan.model_shapes import training_dtype
 from rocmtrain_train.model.pretrained import check_model_config, set_pad_token
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.fs as pafs
 
 from rocmtrain.api.contract import HUB_SCHEME, is_local, is_object_store
+from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.models import ModelSpec, TrainingSpec
-from rocmtrain_train.config import ConfigError
 from rocmtrain_train.storage import ObjectStoreFactory, describe, filesystem, object_store_filesystem
 
 if TYPE_CHECKING:

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from rocmtrain.api.memory_fit import JobPlan
 from rocmtrain.api.models import EVAL_METRICS, Metrics, NetworkTransport, Progress, ProgressReport
+from rocmtrain.plan.fit import JobPlan
 from rocmtrain_train.reporting.rank_report import Evaluation, RankReport
 from rocmtrain_train.reporting.rccl_log import TransportLog
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from rocmtrain.api.contract import is_object_store, join_location
-from rocmtrain_train.config import ConfigError, RunSettings
+from rocmtrain.api.errors import ConfigError
+from rocmtrain_train.config import RunSettings
 from rocmtrain_train.storage import ObjectStoreFactory, object_store_filesystem, store_error
 
 log = logging.getLogger(__name__)

@@ -8,11 +8,13 @@ actor owned by the driver, and waits for the push to land so that nothing is sti
 flight when `trainer.fit()` returns. A `Pump` thread on the driver drains the inbox twice
 a second, turns each rank's dict back into a `RankReport` and hands them to the
 `Reporter`, which aggregates and feeds the sinks in the driver process (where the console
-and the operator's progress endpoint are).
+and the operator's progress endpoint are). Each item in the inbox is a `Message`: its kind,
+its payload, and (for a report) the checkpoint's path.
 """
 
 from __future__ import annotations
 
+import enum
 import threading
 from typing import Any
 
@@ -34,17 +36,28 @@ def error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:MAX_ERROR_CHARS]
 
 
+class MessageKind(enum.StrEnum):
+    """What an inbox message carries."""
+
+    REPORT = "report"  # every rank's metrics dict of one report, and the checkpoint's path (or None)
+    FAILURE = "failure"  # each failed worker's rank and `error_line`
+
+
+# (kind, payload, checkpoint path): a report's metrics dicts and path, or a failure's errors and None.
+Message = tuple[MessageKind, Any, Any]
+
+
 @ray.remote(num_cpus=0)
 class Inbox:
     """A mailbox between the Ray Train controller and the driver."""
 
     def __init__(self) -> None:
-        self._items: list[tuple[str, Any, Any]] = []
+        self._items: list[Message] = []
 
-    def push(self, item: tuple[str, Any, Any]) -> None:
+    def push(self, item: Message) -> None:
         self._items.append(item)
 
-    def drain(self) -> list[tuple[str, Any, Any]]:
+    def drain(self) -> list[Message]:
         items, self._items = self._items, []
         return items
 
@@ -56,11 +69,11 @@ class ReportRelay(UserCallback):
         self._inbox = inbox
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Checkpoint | None) -> None:
-        ray.get(self._inbox.push.remote(("report", metrics, checkpoint.path if checkpoint else None)))
+        ray.get(self._inbox.push.remote((MessageKind.REPORT, metrics, checkpoint.path if checkpoint else None)))
 
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
         errors = {rank: error_line(exc) for rank, exc in worker_exceptions.items()}
-        ray.get(self._inbox.push.remote(("failure", errors, None)))
+        ray.get(self._inbox.push.remote((MessageKind.FAILURE, errors, None)))
 
 
 class Pump(threading.Thread):
@@ -74,12 +87,13 @@ class Pump(threading.Thread):
         self._stopped = threading.Event()
 
     def drain(self) -> None:
-        items: list[tuple[str, Any, Any]] = ray.get(self._inbox.drain.remote())
+        items: list[Message] = ray.get(self._inbox.drain.remote())
         for kind, payload, extra in items:
-            if kind == "report":
-                self._reporter.on_report([RankReport.from_metrics(m) for m in payload], extra)
-            else:
-                self._reporter.on_failure(payload)
+            match kind:
+                case MessageKind.REPORT:
+                    self._reporter.on_report([RankReport.from_metrics(m) for m in payload], extra)
+                case MessageKind.FAILURE:
+                    self._reporter.on_failure(payload)
 
     def run(self) -> None:
         while not self._stopped.wait(self._period_s):

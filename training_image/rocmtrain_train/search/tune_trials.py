@@ -1,6 +1,6 @@
 """Hyper-parameter search (`spec.tuning`): Ray Tune runs trials of the job's own TorchTrainer.
 
-Each trial is a Tune function trainable that builds the job's TorchTrainer (`torch_trainer.build_trainer`)
+Each trial is a Tune function trainable that builds the job's TorchTrainer (`trainer.torch_trainer.build_trainer`)
 with the trial's hyper-parameters and fits it: a full data-parallel run with the job's ranks, its
 checkpoints under `<run>/trials/<trial id>/`, Ray Train's worker-failure recovery. `TrialReport`
 (Ray Train's `TuneReportCallback`) passes every new evaluation of rank 0 to Tune, so ASHA compares
@@ -37,15 +37,16 @@ from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallba
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 from ray.tune.search import BasicVariantGenerator
 
+from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.models import Metrics, Progress, ProgressReport, TuningSpec
-from rocmtrain_train.config import ConfigError, RunSettings, join_location
-from rocmtrain_train.driver.torch_trainer import build_trainer
+from rocmtrain_train.config import RunSettings, join_location
 from rocmtrain_train.reporting.driver_report import Sink
 from rocmtrain_train.reporting.log_files import main_logger
 from rocmtrain_train.reporting.rank_report import RankReport
 from rocmtrain_train.reporting.rccl_log import TransportLog
 from rocmtrain_train.search.trial_status import TrialView, best_trial, search_network, tuning_status
 from rocmtrain_train.storage import filesystem
+from rocmtrain_train.trainer.torch_trainer import build_trainer
 
 SEARCH_DIR = "search"
 TRIALS_DIR = "trials"

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.ranks import shard_group
 from rocmtrain_train.checkpoint.model_export import is_adapter, merged_location, save_folder
-from rocmtrain_train.config import ConfigError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

@@ -5,7 +5,11 @@ tokens, cuts a rank's share of a step into micro-batches and pads them, weighs e
 the step's loss, and evaluates. The loop itself (`loop.step_loop`) knows none of this:
 
 - `classification`: sequence-classification and regression heads (`spec.model.task`);
-- `language_model`: causal language models (`causal-lm`), with loss masking, packing and LoRA.
+- `causal_lm`: causal language models (`causal-lm`), with loss masking, packing and LoRA.
+
+A task joins its pieces from the stages below, where each stage names a task's own module for it
+(`data.causal_lm`, `model.causal_lm`, `evaluation.classification`, `evaluation.causal_lm`); the shared
+modules (`data.records`, `data.tokens`, `model.pretrained`) also hold a classifier's plain records, tokens and head.
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ class Task(Protocol):
 def task_for(spec: RocmTrainingJobSpec) -> Task:
     """The task of a job."""
     if spec.model.task == "causal-lm":
-        from rocmtrain_train.tasks.language_model import LanguageModel
+        from rocmtrain_train.tasks.causal_lm import LanguageModel
 
         return LanguageModel(spec)
     from rocmtrain_train.tasks.classification import Classification

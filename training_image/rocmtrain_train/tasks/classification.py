@@ -15,7 +15,8 @@ from rocmtrain.api.models import RocmTrainingJobSpec
 from rocmtrain_train.data.batch_plan import micro_batches
 from rocmtrain_train.data.records import records
 from rocmtrain_train.data.tokens import Encoded, collate, encode
-from rocmtrain_train.loop.evaluate import eval_batches, evaluate
+from rocmtrain_train.evaluation.batches import eval_batches
+from rocmtrain_train.evaluation.classification import evaluate
 from rocmtrain_train.model.pretrained import check_model_files, load_model
 from rocmtrain_train.reporting.rank_report import Evaluation
 from rocmtrain_train.tasks import Autocast, MicroBatch, Samples

@@ -1,0 +1,1 @@
+"""The operator's Prometheus metrics: the registry and its collectors, who may read them, and the server."""

@@ -1,0 +1,103 @@
+"""This rank's records: the batch plan every rank shares, and its own rows, read and tokenised.
+
+Each rank reads the data source's fields into Arrow, plans the batches from the records' lengths
+(`data.batch_plan`), and decodes and tokenises only the rows it trains on; the tokenised rows are cached
+under `$ROCMTRAIN_CACHE/tokens` (`data.tokens`), so a restarted worker skips tokenising. Evaluation
+records are shared out every W-th to each rank.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from rocmtrain.api.models import DataSource
+from rocmtrain_train.config import RunSettings
+from rocmtrain_train.data.batch_plan import BatchPlan, batch_plan
+from rocmtrain_train.data.records import fingerprint, read_table, sample_order, text_lengths
+from rocmtrain_train.data.tokens import Encoded, cache_key, load_cached, save_cached
+from rocmtrain_train.model.pretrained import cache_dir
+
+if TYPE_CHECKING:
+    from rocmtrain_train.tasks import Task
+
+
+@dataclass(frozen=True)
+class Tokenizing:
+    """How this rank tokenises: the task, the model's tokenizer, and whether the model takes token types."""
+
+    task: Task
+    tokenizer: Any
+    model_dir: Path
+    token_types: bool
+    log: logging.Logger
+
+
+def takes_token_types(model: torch.nn.Module) -> bool:
+    """Whether the model's forward takes token_type_ids (BERT does; decoder-only models do not)."""
+    return "token_type_ids" in inspect.signature(model.forward).parameters
+
+
+def encode_rows(
+    settings: RunSettings, source: DataSource, table: pa.Table, rows: Sequence[int], how: Tokenizing
+) -> Encoded:
+    """The given records of a source, tokenised; from the cache when this rank tokenised them before."""
+    spec = settings.job.spec
+    origin = {**fingerprint(source, spec.data, settings.base_dir), "task": _task_key(settings)}
+    path = cache_dir() / "tokens" / f"{cache_key(how.model_dir, spec.model.max_seq_length, origin, rows)}.npz"
+    cached = load_cached(path)
+    if cached is not None:
+        how.log.info("%d tokenised records of %s from the cache %s", len(cached), source.uri, path)
+        return cached
+    encoded = how.task.encode(how.tokenizer, table, rows, source.uri, how.token_types)
+    save_cached(path, encoded)
+    return encoded
+
+
+def _task_key(settings: RunSettings) -> dict[str, Any]:
+    """What tokenised records depend on besides the data and the tokenizer: the task and how it makes sequences."""
+    spec = settings.job.spec
+    if spec.model.task != "causal-lm":
+        return {"task": spec.model.task}
+    return {"task": spec.model.task, "lossOn": spec.loss_on, "chatTemplate": spec.model.chat_template}
+
+
+@dataclass(frozen=True)
+class TrainData:
+    """This rank's training records: the plan every rank shares, and its own records, tokenised."""
+
+    plan: BatchPlan
+    encoded: Encoded
+    position: dict[int, int]  # record id -> index in `encoded`
+    items: np.ndarray  # per encoded record, its weight in the loss (`Task.loss_items`)
+
+
+def load_train_data(settings: RunSettings, rank: int, world_size: int, how: Tokenizing) -> TrainData:
+    spec = settings.job.spec
+    source, training = spec.data.train, spec.training
+    table = read_table(source, spec.data, spec.model, settings.base_dir, check=False)
+    order = sample_order(table.num_rows, spec.data.shuffle_seed, source.max_samples)
+    step_size = world_size * training.batch_size_per_worker * training.gradient_accumulation_steps
+    plan = batch_plan(order, text_lengths(table), world_size=world_size, step_size=step_size)
+    rows = plan.rows(rank)
+    encoded = encode_rows(settings, source, table, rows, how)
+    return TrainData(plan, encoded, {record: i for i, record in enumerate(rows)}, how.task.loss_items(encoded))
+
+
+def load_eval_data(settings: RunSettings, rank: int, world_size: int, how: Tokenizing) -> Encoded | None:
+    """This rank's share of the evaluation records (every W-th; not padded: metrics are all-reduced sums)."""
+    spec = settings.job.spec
+    source = spec.data.eval
+    if source is None:
+        return None
+    table = read_table(source, spec.data, spec.model, settings.base_dir, check=False)
+    rows = sample_order(table.num_rows, spec.data.shuffle_seed, source.max_samples)[rank::world_size]
+    return encode_rows(settings, source, table, rows, how) if rows else None

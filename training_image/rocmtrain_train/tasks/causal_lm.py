@@ -1,0 +1,122 @@
+"""Causal language models: next-token loss on the tokens that carry it, averaged over the whole global batch.
+
+A micro-batch weighs in by its tokens that carry loss (`loss_items`), so the step's loss is the mean
+over every such token of the step, across ranks and micro-batches: no mean of per-batch means. With
+`training.packing`, a rank's records of a step are packed into rows of `maxSeqLength` tokens
+(`data.causal_lm.tokens.pack`), `batchSizePerWorker` rows to a forward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+import torch.distributed as dist
+
+from rocmtrain.api.errors import ConfigError
+from rocmtrain.api.models import RocmTrainingJobSpec
+from rocmtrain_train.data.batch_plan import micro_batches
+from rocmtrain_train.data.causal_lm.tokens import LmFormat, collate_lm, collate_packed, encode_lm, loss_counts, pack
+from rocmtrain_train.data.tokens import Encoded
+from rocmtrain_train.evaluation.batches import eval_batches
+from rocmtrain_train.evaluation.causal_lm import Generated, evaluate_lm, generate
+from rocmtrain_train.model.causal_lm import check_causal_lm_files, load_causal_lm
+from rocmtrain_train.reporting.rank_report import Evaluation
+from rocmtrain_train.tasks import Autocast, MicroBatch, Samples
+
+
+def _rank() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+@dataclass(frozen=True)
+class LanguageModel:
+    """Causal-LM fine-tuning: full, or of a LoRA adapter (`spec.adapter`)."""
+
+    spec: RocmTrainingJobSpec
+
+    @property
+    def format(self) -> LmFormat:
+        spec = self.spec
+        return LmFormat(spec.data.record_shape, spec.loss_on, spec.model.max_seq_length, spec.model.chat_template)
+
+    def check_model(self, path: Path) -> Any:
+        return check_causal_lm_files(path, self.spec)
+
+    def load(self, path: Path, *, gpu: bool) -> tuple[Any, Any]:
+        return load_causal_lm(path, self.spec, gpu=gpu)
+
+    def encode(self, tokenizer: Any, table: pa.Table, rows: Sequence[int], where: str, token_types: bool) -> Encoded:
+        encoded = encode_lm(tokenizer, table, rows, self.format)
+        if len(encoded) and not loss_counts(encoded).any():
+            raise ConfigError(
+                f"{where}: no record keeps a token to learn within spec.model.maxSeqLength "
+                f"({self.spec.model.max_seq_length} tokens): the prompts fill it; raise maxSeqLength"
+            )
+        return encoded
+
+    def loss_items(self, encoded: Encoded) -> np.ndarray:
+        return loss_counts(encoded)
+
+    def micro_batches(self, rows: Sequence[int], encoded: Encoded, batch_size: int) -> list[MicroBatch]:
+        if not self.spec.training.packing:
+            return list(micro_batches(rows, encoded.lengths, batch_size))
+        packed = pack(rows, encoded.lengths, self.spec.model.max_seq_length)
+        return [packed[i : i + batch_size] for i in range(0, len(packed), batch_size)]
+
+    def collate(
+        self, encoded: Encoded, micro: MicroBatch, pad_id: int, *, multiple_of: int, pin: bool = False
+    ) -> dict[str, torch.Tensor]:
+        if self.spec.training.packing:
+            return collate_packed(encoded, micro, pad_id, multiple_of=multiple_of, pin=pin)  # type: ignore[arg-type]
+        return collate_lm(encoded, micro, pad_id, multiple_of=multiple_of, pin=pin)  # type: ignore[arg-type]
+
+    def _generation_rows(self, data: Encoded) -> list[int]:
+        """This rank's share of the first `evaluation.generate.records` evaluation records (shared out every W-th)."""
+        spec = self.spec.evaluation.generate
+        assert spec is not None
+        rank, world_size = _rank()
+        return list(range(min(len(range(rank, spec.records, world_size)), len(data))))
+
+    def evaluate(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        data: Encoded | None,
+        *,
+        batch_size: int,
+        multiple_of: int,
+        device: torch.device,
+        autocast: Autocast,
+        lockstep: bool,
+    ) -> tuple[Evaluation, Samples]:
+        pad = tokenizer.pad_token_id
+        batches = eval_batches(
+            data, batch_size, collate_lm, pad, multiple_of=multiple_of, device=device, lockstep=lockstep
+        )
+        options = self.spec.evaluation.generate
+
+        def generated() -> Generated:
+            assert options is not None
+            chosen = [] if data is None else self._generation_rows(data)
+            empty = Encoded.from_lists([], None, [], masks=[], response_starts=[])
+            return generate(
+                model,
+                tokenizer,
+                data if data is not None else empty,
+                chosen,
+                options,
+                batch_size=batch_size,
+                device=device,
+                autocast=autocast,
+                lockstep=lockstep,
+            )
+
+        return evaluate_lm(model, batches, generated if options is not None else None, device, autocast)
