@@ -13,7 +13,7 @@ MYPY_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/rocm-train-operator/mypy
 
 .PHONY: install lock quickstart run test test-unit lint format crds docs manifests render validate \
         deps cluster-binaries cluster-up cluster-down demo run-operator bench bench-train bench-lm bench-operator bench-world \
-        bench-checkpoint clean
+        bench-checkpoint bench-flood clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -123,7 +123,7 @@ run-operator: install
 	$(PY) -m rocmtrain_testworld.kubecluster operator
 
 # Side-by-side benchmarks; figures in docs/benchmarks.md.
-bench: bench-train bench-lm bench-operator bench-world bench-checkpoint
+bench: bench-train bench-lm bench-operator bench-world bench-checkpoint bench-flood
 
 bench-train: install
 	$(PY) bench/train_throughput.py --out runs/bench-train.json
@@ -141,6 +141,10 @@ bench-world: install cluster-binaries
 # What a checkpoint costs the loop on the test world's S3 server (SeaweedFS, built by cluster-binaries).
 bench-checkpoint: install cluster-binaries
 	$(PY) bench/checkpoint_cost.py --checkpoints 5 --steps 4 --out runs/bench-checkpoint.json
+
+# Reconciles and status before, during and after a flood of junk tokens on the progress endpoint.
+bench-flood: install cluster-binaries
+	$(PY) bench/flood_bench.py --out runs/bench-flood.json
 
 clean:
 	rm -rf $(VENV) .cluster runs .pytest_cache .ruff_cache .mypy_cache

@@ -51,7 +51,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,54 +59,16 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from rocmtrain.api.job_config import JOB_CONFIG_LIMIT, job_config_size
+from rocmtrain.api.job_config import job_config_size
 from rocmtrain.api.models import RocmTrainingJob
-from rocmtrain.api.validate import validate_job
 from rocmtrain.kube.client import JOBS, RAYJOBS, Kube, Ref
 from rocmtrain.render import render_rayjob
 from rocmtrain_testworld import nodes, runtime, world
 from rocmtrain_testworld.kubecluster import KubeCluster, free_port, running_cluster
+from rocmtrain_testworld.large_jobs import job_body, largest_body
 from rocmtrain_testworld.nodes import FakeNode
 
 IN_FLIGHT = 32
-
-
-def job_body(name: str, namespace: str, resources: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
-        "apiVersion": "rocmtrain.dev/v1alpha1",
-        "kind": "RocmTrainingJob",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "model": {"source": "distilbert/distilbert-base-uncased", "numLabels": 2},
-            "data": {"train": {"uri": "s3://datasets/reviews/train.jsonl"}},
-            "resources": resources or {"workers": 2, "gpusPerWorker": 8},
-            "checkpoint": {"storagePath": f"s3://checkpoints/{namespace}/{name}"},
-        },
-    }
-
-
-ENV_VALUE_LIMIT = 4096  # the models' bound on one env value
-ENV_COUNT_LIMIT = 64  # and on the number of env entries
-
-
-def largest_body(name: str, namespace: str) -> dict[str, Any]:
-    """`job_body` with as much env as validation accepts: the largest job a tenant can make."""
-    body = job_body(name, namespace)
-    env: list[dict[str, str]] = body["spec"].setdefault("env", [])
-
-    def size() -> int:
-        return job_config_size(RocmTrainingJob.model_validate(body))
-
-    while len(env) < ENV_COUNT_LIMIT:
-        env.append({"name": f"BENCH_{len(env):02d}", "value": ""})
-        room = JOB_CONFIG_LIMIT - size()
-        env[-1]["value"] = "x" * max(min(ENV_VALUE_LIMIT, room), 0)
-        if room <= ENV_VALUE_LIMIT:
-            break
-    job, errors = validate_job(body)
-    if job is None:
-        raise RuntimeError(f"the largest job is refused: {errors}")
-    return body
 
 
 async def bounded(calls: list[Callable[[], Any]], limit: int = IN_FLIGHT) -> None:
@@ -121,8 +83,10 @@ async def bounded(calls: list[Callable[[], Any]], limit: int = IN_FLIGHT) -> Non
 
 
 @contextlib.contextmanager
-def operator_process(kubeconfig: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """The operator as a subprocess (so its RSS is its own); yields (process, metrics port)."""
+def operator_process(
+    kubeconfig: Path, log: Path, settings: Mapping[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """The operator as a subprocess (so its RSS is its own), with more `settings`; yields (process, metrics port)."""
     metrics_port, health_port = free_port(), free_port()
     env = {
         **os.environ,
@@ -131,6 +95,7 @@ def operator_process(kubeconfig: Path, log: Path) -> Iterator[tuple[subprocess.P
         "ROCMTRAIN_HEALTH_PORT": str(health_port),
         "ROCMTRAIN_RETRY_SECONDS": "5",
         "ROCMTRAIN_LOOP_LAG_PROBE_MS": "10",  # enough samples of the loop's lag in spans of seconds
+        **(settings or {}),
     }
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "rocmtrain.controller"], env=env, stdout=out, stderr=out)
@@ -193,6 +158,9 @@ def rss_mib(pid: int) -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
+WATCH_SECONDS = 300
+
+
 class Watcher:
     """A watch on custom objects of one namespace: the latest of each, and `seen(object)` for every event."""
 
@@ -214,7 +182,8 @@ class Watcher:
                 self._ref.version,
                 self._namespace,
                 self._ref.plural,
-                timeout_seconds=300,
+                timeout_seconds=WATCH_SECONDS,
+                _request_timeout=WATCH_SECONDS + 30,  # not the client's deadline for one request, 15 s
             )
             try:
                 async for event in stream:
@@ -239,15 +208,20 @@ class Watcher:
                 await self._task
 
     async def until(self, check: Callable[[dict[str, dict[str, Any]]], bool], timeout: float) -> float:
-        """Wait until `check(latest objects)` holds; return the monotonic time it did."""
+        """Wait until `check(latest objects)` holds; return the monotonic time it did. Raise the watch's
+        error as soon as it fails (`running`), TimeoutError after `timeout` seconds."""
         deadline = time.monotonic() + timeout
         while not check(self.latest):
+            if self._task is not None and self._task.done():
+                self._task.result()
             self._changed.clear()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError("the operator did not keep up")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+            changed = asyncio.ensure_future(self._changed.wait())
+            waits = {changed} if self._task is None else {changed, self._task}
+            await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            changed.cancel()
         return time.monotonic()
 
 

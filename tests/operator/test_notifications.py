@@ -2,7 +2,8 @@
 
 Real: the Secret read with the operator's own RBAC (the notifications ClusterRole bound in the job's
 namespace), the status writes, the events. Hand-written, as in test_cluster.py: the RayJob's RUNNING
-(a running Ray's), after which the job stalls (`STALL_SECONDS`).
+(a running Ray's), after which the job stalls (`STALL_SECONDS`). The operator allows receivers on
+loopback, which it refuses by default (ROCMTRAIN_NOTIFY_ALLOWED_CIDRS).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_testkit import OPERATOR_NAMESPACE, OPERATOR_SA, STALL_SECONDS, Api, wait_until
+from operator_testkit import OPERATOR_NAMESPACE, OPERATOR_SA, STALL_SECONDS, Api, Operator, wait_until
 
 from rocmtrain.status.notifications import SIGNATURE_HEADER
 from rocmtrain_testworld.kubecluster import KubeCluster
@@ -42,6 +44,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:
         pass
+
+
+@pytest.fixture(scope="module")
+def operator(operator_kubeconfig: Path) -> Iterator[Operator]:
+    """The operator of this module, allowing receivers on loopback."""
+    running = Operator(operator_kubeconfig, {"ROCMTRAIN_NOTIFY_ALLOWED_CIDRS": "127.0.0.0/8"})
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
 
 
 @pytest.fixture

@@ -259,13 +259,23 @@ async def _token_reviews(accepted: Callable[[str], bool], reviewed: list[str]):
         yield api
 
 
+def _token_paths() -> dict[str, float]:
+    """The metrics of the path each token took so far: reviewed, or unreviewed from the cache, by shape, by budget."""
+    from rocmtrain.metrics.prometheus import REGISTRY
+
+    unreviewed = "rocmtrain_progress_tokens_unreviewed_total"
+    paths = {why: REGISTRY.get_sample_value(unreviewed, {"why": why}) or 0.0 for why in ("cache", "shape", "budget")}
+    return {**paths, "review": REGISTRY.get_sample_value("rocmtrain_progress_token_reviews_total") or 0.0}
+
+
 async def test_reviews_are_cached_refusals_apart_and_kept_within_their_budget():
     """Accepted and refused answers are cached apart (refusals never push out an accepted token), and
-    TokenReviews beyond the budget are refused as Busy before they are sent."""
+    TokenReviews beyond the budget are refused as Busy before they are sent; the metrics count each path."""
     from rocmtrain.progress.auth import CACHE_ENTRIES, TokenReviewAuthenticator
     from rocmtrain.serving.errors import Busy
     from rocmtrain.serving.rate import RateLimiter
 
+    before = _token_paths()
     reviewed: list[str] = []
     good = _jwt({**CLAIMS, "sub": "good"})
     async with _token_reviews(lambda token: token == good, reviewed) as api:
@@ -292,6 +302,8 @@ async def test_reviews_are_cached_refusals_apart_and_kept_within_their_budget():
             except (Busy, Unauthenticated) as exc:
                 outcomes.append(type(exc).__name__)
         assert outcomes == ["Unauthenticated"] * 3 + ["Busy"] * 7 and len(reviewed) == 3
+    paths = {path: count - before[path] for path, count in _token_paths().items()}
+    assert paths == {"cache": 3, "shape": 1, "budget": 7, "review": 1 + len(refused) + 3}
 
 
 async def test_forgeries_never_take_the_reviews_of_a_pod_that_reported():

@@ -1,6 +1,8 @@
 """Phase notifications delivered to a real HTTP receiver on loopback (`rocmtrain.controller.notifier`).
 
-Back-offs are scaled down (`retry_scale`), so every scenario takes a fraction of a second.
+Back-offs are scaled down (`retry_scale`), so every scenario takes a fraction of a second. Loopback is
+refused by default: these notifiers allow 127.0.0.0/8, as an admin allows a network
+(ROCMTRAIN_NOTIFY_ALLOWED_CIDRS), unless a test checks the refusal.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from rocmtrain.admission.receiver_address import ReceiverRules, parse_networks
 from rocmtrain.controller.notifier import Notifier
+from rocmtrain.controller.receiver_breaker import ReceiverBreaker
 from rocmtrain.controller.reconciler import JobState, Reconciler
 from rocmtrain.controller.settings import OperatorConfig
 from rocmtrain.serving.rate import RateLimiter
@@ -29,16 +33,18 @@ from rocmtrain.status.notifications import DELIVERY_HEADER, MAX_ATTEMPTS, SIGNAT
 KEY = "s1gning-k3y"
 TOKEN = "T0KEN-in-the-url"
 RUNNING = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True", "reason": "Running"}]}
+FAILED = {"phase": "Failed", "conditions": [{"type": "Ready", "status": "False", "reason": "TrainingFailed"}]}
+LOOPBACK = ReceiverRules(allowed=parse_networks("127.0.0.0/8"))
 
 
-def _job(name: str, hook: str = "hooks", **target: object) -> dict:
-    """A job whose one receiver's URL and key are in Secret `hook`."""
+def _job(name: str, hook: str = "hooks", namespace: str = "ml", receivers: int = 1, **target: object) -> dict:
+    """A job whose receivers' URL and key are in Secret `hook`."""
     ref = {"name": hook, "signingKeyKey": "key"}
     return {
         "apiVersion": "rocmtrain.dev/v1alpha1",
         "kind": "RocmTrainingJob",
-        "metadata": {"namespace": "ml", "name": name, "uid": f"uid-{name}"},
-        "spec": {"notifications": [{"secretRef": ref, **target}]},
+        "metadata": {"namespace": namespace, "name": name, "uid": f"uid-{namespace}-{name}"},
+        "spec": {"notifications": [{"secretRef": ref, **target}] * receivers},
         "status": {"phase": "Pending"},
     }
 
@@ -95,12 +101,12 @@ async def receiver() -> AsyncIterator[Receiver]:
     await server.stop()
 
 
-def _secrets(receiver: Receiver) -> Callable[[str, str], object]:
+def _secrets(receiver: Receiver, urls: Mapping[str, str] | None = None) -> Callable[[str, str], object]:
     data = {name: {"url": receiver.url(name), "key": KEY} for name in ("hooks", "slow", "fast", "gone")}
     data["bad"] = {"url": "ftp://" + TOKEN}
+    data.update({name: {"url": url, "key": KEY} for name, url in (urls or {}).items()})
 
     async def read(namespace: str, name: str) -> Mapping[str, str] | None:
-        assert namespace == "ml"
         if name == "broken":
             raise TimeoutError("the API server took too long")
         return data.get(name) if name != "missing" else None
@@ -110,13 +116,18 @@ def _secrets(receiver: Receiver) -> Callable[[str, str], object]:
 
 @contextlib.asynccontextmanager
 async def _notifier(
-    receiver: Receiver, scale: float = 0.01, warned: list[str] | None = None, **options: object
+    receiver: Receiver,
+    scale: float = 0.01,
+    warned: list[str] | None = None,
+    urls: Mapping[str, str] | None = None,
+    **options: object,
 ) -> AsyncIterator[Notifier]:
     async def warn(job: Mapping[str, Any], message: str) -> None:
         assert job["kind"] == "RocmTrainingJob"
         (warned if warned is not None else []).append(f"{job['metadata']['name']}: {message}")
 
-    notifier = Notifier(_secrets(receiver), retry_scale=scale, warn=warn, **options)  # type: ignore[arg-type]
+    options.setdefault("rules", LOOPBACK)
+    notifier = Notifier(_secrets(receiver, urls), retry_scale=scale, warn=warn, **options)  # type: ignore[arg-type]
     notifier.start()
     try:
         yield notifier
@@ -198,7 +209,9 @@ async def test_a_4xx_is_not_tried_again_but_429_and_5xx_are(receiver: Receiver, 
         await asyncio.sleep(0.05)  # several back-offs' time: nothing more comes
     assert sorted(receiver.paths()) == ["fast", "fast", "fast", "hooks"]
     assert "HTTP 404, given up" in caplog.text
-    assert warned == ["a: Running notification to spec.notifications[0]: HTTP 404, given up after 1 try"]
+    assert warned == [
+        "a: Running notification to spec.notifications[0] not delivered (NotDelivered): the receiver did not take it"
+    ], "the owner learns whether, never what answered"
     _no_secrets_in(caplog)
 
 
@@ -214,12 +227,11 @@ async def test_a_missing_secret_or_a_bad_url_is_logged_by_name_and_given_up_afte
     assert f"(try {MAX_ATTEMPTS}): Secret missing not found or not readable, given up" in caplog.text
     broken = "Secret broken could not be read (TimeoutError: the API server took too long)"
     assert f"(try {MAX_ATTEMPTS}): {broken}, given up" in caplog.text
+    unusable = "Running notification to spec.notifications[0] not delivered (SecretUnusable)"
     assert sorted(warned) == [
-        f"a: Running notification to spec.notifications[0]: Secret missing not found or not readable, "
-        f"given up after {MAX_ATTEMPTS} tries",
-        f"b: Running notification to spec.notifications[0]: key url of Secret bad is not an http(s) URL, "
-        f"given up after {MAX_ATTEMPTS} tries",
-        f"c: Running notification to spec.notifications[0]: {broken}, given up after {MAX_ATTEMPTS} tries",
+        f"a: {unusable}: Secret missing not found or not readable",
+        f"b: {unusable}: key url of Secret bad is not an http(s) URL",
+        f"c: {unusable}: Secret broken could not be read",
     ]
     _no_secrets_in(caplog)
 
@@ -236,23 +248,37 @@ async def test_a_secret_read_that_fails_is_logged_with_its_message_and_traceback
     assert "Traceback" in caplog.text
 
 
-async def test_a_bug_in_reading_the_secret_is_logged_as_one_not_as_an_unreadable_secret(
-    receiver: Receiver, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("case", ["a bug in reading the Secret", "user info that is not Latin-1"])
+async def test_any_error_of_a_send_ends_its_notice_failed_with_a_reason_and_its_traceback_logged(
+    receiver: Receiver, caplog: pytest.LogCaptureFixture, case: str
 ):
-    async def buggy(namespace: str, name: str) -> Mapping[str, str] | None:
-        raise KeyError("data")
+    await receiver.start()
+    records: list[list[dict[str, Any]]] = []
+    warned: list[str] = []
 
-    notifier = Notifier(buggy, retry_scale=0.001)  # type: ignore[arg-type]
-    notifier.start()
-    try:
+    async def record(job: Mapping[str, Any], entries: list[dict[str, Any]]) -> None:
+        records.append(entries)
+
+    options: dict[str, Any] = {"urls": {"hooks": f"http://\u20ac:pw@127.0.0.1:{receiver.port}/{TOKEN}/hooks"}}
+    if case == "a bug in reading the Secret":
+
+        async def buggy(namespace: str, name: str) -> Mapping[str, str] | None:
+            raise KeyError("data")
+
+        options = {}
+    async with _notifier(receiver, warned=warned, record=record, **options) as notifier:
+        if not options:
+            notifier._secret = buggy
         notifier.notify(_job("a"), {}, RUNNING)
         await _until(lambda: notifier.pending == 0)
-    finally:
-        await notifier.stop()
+    assert [(e[0]["state"], e[0].get("failure")) for e in records] == [("Pending", None), ("Failed", "SendError")]
+    assert warned == [
+        "a: Running notification to spec.notifications[0] not delivered (SendError): the operator could not send it"
+    ]
     (failed,) = [r for r in caplog.records if r.exc_info is not None]
-    assert failed.getMessage() == "notification of ml/a to spec.notifications[0] failed"
-    assert isinstance(failed.exc_info[1], KeyError)  # type: ignore[index]
-    assert "could not be read" not in caplog.text
+    assert failed.getMessage().endswith("(try 1): " + failed.exc_info[1].__class__.__name__ + ", given up")  # type: ignore[index]
+    assert isinstance(failed.exc_info[1], KeyError if not options else UnicodeEncodeError)  # type: ignore[index]
+    assert receiver.received == [] and "could not be read" not in caplog.text
 
 
 async def test_a_state_that_cannot_be_recorded_is_logged_with_its_message_and_traceback_and_a_bug_surfaces(
@@ -308,7 +334,7 @@ async def test_each_notice_is_recorded_and_one_left_pending_by_a_stopped_operato
     records: list[list[dict[str, Any]]] = []
 
     async def record(job: Mapping[str, Any], entries: list[dict[str, Any]]) -> None:
-        assert job["metadata"]["uid"] == "uid-a"
+        assert job["metadata"]["uid"] == "uid-ml-a"
         records.append(entries)
 
     job = _job("a")
@@ -327,3 +353,110 @@ async def test_each_notice_is_recorded_and_one_left_pending_by_a_stopped_operato
     assert headers[DELIVERY_HEADER] == entry["deliveryId"] and json.loads(body)["event"] == "Running"
     assert [e[0]["state"] for e in records] == ["Pending", "Delivered"]
     assert all(TOKEN not in json.dumps(e) and KEY not in json.dumps(e) for e in records)
+
+
+async def test_a_receiver_at_a_refused_address_never_gets_a_request_and_its_owner_learns_only_not_delivered(
+    receiver: Receiver, caplog: pytest.LogCaptureFixture
+):
+    """Loopback in any spelling (a name, decimal, octal, IPv4-mapped), with the default rules: nothing is
+    sent, the status says Failed (AddressRefused) without what, if anything, listens there."""
+    await receiver.start()
+    port, path = receiver.port, f"{TOKEN}/hooks"
+    spellings = ["127.0.0.1", "localhost", "2130706433", "0177.0.0.1", "[::ffff:127.0.0.1]"]
+    urls = {f"s{i}": f"http://{host}:{port}/{path}" for i, host in enumerate(spellings)}
+    records: list[dict[str, Any]] = []
+    warned: list[str] = []
+
+    async def record(job: Mapping[str, Any], entries: list[dict[str, Any]]) -> None:
+        records.extend(entries)
+
+    async with _notifier(receiver, warned=warned, urls=urls, record=record, rules=ReceiverRules()) as notifier:
+        for name in urls:
+            assert notifier.notify(_job(name, name), {}, FAILED) == 1
+        await _until(lambda: notifier.pending == 0)
+    assert receiver.received == []
+    failed = [(e["state"], e.get("failure")) for e in records if e["state"] != "Pending"]
+    assert failed == [("Failed", "AddressRefused")] * len(urls)
+    assert set(warned) == {
+        f"{name}: Failed notification to spec.notifications[0] not delivered (AddressRefused): "
+        "the receiver's address is not one the operator may reach"
+        for name in urls
+    }
+    assert caplog.text.count("(try 1): the receiver's address is refused (loopback), given up") == len(urls)
+    _no_secrets_in(caplog)
+
+
+async def test_a_second_dns_answer_cannot_swap_in_an_address_that_was_not_checked(receiver: Receiver):
+    """Rebinding: the name answers the allowed receiver when checked, then the metadata service when the
+    connection looks it up; the connection takes only checked answers, so nothing is sent anywhere."""
+    await receiver.start()
+    answers = [["127.0.0.1"], ["127.0.0.1"], ["127.0.0.1"], ["169.254.169.254"]]
+    looked_up: list[str] = []
+
+    async def lookup(host: str, port: int) -> list[str]:
+        looked_up.append(host)
+        return answers.pop(0)
+
+    records: list[dict[str, Any]] = []
+
+    async def record(job: Mapping[str, Any], entries: list[dict[str, Any]]) -> None:
+        records.extend(e for e in entries if e["state"] != "Pending")
+
+    urls = {"hooks": f"http://receiver.test:{receiver.port}/{TOKEN}/hooks"}
+    async with _notifier(receiver, urls=urls, lookup=lookup, record=record) as notifier:
+        notifier.notify(_job("a"), {}, RUNNING)  # checked, then connected: the same answer both times
+        await _until(lambda: notifier.pending == 0)
+        notifier.notify(_job("b"), {}, RUNNING)  # checked 127.0.0.1, then the connection's answer swaps
+        await _until(lambda: notifier.pending == 0)
+    assert looked_up == ["receiver.test"] * 4
+    assert receiver.paths() == ["hooks"], "the first notice only"
+    assert [(e["state"], e.get("failure")) for e in records] == [("Delivered", None), ("Failed", "AddressRefused")]
+
+
+async def test_one_namespace_flooding_hung_receivers_leaves_another_namespaces_failed_notice_prompt(
+    receiver: Receiver,
+):
+    """team-a: 250 jobs × 4 receivers that take the request and never answer. team-b's Failed notice
+    is queued and delivered while team-a's backlog still waits; team-a's overflow is dropped, and its
+    jobs' status and events say so."""
+    receiver.hold["slow"] = asyncio.Event()
+    await receiver.start()
+    records: list[dict[str, Any]] = []
+    warned: list[str] = []
+
+    async def record(job: Mapping[str, Any], entries: list[dict[str, Any]]) -> None:
+        records.extend(entries)
+
+    async with _notifier(receiver, warned=warned, record=record, timeout=30.0) as notifier:
+        queued = sum(notifier.notify(_job(f"a{i}", "slow", "team-a", receivers=4), {}, RUNNING) for i in range(250))
+        await _until(lambda: len(receiver.received) == 4)  # team-a's share of the senders, all hung
+        started = time.monotonic()
+        assert notifier.notify(_job("b", "fast", "team-b"), {}, FAILED) == 1, "team-b's notice is queued"
+        await _until(lambda: "fast" in receiver.paths(), timeout=10.0)
+        took = time.monotonic() - started
+        assert receiver.paths().count("slow") == 4 and notifier.pending == queued, "team-a's backlog all waits"
+        await _until(lambda: notifier.drops_unreported == 0)
+    print(f"team-b's Failed notice delivered {took * 1000:.0f} ms after it was queued, during team-a's flood")
+    assert queued == 100, "team-a's share of the queue"
+    assert ("Failed", "Delivered") in [(e["event"], e["state"]) for e in records]
+    dropped = {(e["event"], e["state"], e.get("failure")) for e in records if e["state"] == "Dropped"}
+    assert dropped == {("Running", "Dropped", "QueueFull")}
+    assert warned and all(w.endswith("dropped (QueueFull): the namespace's share of the notification queue is full")
+                          for w in warned)  # fmt: skip
+
+
+async def test_a_receiver_that_keeps_failing_is_not_tried_until_its_cooldown(receiver: Receiver):
+    """After 3 failures in a row the breaker opens: the next tries of that notice, and another job's notice
+    to the same receiver, fail at once with no connection (the receiver counts them)."""
+    receiver.answers = {"hooks": [503]}
+    await receiver.start()
+    warned: list[str] = []
+    breaker = ReceiverBreaker(3, cooldown=60.0)
+    async with _notifier(receiver, scale=0.001, warned=warned, breaker=breaker) as notifier:
+        notifier.notify(_job("a"), {}, RUNNING)
+        await _until(lambda: notifier.pending == 0)
+        assert len(receiver.received) == 3, f"3 of {MAX_ATTEMPTS} tries reached it"
+        notifier.notify(_job("b"), {}, RUNNING)
+        await _until(lambda: notifier.pending == 0)
+    assert len(receiver.received) == 3, "none of the second notice's tries"
+    assert [w.split(" not delivered ")[1] for w in warned] == ["(NotDelivered): the receiver did not take it"] * 2

@@ -67,6 +67,19 @@ def test_config_defaults_and_overrides():
     assert OperatorConfig.from_env(limits).policy == Policy(
         max_worker_pods=8, max_gpus=64, protected_namespaces=("infra",)
     )
+    pool = {
+        "ROCMTRAIN_ALLOWED_NFS_SERVERS": "nfs.storage.local, 10.0.0.5",
+        "ROCMTRAIN_ALLOWED_CSI_DRIVERS": "s3.csi.aws.com",
+        "ROCMTRAIN_DEFAULT_QUEUE": "team",
+        "ROCMTRAIN_REQUIRE_QUEUE": "true",
+    }
+    assert OperatorConfig.from_env(pool).policy == Policy(
+        nfs_servers=("nfs.storage.local", "10.0.0.5"),
+        csi_drivers=("s3.csi.aws.com",),
+        default_queue="team",
+        require_queue=True,
+    )
+    assert (default.policy.default_queue, default.policy.require_queue) == (None, False), "open by default"
 
 
 def test_metrics_are_https_where_the_progress_endpoint_runs_and_plain_http_only_on_loopback():
@@ -113,8 +126,23 @@ def test_metrics_are_https_where_the_progress_endpoint_runs_and_plain_http_only_
         {"ROCMTRAIN_MAX_JOB_GPUS": "many"},
         {"ROCMTRAIN_PROTECTED_NAMESPACES": "Kube_System"},
         {"ROCMTRAIN_JOB_NETWORK_POLICIES": "off"},
+        {"ROCMTRAIN_ALLOWED_NFS_SERVERS": "nfs:2049"},
+        {"ROCMTRAIN_ALLOWED_CSI_DRIVERS": "S3.CSI"},
+        {"ROCMTRAIN_DEFAULT_QUEUE": "Team_A"},
+        {"ROCMTRAIN_DEFAULT_QUEUE": "q" * 64},
+        {"ROCMTRAIN_REQUIRE_QUEUE": "yes"},
     ],
 )
 def test_config_refuses_bad_values(env):
     with pytest.raises(ConfigError):
         OperatorConfig.from_env(env)
+
+
+def test_notification_receiver_networks_are_read_and_a_bad_one_named() -> None:
+    default = OperatorConfig.from_env({}).receivers
+    assert [str(n) for n in default.cluster] == ["10.96.0.0/12", "10.244.0.0/16"] and default.allowed == ()
+    env = {"ROCMTRAIN_NOTIFY_ALLOWED_CIDRS": "10.20.0.0/16, fd00::/8", "ROCMTRAIN_CLUSTER_CIDRS": "100.96.0.0/12"}
+    rules = OperatorConfig.from_env(env).receivers
+    assert [str(n) for n in (*rules.allowed, *rules.cluster)] == ["10.20.0.0/16", "fd00::/8", "100.96.0.0/12"]
+    with pytest.raises(ConfigError, match=r"ROCMTRAIN_NOTIFY_ALLOWED_CIDRS: 'hooks.example.com' is not a CIDR"):
+        OperatorConfig.from_env({"ROCMTRAIN_NOTIFY_ALLOWED_CIDRS": "hooks.example.com"})

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from rocmtrain.admission.policy import Policy, image_allowed, normalize_image
+from rocmtrain.api.contract import KUEUE_QUEUE_LABEL
 from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.render import render_rayjob
 from unit.edits import put
 from unit.samples import full_job
 
@@ -102,3 +104,80 @@ def test_a_job_larger_than_the_limits_is_refused_at_its_fields():
         "spec.resources.workers",
         "spec.resources.gpusPerWorker",
     ]
+
+
+def test_nfs_servers_and_csi_drivers_outside_their_allow_lists_are_refused_at_their_fields():
+    volumes = [
+        {"name": "models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}},
+        {"name": "ckpt", "persistentVolumeClaim": {"claimName": "checkpoints"}},
+        {"name": "mine", "nfs": {"server": "10.0.0.66", "path": "/exports"}},
+        {"name": "fuse", "csi": {"driver": "evil.csi.example.com"}},
+    ]
+    spec = _job(spec__volumes=volumes).spec
+    assert Policy().check(spec, "ml") == [], "the defaults are open"
+    policy = Policy(nfs_servers=("nfs.storage.local",), csi_drivers=("s3.csi.aws.com",))
+    errors = {e.path: e.message for e in policy.check(spec, "ml")}
+    assert errors == {
+        "spec.volumes[2].nfs.server": "10.0.0.66 is not an allowed NFS server (nfs.storage.local)",
+        "spec.volumes[3].csi.driver": "evil.csi.example.com is not an allowed CSI driver (s3.csi.aws.com)",
+    }
+    volumes[2]["nfs"]["server"], volumes[3]["csi"]["driver"] = "nfs.storage.local", "s3.csi.aws.com"
+    assert policy.check(_job(spec__volumes=volumes).spec, "ml") == []
+
+
+# (queueName, lifecycle.shutdownAfterJobFinishes, suspend) -> the queue under the default `team`
+QUEUES = [
+    ("own", True, False, "own"),
+    (None, True, False, "team"),
+    (None, False, False, None),  # Kueue requires shutdownAfterJobFinishes: the default takes it not
+    (None, True, True, None),  # Kueue owns a queued job's suspend: nor a suspended one
+]
+
+
+@pytest.mark.parametrize(("named", "shutdown", "suspend", "queue"), QUEUES)
+def test_the_default_queue_takes_every_job_that_names_none_and_can_be_queued(
+    named: str | None, shutdown: bool, suspend: bool, queue: str | None
+):
+    edits: dict[str, object] = {"spec__lifecycle": {"shutdownAfterJobFinishes": shutdown}, "spec__suspend": suspend}
+    if named:
+        edits["spec__scheduling__queueName"] = named
+    job = _job(**edits)
+    policy = Policy(default_queue="team")
+    assert policy.queue_for(job.spec) == queue
+    assert policy.with_defaults(job).spec.scheduling.queue_name == queue
+    assert policy.check(job.spec, "ml") == [], "a default never refuses a job"
+    assert Policy().queue_for(job.spec) == named and Policy().with_defaults(job) is job
+
+
+@pytest.mark.parametrize(("named", "shutdown", "suspend", "queue"), QUEUES)
+def test_a_required_queue_refuses_every_job_left_without_one(
+    named: str | None, shutdown: bool, suspend: bool, queue: str | None
+):
+    edits: dict[str, object] = {"spec__lifecycle": {"shutdownAfterJobFinishes": shutdown}, "spec__suspend": suspend}
+    if named:
+        edits["spec__scheduling__queueName"] = named
+    spec = _job(**edits).spec
+    alone = Policy(require_queue=True).check(spec, "ml")
+    assert [(e.path, e.message) for e in alone] == (
+        []
+        if named
+        else [
+            (
+                "spec.scheduling.queueName",
+                "this cluster runs every job in a Kueue queue (ROCMTRAIN_REQUIRE_QUEUE): name a LocalQueue",
+            )
+        ]
+    )
+    with_default = Policy(require_queue=True, default_queue="team").check(spec, "ml")
+    if queue is not None:
+        assert with_default == []
+    else:
+        (error,) = with_default
+        why = "suspended job" if suspend else "job that keeps its Ray cluster"
+        assert error.path == "spec.scheduling.queueName" and f"the default queue team takes no {why}" in error.message
+
+
+def test_a_job_in_the_default_queue_renders_as_a_queued_job():
+    rayjob = render_rayjob(Policy(default_queue="team").with_defaults(_job()))
+    assert rayjob["metadata"]["labels"][KUEUE_QUEUE_LABEL] == "team"
+    assert rayjob["spec"]["suspend"] is True, "created suspended, for Kueue to admit"

@@ -4,7 +4,10 @@ view keeps, and which RayJob is a job's own; pure."""
 from __future__ import annotations
 
 from rocmtrain.status.objects import (
+    INDEX_SPEC_LIMIT,
+    PARTIAL_SPEC,
     controller_ref,
+    index_view,
     is_jobs_rayjob,
     job_view,
     rayjob_view,
@@ -59,3 +62,38 @@ def test_only_the_rayjob_of_the_jobs_name_drives_its_status():
     assert not is_jobs_rayjob(job, elsewhere)
     other_uid = {**job, "metadata": {**job["metadata"], "uid": "u2"}}
     assert not is_jobs_rayjob(other_uid, own), "a new job of the same name"
+
+
+def _refused(job: dict, reason: str, observed: int) -> dict:
+    ready = {"type": "Ready", "status": "False", "reason": reason, "message": "invalid spec: ..."}
+    return {**job, "status": {"phase": "Failed", "observedGeneration": observed, "conditions": [ready]}}
+
+
+def test_the_index_keeps_a_refused_or_oversized_spec_as_its_metrics_and_notifier_read_it():
+    """The job index holds no spec larger than validation accepts, and none its status refuses (a 1.5 MB job
+    the API server stores would otherwise stay in memory whole): only its resources and receivers."""
+    job = full_job()
+    job["metadata"]["generation"] = 2
+    job["spec"]["notifications"] = [{"url": "https://hooks.example.com/ml"}]
+    kept = index_view(job)
+    assert kept["spec"] == job["spec"] and PARTIAL_SPEC not in kept and kept["gpus"] == 6
+
+    oversized = {**job, "spec": {**job["spec"], "env": [{"name": f"V{i}", "value": "x" * 4096} for i in range(24)]}}
+    for view in (
+        index_view(oversized),
+        index_view(_refused(job, "InvalidSpec", 2)),
+        index_view(_refused(job, "NotAllowed", 2)),
+    ):
+        assert view[PARTIAL_SPEC] is True and view["gpus"] == 6
+        assert view["spec"] == {"resources": job["spec"]["resources"], "notifications": job["spec"]["notifications"]}
+        assert view["metadata"] == job_view(job)["metadata"]
+
+    # Refused for an older generation, or failed for another reason: the spec may be read again.
+    assert PARTIAL_SPEC not in index_view(_refused(job, "InvalidSpec", 1))
+    assert PARTIAL_SPEC not in index_view(_refused(job, "DeadlineExceeded", 2))
+    # The bound is validation's: a spec of exactly INDEX_SPEC_LIMIT bytes is kept.
+    edge = {**job, "spec": {"env": [{"name": "V", "value": ""}]}}
+    edge["spec"]["env"][0]["value"] = "x" * (INDEX_SPEC_LIMIT - len('{"env":[{"name":"V","value":""}]}'))
+    assert PARTIAL_SPEC not in index_view(edge)
+    edge["spec"]["env"][0]["value"] += "é"
+    assert index_view(edge)[PARTIAL_SPEC] is True

@@ -15,7 +15,8 @@ import yaml
 from rocmtrain.api import crd
 from rocmtrain.api.job_config import JOB_CONFIG_LIMIT, job_config_json, job_config_size
 from rocmtrain.api.models import RocmTrainingJob
-from rocmtrain.api.validate import FieldError, check_derived_names, validate_job
+from rocmtrain.api.models.volumes import VOLUME_SOURCES
+from rocmtrain.api.validate import SHARED_VOLUMES, UNSHARED_VOLUMES, FieldError, check_derived_names, validate_job
 from rocmtrain.render import ENTRYPOINT, render_rayjob, render_rayjob_yaml
 from unit.edits import Edit, both, drop, put
 from unit.samples import example, full_job, minimal_job
@@ -89,7 +90,7 @@ INVALID: list[tuple[str, Edit, str, str]] = [
     ("subpath-traversal", put("spec.volumeMounts[0].subPath", "../keys"), "spec.volumeMounts[0].subPath", "'..'"),
     ("uri-semicolon", put("spec.data.train.uri", "s3://b/x;rm -rf /"), "spec.data.train.uri", "metacharacters"),
     # The training image cannot open az:// (pyarrow reads Azure as abfs://), so validation refuses it.
-    ("uri-az-scheme", put("spec.data.train.uri", "az://c/train.jsonl"), "spec.data.train.uri", "(s3://, gs://"),
+    ("uri-az-scheme", put("spec.data.train.uri", "az://c/train.jsonl"), "spec.data.train.uri", "s3://, gs://"),
     ("source-subshell", put("spec.model.source", "$(curl evil)"), "spec.model.source", "metacharacters"),
     ("storage-backtick", put("spec.checkpoint.storagePath", "/ckpt/`id`"), "spec.checkpoint.storagePath", "absolute"),
     ("uri-newline", put("spec.data.eval.uri", "s3://b/x\nrm"), "spec.data.eval.uri", "metacharacters"),
@@ -809,6 +810,7 @@ def test_volume_source_strings_stay_inside_the_volume() -> None:
         "name": "ckpt",
         "csi": {"driver": "s3.csi.aws.com", "volumeAttributes": {"mountOptions": "$(reboot); `id`"}},
     }
+    manifest["spec"]["checkpoint"]["storagePath"] = "s3://checkpoints/sample"  # no checkpoints on a csi volume
     job, errors = validate_job(manifest)
     assert errors == []
     assert job is not None
@@ -1083,3 +1085,97 @@ def test_pydantic_refuses_what_cel_refuses(rule: tuple[str, str]) -> None:
     job, errors = validate_job(manifest)
     assert job is None
     assert path in [e.path for e in errors], errors
+
+
+# ---- checkpoints only where every pod sees the same bytes -----------------------------------------------
+
+STORAGE_SOURCES: dict[str, dict[str, Any]] = {
+    "persistentVolumeClaim": {"claimName": "checkpoints"},
+    "nfs": {"server": "nfs.storage.local", "path": "/exports/ckpt"},
+    "emptyDir": {},
+    "ephemeral": {
+        "volumeClaimTemplate": {
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "100Gi"}}}
+        }
+    },
+    "csi": {"driver": "s3.csi.aws.com"},
+    "secret": {"secretName": "keys"},
+    "configMap": {"name": "settings"},
+}
+
+
+def _storage_on(source: str, body: dict[str, Any], *, mount: dict[str, Any] | None = None) -> dict[str, Any]:
+    manifest = full_job()
+    put("spec.volumes[1]", {"name": "ckpt", source: body})(manifest)
+    put("spec.volumeMounts[1]", {"name": "ckpt", "mountPath": "/checkpoints", **(mount or {})})(manifest)
+    return manifest
+
+
+@pytest.mark.parametrize(
+    ("source", "shared"),
+    [
+        ("persistentVolumeClaim", True),
+        ("nfs", True),
+        ("emptyDir", False),
+        ("ephemeral", False),
+        ("csi", False),
+        ("secret", False),
+        ("configMap", False),
+    ],
+)
+def test_checkpoints_lie_only_on_volumes_every_pod_shares_and_that_outlive_them(source: str, shared: bool) -> None:
+    job, errors = validate_job(_storage_on(source, STORAGE_SOURCES[source]))
+    if shared:
+        assert job is not None, errors
+        return
+    (error,) = errors
+    assert error.path == "spec.checkpoint.storagePath"
+    assert f"/checkpoints/sample lies on volume ckpt ({source}): " in error.message
+    assert "s3://bucket/path" in error.message and "persistentVolumeClaim" in error.message
+    assert validate_job(_storage_on(source, STORAGE_SOURCES[source]), context="local")[1] == [], "no pods locally"
+
+
+def test_every_volume_kind_has_a_checkpoint_rule() -> None:
+    assert sorted(VOLUME_SOURCES) == sorted([*SHARED_VOLUMES, *UNSHARED_VOLUMES]) == sorted(STORAGE_SOURCES)
+
+
+@pytest.mark.parametrize(
+    ("source", "body", "mount"),
+    [
+        ("persistentVolumeClaim", {"claimName": "checkpoints", "readOnly": True}, {}),
+        ("nfs", {**STORAGE_SOURCES["nfs"], "readOnly": True}, {}),
+        ("persistentVolumeClaim", {"claimName": "checkpoints"}, {"readOnly": True}),
+    ],
+)
+def test_a_read_only_claim_or_export_holds_no_checkpoints(
+    source: str, body: dict[str, Any], mount: dict[str, Any]
+) -> None:
+    (error,) = validate_job(_storage_on(source, body, mount=mount))[1]
+    assert "/checkpoints/sample lies on volume ckpt, mounted read-only" in error.message
+
+
+def test_the_deepest_mount_holding_the_path_is_the_one_it_lies_on() -> None:
+    """A mount inside another hides what lies below it: an emptyDir inside a claim is still an emptyDir."""
+    manifest = full_job()
+    manifest["spec"]["volumes"].append({"name": "scratch", "emptyDir": {}})
+    manifest["spec"]["volumeMounts"].append({"name": "scratch", "mountPath": "/checkpoints//sample/"})
+    (error,) = validate_job(manifest)[1]
+    assert "lies on volume scratch (emptyDir)" in error.message
+    put("spec.checkpoint.storagePath", "/checkpoints/other")(manifest)
+    assert validate_job(manifest)[1] == []
+
+
+@pytest.mark.parametrize("uri", ["s3:///", "s3://", "s3:///ckpt", "gs:///b", "abfs:///p", "s3://-bucket/x"])
+@pytest.mark.parametrize("field", ["spec.checkpoint.storagePath", "spec.data.train.uri", "spec.model.source"])
+def test_an_object_store_uri_names_its_bucket(field: str, uri: str) -> None:
+    manifest = full_job()
+    put(field, uri)(manifest)
+    (error,) = validate_job(manifest)[1]
+    assert error.path == field and "names its bucket or container (s3://bucket/path" in error.message
+
+
+def test_object_store_uris_with_their_bucket_are_accepted() -> None:
+    for uri in ("s3://ckpt", "s3://ckpt/runs", "gs://b/x", "gcs://b", "abfs://runs@acct.dfs.core.windows.net/x"):
+        manifest = full_job()
+        put("spec.checkpoint.storagePath", uri)(manifest)
+        assert validate_job(manifest)[1] == [], uri

@@ -134,6 +134,7 @@ REFUSED: list[tuple[str, Edit, str]] = [
     ),
     ("volume-nfs-path", put("spec.volumes", [{"name": "n", "nfs": {"server": "nfs", "path": "x;y"}}]), "nfs.path"),
     ("storage-missing", drop("spec.checkpoint.storagePath"), "checkpoint.storagePath is required for a cluster job"),
+    ("storage-no-bucket", put("spec.checkpoint.storagePath", "s3:///ckpt"), "spec.checkpoint.storagePath"),
     (
         "tuning-concurrency",
         put("spec.tuning", {"searchSpace": {"epochs": [1, 2]}, "numTrials": 2, "maxConcurrentTrials": 3}),

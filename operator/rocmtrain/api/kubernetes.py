@@ -18,3 +18,12 @@ class PodPhase(StrEnum):
     def has_ended(self) -> bool:
         """Every container of the pod has terminated and none restarts: the pod holds its resources no more."""
         return self in (PodPhase.SUCCEEDED, PodPhase.FAILED)
+
+
+class AccessMode(StrEnum):
+    """An access mode of a PersistentVolumeClaim (`spec.accessModes`, and its volume's in `status.accessModes`)."""
+
+    READ_WRITE_ONCE = "ReadWriteOnce"
+    READ_ONLY_MANY = "ReadOnlyMany"
+    READ_WRITE_MANY = "ReadWriteMany"
+    READ_WRITE_ONCE_POD = "ReadWriteOncePod"

@@ -34,9 +34,12 @@ IMAGE = r"^[a-z0-9]+([._/:@-][A-Za-z0-9_.-]+)*$"
 # a hub reference, or a `./` path relative to the job file (local runs only;
 # `rocmtrain.api.validate` rejects it for cluster jobs). No whitespace, quotes,
 # shell metacharacters, or `..`.
-_PREFIXES = ("/", RELATIVE_PREFIX, *OBJECT_STORE_SCHEMES, HUB_SCHEME)
+# An object-store URI names its bucket (or container) first: `s3:///x` has none, and `s3:/` is no URI.
+_PATH_PREFIXES = ("/", RELATIVE_PREFIX, HUB_SCHEME)
+_LOCATION_CHARS = "[A-Za-z0-9._~%+=,@/-]"
 LOCATION = (
-    "^((" + "|".join(re.escape(prefix) for prefix in _PREFIXES) + ")[A-Za-z0-9._~%+=,@/-]+"
+    "^((" + "|".join(re.escape(prefix) for prefix in _PATH_PREFIXES) + f"){_LOCATION_CHARS}+"
+    "|(" + "|".join(re.escape(scheme) for scheme in OBJECT_STORE_SCHEMES) + f")[A-Za-z0-9]{_LOCATION_CHARS}*"
     r"|[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?)$"
 )
 # A `..` path segment anywhere (rejected: no escaping a mount).
@@ -103,7 +106,8 @@ PATTERN_DESCRIPTIONS = {
     ENV_NAME: "an environment variable name: letters, digits and '_', not starting with a digit",
     IMAGE: "a container image reference such as registry.example.com/team/image:tag",
     LOCATION: (
-        f"an absolute path, an object-store URI ({', '.join(OBJECT_STORE_SCHEMES)}), a hub id "
+        "an absolute path, an object-store URI that names its bucket or container (s3://bucket/path; "
+        f"{', '.join(OBJECT_STORE_SCHEMES)}), a hub id "
         f"(org/name or {HUB_SCHEME}...), or (rocmtrain run only) a {RELATIVE_PREFIX}relative path; "
         "no whitespace, quotes or shell metacharacters"
     ),

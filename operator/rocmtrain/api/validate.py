@@ -32,6 +32,7 @@ from rocmtrain.api.contract import (
 )
 from rocmtrain.api.job_config import JOB_CONFIG_LIMIT, job_config_size
 from rocmtrain.api.models import STORAGE_REQUIRED, TUNING_METRICS, RocmTrainingJob, TrainingSpec
+from rocmtrain.api.models.volumes import Volume, VolumeMount
 from rocmtrain.api.patterns import DNS_1035_LABEL, describe_pattern
 from rocmtrain.api.quantity import parse_quantity
 
@@ -226,12 +227,8 @@ def _check_locations(job: RocmTrainingJob, context: Context) -> Iterator[FieldEr
         yield FieldError(
             "spec.checkpoint.storagePath", "must be an absolute path on a shared volume or an object-store URI"
         )
-    elif context == "cluster" and storage.startswith("/") and not _on_writable_mount(job, storage):
-        yield FieldError(
-            "spec.checkpoint.storagePath",
-            "an absolute path must lie on a writable volume in spec.volumeMounts, "
-            "so every Ray pod reads and writes the same checkpoints",
-        )
+    elif context == "cluster" and storage.startswith("/") and (problem := _storage_volume_problem(job, storage)):
+        yield FieldError("spec.checkpoint.storagePath", problem)
 
 
 def normalize_path(path: str) -> str:
@@ -244,11 +241,45 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _on_writable_mount(job: RocmTrainingJob, path: str) -> bool:
-    path = normalize_path(path)
-    return any(
-        not mount.read_only and _under(path, normalize_path(mount.mount_path)) for mount in job.spec.volume_mounts
-    )
+# Volume kinds whose bytes every pod shares and that outlive the pods; why each other kind is not.
+SHARED_VOLUMES = ("persistentVolumeClaim", "nfs")
+UNSHARED_VOLUMES = {
+    "emptyDir": "each pod would keep its own checkpoints, deleted with the pod",
+    "ephemeral": "each pod gets a claim of its own, deleted with the pod",
+    "csi": "an inline CSI volume may be each pod's own (its driver decides): mount a shared one through a "
+    "PersistentVolumeClaim",
+    "secret": "its files are the Secret's, read-only",
+    "configMap": "its files are the ConfigMap's, read-only",
+}
+_SHARED_STORAGE = (
+    "write checkpoints to an object-store URI (s3://bucket/path) or to a path on a writable persistentVolumeClaim "
+    "(ReadWriteMany) or nfs volume, so that every Ray pod reads and writes the same checkpoints and they outlive "
+    "the pods"
+)
+
+
+def volume_holding(job: RocmTrainingJob, path: str) -> tuple[VolumeMount, Volume] | None:
+    """The mount, and its volume, that hold absolute `path`: the deepest (a mount inside another hides what lies
+    below), or None on the pod's own disk."""
+    where = normalize_path(path)
+    mounts = [m for m in job.spec.volume_mounts if _under(where, normalize_path(m.mount_path))]
+    if not mounts:
+        return None
+    mount = max(mounts, key=lambda m: len(normalize_path(m.mount_path)))
+    return mount, next(v for v in job.spec.volumes if v.name == mount.name)
+
+
+def _storage_volume_problem(job: RocmTrainingJob, path: str) -> str | None:
+    """Why checkpoints at absolute `path` would not be shared by every pod and outlive them, or None."""
+    if (holding := volume_holding(job, path)) is None:
+        return f"{path} lies on no volume in spec.volumeMounts (the pod's own disk): {_SHARED_STORAGE}"
+    mount, volume = holding
+    if volume.source not in SHARED_VOLUMES:
+        why = UNSHARED_VOLUMES[volume.source]
+        return f"{path} lies on volume {volume.name} ({volume.source}): {why}; {_SHARED_STORAGE}"
+    if mount.read_only or volume.read_only_source:
+        return f"{path} lies on volume {volume.name}, mounted read-only: {_SHARED_STORAGE}"
+    return None
 
 
 def _check_env(job: RocmTrainingJob) -> Iterator[FieldError]:
@@ -287,14 +318,14 @@ def _check_resources(job: RocmTrainingJob) -> Iterator[FieldError]:
     sizes = {
         "spec.resources.cpusPerWorker": res.cpus_per_worker,
         "spec.resources.memoryPerWorker": res.memory_per_worker,
-        "spec.resources.sharedMemory": res.shared_memory,
+        "spec.resources.sharedMemory": res.shm_size,
         "spec.resources.head.cpu": res.head.cpu,
         "spec.resources.head.memory": res.head.memory,
     }
     for path, quantity in sizes.items():
         if parse_quantity(quantity) <= 0:
             yield FieldError(path, "must be greater than zero")
-    if parse_quantity(res.shared_memory) > parse_quantity(res.memory_per_worker):
+    if parse_quantity(res.shm_size) > parse_quantity(res.memory_per_worker):  # the default never does
         yield FieldError(
             "spec.resources.sharedMemory",
             "must not exceed memoryPerWorker: /dev/shm is memory-backed and counts towards the worker's memory",

@@ -83,6 +83,15 @@ policy:
   protectedNamespaces: []          # no jobs here (ROCMTRAIN_PROTECTED_NAMESPACES; default kube-system, the operator's)
   maxWorkerPods: null              # most worker pods of one job (ROCMTRAIN_MAX_WORKER_PODS; default 1024)
   maxJobGpus: null                 # most AMD GPUs of one job (ROCMTRAIN_MAX_JOB_GPUS; default 4096)
+  allowedNfsServers: []            # NFS servers volumes may name (ROCMTRAIN_ALLOWED_NFS_SERVERS)
+  allowedCsiDrivers: []            # CSI drivers inline volumes may use (ROCMTRAIN_ALLOWED_CSI_DRIVERS)
+  defaultQueue: null               # Kueue LocalQueue of jobs naming none (ROCMTRAIN_DEFAULT_QUEUE)
+  requireQueue: false              # true: refuse jobs left without a queue (ROCMTRAIN_REQUIRE_QUEUE)
+
+# Where notifications may go (docs/operations/security.md). Empty: the operator's default.
+notifications:
+  allowedCidrs: []                 # receiver networks allowed though not public (ROCMTRAIN_NOTIFY_ALLOWED_CIDRS)
+  clusterCidrs: []                 # the cluster's service and pod networks (ROCMTRAIN_CLUSTER_CIDRS)
 
 # Any other setting of docs/operations/configuration.md, as container env entries (valueFrom too).
 extraEnv: []
@@ -94,9 +103,11 @@ podAnnotations: {{}}
 certManager:
   enabled: false
 
-# The NetworkPolicy around the operator pod (manifests/networkpolicy.yaml).
+# The NetworkPolicy around the operator pod (manifests/networkpolicy.yaml); egress: true adds where the
+# operator may connect (the manifests/egress component), with a rule to notifications.allowedCidrs.
 networkPolicy:
   enabled: true
+  egress: false
 
 # manifests/monitoring (needs the Prometheus Operator for the first two; the dashboard ConfigMap
 # carries the label Grafana's sidecar loads). Prometheus' ServiceAccount needs `get` on /metrics:
@@ -156,6 +167,13 @@ def chart_files(root: Path) -> dict[str, str]:
             "networkpolicy.yaml",
             templates.wrapped(
                 ".Values.networkPolicy.enabled", templates.plain(_docs(manifests / "networkpolicy.yaml"), labels)
+            ),
+        ),
+        "templates/networkpolicy-egress.yaml": header(
+            "egress/networkpolicy-egress.yaml",
+            templates.wrapped(
+                ".Values.networkPolicy.egress",
+                templates.egress_policy(_docs(manifests / "egress" / "networkpolicy-egress.yaml")[0], labels),
             ),
         ),
         "templates/certificates.yaml": header(

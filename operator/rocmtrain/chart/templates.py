@@ -24,8 +24,20 @@ POLICY_LISTS = {
     "allowedPriorityClasses": "ROCMTRAIN_ALLOWED_PRIORITY_CLASSES",
     "allowedKueuePriorityClasses": "ROCMTRAIN_ALLOWED_KUEUE_PRIORITY_CLASSES",
     "protectedNamespaces": "ROCMTRAIN_PROTECTED_NAMESPACES",
+    "allowedNfsServers": "ROCMTRAIN_ALLOWED_NFS_SERVERS",
+    "allowedCsiDrivers": "ROCMTRAIN_ALLOWED_CSI_DRIVERS",
 }
-POLICY_CAPS = {"maxWorkerPods": "ROCMTRAIN_MAX_WORKER_PODS", "maxJobGpus": "ROCMTRAIN_MAX_JOB_GPUS"}
+POLICY_VALUES = {
+    "maxWorkerPods": "ROCMTRAIN_MAX_WORKER_PODS",
+    "maxJobGpus": "ROCMTRAIN_MAX_JOB_GPUS",
+    "defaultQueue": "ROCMTRAIN_DEFAULT_QUEUE",
+    "requireQueue": "ROCMTRAIN_REQUIRE_QUEUE",
+}
+# Settings of values.yaml `notifications` -> the operator's variables.
+NOTIFICATION_LISTS = {
+    "allowedCidrs": "ROCMTRAIN_NOTIFY_ALLOWED_CIDRS",
+    "clusterCidrs": "ROCMTRAIN_CLUSTER_CIDRS",
+}
 STALL_VARIABLE = "ROCMTRAIN_STALL_SECONDS"
 
 
@@ -67,7 +79,12 @@ def _variable(value: str, variable: str, code: str) -> list[str]:
 def _env_lines(indent: str, _key: str) -> list[str]:
     """The settings of values.yaml, appended to the container's env in the order the components add theirs."""
     code = [line for value, variable in POLICY_LISTS.items() for line in _variable(f"policy.{value}", variable, _LIST)]
-    code += [line for value, variable in POLICY_CAPS.items() for line in _variable(f"policy.{value}", variable, _ONE)]
+    code += [line for value, variable in POLICY_VALUES.items() for line in _variable(f"policy.{value}", variable, _ONE)]
+    code += [
+        line
+        for value, variable in NOTIFICATION_LISTS.items()
+        for line in _variable(f"notifications.{value}", variable, _LIST)
+    ]
     code += _variable("watchNamespaces", "ROCMTRAIN_NAMESPACES", _LIST)
     code += [
         "{{- if .Values.certManager.enabled }}",
@@ -180,6 +197,28 @@ def _narrowed(own: list[Any], narrowed: list[Any]) -> Callable[[str, str], list[
         ]
 
     return lines
+
+
+def _allowed_receivers(indent: str, _key: str) -> list[str]:
+    """An egress rule to the receiver networks the admin allows (notifications.allowedCidrs), if any."""
+    code = [
+        "{{- with .Values.notifications.allowedCidrs }}",
+        "- to:",
+        "  {{- range . }}",
+        "  - ipBlock:",
+        "      cidr: {{ . }}",
+        "  {{- end }}",
+        "{{- end }}",
+    ]
+    return [indent + line for line in code]
+
+
+def egress_policy(obj: Mapping[str, Any], labels: Mapping[str, str]) -> str:
+    """The operator's egress NetworkPolicy (the `egress` component's), with a rule to the receiver networks
+    the admin allows, which the component leaves to an overlay's patch."""
+    out = kustomized(obj, labels)
+    out["spec"]["egress"].append(hole("allowed"))
+    return template(out, {"allowed": Block(_allowed_receivers)})
 
 
 def plain(objs: Sequence[Mapping[str, Any]], labels: Mapping[str, str]) -> str:

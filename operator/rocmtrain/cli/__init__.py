@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from importlib.metadata import EntryPoint, distributions
@@ -20,7 +21,10 @@ from typing import Any
 
 import yaml
 
-from rocmtrain.api.manifests import read_jobs
+from rocmtrain.admission.policy import Policy
+from rocmtrain.admission.policy_env import policy_from_env
+from rocmtrain.api.errors import ConfigError
+from rocmtrain.api.manifests import ManifestError, decode, read_jobs, read_text, yaml_problem
 from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.plan.gpu_memory import INSTINCT_GIB, GpuMemory, job_gpu_memory, table_gpu_memory
 
@@ -72,6 +76,13 @@ def _parser(plugins: dict[str, Command]) -> argparse.ArgumentParser:
         default="cluster",
         help="where the job will run: cluster (default) or local (`rocmtrain run`, allows ./relative paths)",
     )
+    validate.add_argument(
+        "--policy",
+        metavar="FILE",
+        help="the operator's settings as NAME=value lines (`kubectl set env deployment/rocm-train-operator --list "
+        "-n rocm-train-system`), whose limits and allow-lists a cluster job must meet; default: the ROCMTRAIN_* "
+        "variables of this environment, else the operator's defaults",
+    )
     plan = commands.add_parser(
         "plan", help="print each job's GPU memory per GPU; exit 0 when it fits, 1 when it does not, 2 on a bad job"
     )
@@ -86,38 +97,104 @@ def _parser(plugins: dict[str, Command]) -> argparse.ArgumentParser:
     return parser
 
 
+# Error lines printed at most: a document with thousands of unknown keys is still one screen.
+MAX_REPORTED = 50
+
+
 def _report(lines: list[str]) -> int:
-    for line in lines:
+    for line in lines[:MAX_REPORTED]:
         print(line, file=sys.stderr)
+    if len(lines) > MAX_REPORTED:
+        print(f"... and {len(lines) - MAX_REPORTED} more errors", file=sys.stderr)
     return EXIT_INVALID
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    """Print one RayJob per job, as a multi-document YAML stream."""
+    """Print one RayJob per job, as a multi-document YAML stream: what the operator applies, the address of its
+    progress endpoint a placeholder (`rocmtrain.render.options.preview_options`)."""
     from rocmtrain.render import render_rayjob_yaml
+    from rocmtrain.render.options import preview_options
 
     jobs, errors = read_jobs(args.file, "cluster")
     if errors:
         return _report(errors)
-    sys.stdout.write("---\n".join(render_rayjob_yaml(job) for job in jobs))
+    options = preview_options()
+    sys.stdout.write("---\n".join(render_rayjob_yaml(job, options=options) for job in jobs))
     return 0
 
 
+def _settings_file(path: str) -> dict[str, str]:
+    """The NAME=value lines of a file (`kubectl set env --list`); blank lines and `#` comments are skipped."""
+    settings: dict[str, str] = {}
+    for number, line in enumerate(read_text(path).splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, equals, value = line.partition("=")
+        if not equals or not name.strip().isidentifier():
+            raise ConfigError(f"line {number}: not NAME=value")
+        settings[name.strip()] = value
+    return settings
+
+
+def _policy(path: str | None) -> tuple[Policy, str]:
+    """The admission policy `validate` applies (the operator's), and what it is."""
+    if path is not None:
+        try:
+            return policy_from_env(_settings_file(path)), f"the operator's settings in {path}"
+        except (ConfigError, ManifestError) as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+    policy = policy_from_env(os.environ)
+    if policy == Policy():
+        return policy, "the operator's default limits; the cluster's admin may set others (see --policy)"
+    return policy, "the operator's settings in this environment's ROCMTRAIN_* variables"
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
-    """Report every error with its path; one OK line when there is none."""
+    """Report every error with its path, the admission policy's too for a cluster job; one OK line when there is
+    none."""
     jobs, errors = read_jobs(args.file, args.context)
     if errors:
         return _report(errors)
     names = ", ".join(job.metadata.name for job in jobs)
-    print(f"{args.file}: OK ({names})")
+    if args.context == "local":  # `rocmtrain run`: no operator, no policy
+        print(f"{args.file}: OK ({names})")
+        return 0
+    try:
+        policy, source = _policy(args.policy)
+    except ConfigError as exc:  # the operator would not start with these settings either
+        print(f"rocmtrain validate: the policy: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    refused = [
+        f"{args.file if len(jobs) == 1 else f'{args.file}: document {index}'}: {error}"
+        for index, job in enumerate(jobs, start=1)
+        for error in policy.check(policy.with_defaults(job).spec, job.metadata.namespace or "")
+    ]
+    if refused:
+        return _report([*refused, f"{args.file}: refused by {source}"])
+    print(f"{args.file}: OK ({names}) within {source}")
     return 0
+
+
+def _read_nodes(path: str) -> Any:
+    """The objects of a `kubectl get nodes` file (JSON or YAML); ValueError naming it and the problem in one line."""
+    try:
+        return yaml.safe_load(decode(Path(path).read_bytes()))
+    except ManifestError as exc:
+        problem = str(exc)
+    except yaml.YAMLError as exc:
+        problem = yaml_problem(exc)
+    except RecursionError:
+        problem = "nested too deep to be a list of nodes"
+    except ValueError as exc:  # a value its tag cannot convert, such as an integer of more than 4,300 digits
+        problem = f"invalid YAML: {exc}"
+    raise ValueError(f"--nodes {path}: {problem}")
 
 
 def _nodes_gpu_memory(path: str, job: RocmTrainingJob) -> GpuMemory | None:
     """The GPU memory the labels of the nodes in a `kubectl get nodes` file give the job."""
     from rocmtrain.admission.node_fit import gpu_memory, node_info
 
-    found = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    found = _read_nodes(path)
     items = found.get("items", [found]) if isinstance(found, dict) else []
     nodes = [info for item in items if isinstance(item, dict) and (info := node_info(item)) is not None]
     return gpu_memory(job.spec, nodes)

@@ -74,6 +74,8 @@ def read_config(path: Path) -> dict[str, Any]:
         found = json.loads(text)
     except ValueError as exc:
         raise ModelFileError(f"{path}: not JSON: {exc}") from exc
+    except RecursionError:
+        raise ModelFileError(f"{path}: nested too deep to be a model's config.json") from None
     if not isinstance(found, dict):
         raise ModelFileError(f"{path}: not a JSON object")
     return found

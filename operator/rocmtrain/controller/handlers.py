@@ -9,14 +9,17 @@
   next Ray cluster (`rocmtrain.render.rayjob_update`), and recreate a RayJob
   deleted behind our back while its job has not finished (nor been refused by its driver's pre-flight,
   whose RayJob the reconciler deletes: `Reconciler.sync`);
-- the Ray pods of our jobs (`PodWatch`) and Kueue's Workloads of our RayJobs
-  (`WorkloadWatch`): recompute the job's status (pods that cannot run, Kueue's verdict);
+- the Ray pods of our jobs (`PodWatch`), the events on them about their volumes (`PodEventWatch`) and
+  Kueue's Workloads of our RayJobs (`WorkloadWatch`): recompute the job's status (pods that cannot run,
+  Kueue's verdict);
 - running jobs: stall detection, by one periodic loop over the job index;
 - queued jobs: when each is expected to start (`status.queue`), by another, on the same
   cadence: from the Workloads watched, the jobs' ETAs in the index, and each cycle one read
   of every LocalQueue with waiting Workloads and of their ClusterQueues (none while no job
   is Queued);
-- indexes of jobs and Nodes keep lookups off the API server;
+- indexes of jobs and Nodes keep lookups off the API server; the job index keeps a bounded view of
+  each job (`rocmtrain.status.objects.index_view`), so that a tenant's oversized or refused jobs cost
+  little memory (docs/operations/install.md#memory);
 - `/healthz` (kopf's liveness endpoint, probe `watches`) fails while a watch keeps
   failing unexpectedly (`supervision`), so that the kubelet restarts the operator.
 
@@ -49,7 +52,7 @@ from rocmtrain.kube.client import CLUSTER_QUEUES, LOCAL_QUEUES
 from rocmtrain.metrics import prometheus
 from rocmtrain.render.rayjob_update import between_runs
 from rocmtrain.status import queue_estimate
-from rocmtrain.status.objects import controller_ref, is_jobs_rayjob, job_view, queued, requested_gpus
+from rocmtrain.status.objects import controller_ref, index_view, is_jobs_rayjob, job_view, queued
 from rocmtrain.status.phase import has_ended, phase_of
 
 JOB = (GROUP, VERSION, PLURAL)
@@ -104,10 +107,9 @@ def nodes(body: kopf.Body, **_: Any) -> dict[str, node_fit.NodeInfo] | None:
 
 @kopf.index(*JOB)  # type: ignore[arg-type]  # a namespaced resource: kopf passes `namespace` as a str
 def jobs(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    """Jobs by (namespace, name), with their GPU request for the metrics (which read this index)."""
-    view = job_view(body)
-    view["gpus"] = requested_gpus(view)
-    return {(namespace, name): view}
+    """Jobs by (namespace, name), each a bounded view (`index_view`: no refused or oversized spec), with its GPU
+    request for the metrics (which read this index)."""
+    return {(namespace, name): index_view(body)}
 
 
 def _one(index: JobIndex, key: tuple[str, str], uid: str | None = None) -> Mapping[str, Any] | None:

@@ -20,6 +20,10 @@
 | ROCMTRAIN_MAX_WORKER_PODS                | 1024      | most worker pods of one job (workers × trials)       |
 | ROCMTRAIN_MAX_JOB_GPUS                   | 4096      | most GPUs of one job, trials at once included        |
 | ROCMTRAIN_PROTECTED_NAMESPACES           | see below | comma-separated namespaces where no job may run      |
+| ROCMTRAIN_ALLOWED_NFS_SERVERS            | (any)     | NFS servers jobs' volumes may name                   |
+| ROCMTRAIN_ALLOWED_CSI_DRIVERS            | (any)     | CSI drivers jobs' inline volumes may use             |
+| ROCMTRAIN_DEFAULT_QUEUE                  | (none)    | Kueue LocalQueue of jobs that name none              |
+| ROCMTRAIN_REQUIRE_QUEUE                  | false     | `true`: refuse jobs left without a Kueue queue       |
 | ROCMTRAIN_JOB_NETWORK_POLICIES           | true      | `false`: no NetworkPolicy around a job's Ray pods    |
 | ROCMTRAIN_METRICS_MAX_JOBS               | 500       | jobs with per-job metric series; 0 turns them off    |
 | ROCMTRAIN_GPU_PRICES                     | (none)    | price per GPU-hour by product: `NAME=PRICE,default=` |
@@ -27,6 +31,8 @@
 | ROCMTRAIN_NOTIFY_URL                     | (none)    | default receiver of jobs without spec.notifications  |
 | ROCMTRAIN_NOTIFY_SIGNING_KEY             | (none)    | its HMAC-SHA256 signing key                          |
 | ROCMTRAIN_NOTIFY_EVENTS                  | (all)     | comma-separated events the default receiver gets     |
+| ROCMTRAIN_NOTIFY_ALLOWED_CIDRS           | (none)    | receiver networks allowed though not public          |
+| ROCMTRAIN_CLUSTER_CIDRS                  | see below | the cluster's service and pod networks               |
 
 ROCMTRAIN_PROTECTED_NAMESPACES defaults to `kube-system` and the operator's own namespace
 (`ROCMTRAIN_OPERATOR_NAMESPACE`); set it to `-` to protect none.
@@ -35,6 +41,13 @@ ROCMTRAIN_METRICS_SECURE defaults to `true` where the progress endpoint is on, w
 certificate `/metrics` then serves (`rocmtrain.metrics.server`), else to `false`: plain
 HTTP, which is allowed on a loopback address only (the metrics name every team's jobs,
 GPUs and cost).
+
+Notification receivers must resolve to public addresses: loopback, link-local, private, reserved
+and multicast addresses, the cluster's networks (ROCMTRAIN_CLUSTER_CIDRS, default
+`10.96.0.0/12,10.244.0.0/16`: kubeadm's services, kind's and flannel's pods) and the API server
+are refused, unless ROCMTRAIN_NOTIFY_ALLOWED_CIDRS (comma-separated CIDRs) holds the address; a
+cluster network or the API server only by a CIDR at least as narrow
+(`rocmtrain.admission.receiver_address`).
 
 The progress endpoint is on when `ROCMTRAIN_OPERATOR_NAMESPACE` is set (the
 Deployment sets it from the downward API); its other `ROCMTRAIN_PROGRESS_*`
@@ -52,11 +65,13 @@ from dataclasses import dataclass, field
 
 import kopf
 
-from rocmtrain.admission.policy import DEFAULT_MAX_GPUS, DEFAULT_MAX_WORKER_PODS, Policy
+from rocmtrain.admission.policy import Policy
+from rocmtrain.admission.policy_env import env_flag, env_int, env_names, policy_from_env
+from rocmtrain.admission.receiver_address import DEFAULT_CLUSTER_CIDRS, Network, ReceiverRules, parse_networks
 from rocmtrain.api.contract import OPERATOR_NAME
 from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.models import NOTIFY_EVENTS
-from rocmtrain.api.patterns import DNS_LABEL, DNS_SUBDOMAIN, IMAGE
+from rocmtrain.api.patterns import DNS_LABEL
 from rocmtrain.controller.supervision import RestartPolicy
 from rocmtrain.progress.server import ProgressServerConfig, listen_host
 from rocmtrain.render import RenderOptions
@@ -64,24 +79,6 @@ from rocmtrain.render.options import MAX_SUBMITTER_RETRIES
 from rocmtrain.status.accounting import Pricing, parse_currency, parse_pricing
 
 NOTIFY_EVENTS_ALL = frozenset(NOTIFY_EVENTS)
-
-
-def _int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
-        raise ConfigError(f"{name} must be an integer from {low} to {high}, not {raw!r}")
-    return int(raw)
-
-
-def _names(env: Mapping[str, str], variable: str, pattern: str, what: str) -> tuple[str, ...]:
-    """A comma-separated list of names, each matching `pattern`."""
-    names = tuple(n.strip() for n in env.get(variable, "").split(",") if n.strip())
-    for name in names:
-        if not re.fullmatch(pattern, name):
-            raise ConfigError(f"{variable}: {name!r} is not {what}")
-    return names
 
 
 def _pricing(env: Mapping[str, str]) -> Pricing | None:
@@ -96,17 +93,10 @@ def _pricing(env: Mapping[str, str]) -> Pricing | None:
         raise ConfigError(f"ROCMTRAIN_GPU_PRICES: {exc}") from None
 
 
-def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name, "").strip().lower()
-    if raw not in ("", "true", "false"):
-        raise ConfigError(f"{name} must be true or false, not {raw!r}")
-    return default if not raw else raw == "true"
-
-
 def _metrics_secure(env: Mapping[str, str], host: str, port: int, progress: ProgressServerConfig | None) -> bool:
     """Whether `/metrics` is HTTPS with authentication; plain HTTP only on loopback, HTTPS only with the
     progress endpoint's certificate."""
-    secure = _flag(env, "ROCMTRAIN_METRICS_SECURE", progress is not None)
+    secure = env_flag(env, "ROCMTRAIN_METRICS_SECURE", progress is not None)
     if port and secure and progress is None:
         raise ConfigError(
             "ROCMTRAIN_METRICS_SECURE: HTTPS /metrics serves the progress endpoint's certificate, which is off "
@@ -128,28 +118,6 @@ def _host(env: Mapping[str, str], variable: str) -> str:
         raise ConfigError(str(exc)) from None
 
 
-def _protected(env: Mapping[str, str]) -> tuple[str, ...]:
-    raw = env.get("ROCMTRAIN_PROTECTED_NAMESPACES", "").strip()
-    if raw == "-":
-        return ()
-    if raw:
-        return _names(env, "ROCMTRAIN_PROTECTED_NAMESPACES", DNS_LABEL, "a namespace name")
-    own = env.get("ROCMTRAIN_OPERATOR_NAMESPACE", "").strip()
-    return ("kube-system", own) if own and own != "kube-system" else ("kube-system",)
-
-
-def _policy(env: Mapping[str, str]) -> Policy:
-    image_prefix = IMAGE.removesuffix("$") + "[/:@]?$"  # a reference, or a registry or repository path
-    return Policy(
-        images=_names(env, "ROCMTRAIN_ALLOWED_IMAGES", image_prefix, "an image prefix"),
-        priority_classes=_names(env, "ROCMTRAIN_ALLOWED_PRIORITY_CLASSES", DNS_SUBDOMAIN, "a class name"),
-        kueue_priority_classes=_names(env, "ROCMTRAIN_ALLOWED_KUEUE_PRIORITY_CLASSES", DNS_SUBDOMAIN, "a class name"),
-        max_worker_pods=_int(env, "ROCMTRAIN_MAX_WORKER_PODS", DEFAULT_MAX_WORKER_PODS, 1, 1_000_000),
-        max_gpus=_int(env, "ROCMTRAIN_MAX_JOB_GPUS", DEFAULT_MAX_GPUS, 1, 1_000_000),
-        protected_namespaces=_protected(env),
-    )
-
-
 # Health (and metrics without ROCMTRAIN_METRICS_SECURE) are plain HTTP: only loopback unless a Deployment says
 # otherwise (which the configuration refuses for plain metrics).
 LOOPBACK = "127.0.0.1"
@@ -166,7 +134,7 @@ class DefaultNotification:
 
 def _notification(env: Mapping[str, str]) -> DefaultNotification | None:
     url = env.get("ROCMTRAIN_NOTIFY_URL", "").strip()
-    events = _names(env, "ROCMTRAIN_NOTIFY_EVENTS", "|".join(NOTIFY_EVENTS), "a notification event")
+    events = env_names(env, "ROCMTRAIN_NOTIFY_EVENTS", "|".join(NOTIFY_EVENTS), "a notification event")
     key = env.get("ROCMTRAIN_NOTIFY_SIGNING_KEY", "").strip()
     if not url:
         if key or events:
@@ -175,6 +143,19 @@ def _notification(env: Mapping[str, str]) -> DefaultNotification | None:
     if not re.fullmatch(r"https?://[^\s]{1,2040}", url):
         raise ConfigError("ROCMTRAIN_NOTIFY_URL must be an http:// or https:// URL")  # the value is never quoted
     return DefaultNotification(url, key.encode() or None, frozenset(events) or NOTIFY_EVENTS_ALL)
+
+
+def _networks(env: Mapping[str, str], variable: str, default: str = "") -> tuple[Network, ...]:
+    try:
+        return parse_networks(env.get(variable, "").strip() or default)
+    except ValueError as exc:
+        raise ConfigError(f"{variable}: {exc}") from None
+
+
+def _receiver_rules(env: Mapping[str, str]) -> ReceiverRules:
+    """The receiver addresses allowed besides public ones, and the cluster's networks (refused)."""
+    allowed = _networks(env, "ROCMTRAIN_NOTIFY_ALLOWED_CIDRS")
+    return ReceiverRules(allowed, _networks(env, "ROCMTRAIN_CLUSTER_CIDRS", DEFAULT_CLUSTER_CIDRS))
 
 
 @dataclass(frozen=True)
@@ -200,34 +181,38 @@ class OperatorConfig:
     render_options: RenderOptions = field(default_factory=RenderOptions)
     progress: ProgressServerConfig | None = None  # None: the progress endpoint is off
     notification: DefaultNotification | None = None  # the receiver of jobs without spec.notifications
+    receivers: ReceiverRules = field(default_factory=lambda: _receiver_rules({}))  # where notices may go
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> OperatorConfig:
         """Read and check the `ROCMTRAIN_*` variables."""
         progress = ProgressServerConfig.from_env(env)
-        render = RenderOptions(submitter_retries=_int(env, "ROCMTRAIN_SUBMITTER_RETRIES", 2, 0, MAX_SUBMITTER_RETRIES))
-        metrics_port = _int(env, "ROCMTRAIN_METRICS_PORT", 8080, 0, 65535)
+        render = RenderOptions(
+            submitter_retries=env_int(env, "ROCMTRAIN_SUBMITTER_RETRIES", 2, 0, MAX_SUBMITTER_RETRIES)
+        )
+        metrics_port = env_int(env, "ROCMTRAIN_METRICS_PORT", 8080, 0, 65535)
         metrics_host = _host(env, "ROCMTRAIN_METRICS_HOST")
         return cls(
-            namespaces=_names(env, "ROCMTRAIN_NAMESPACES", DNS_LABEL, "a namespace name"),
+            namespaces=env_names(env, "ROCMTRAIN_NAMESPACES", DNS_LABEL, "a namespace name"),
             metrics_port=metrics_port,
             metrics_host=metrics_host,
             metrics_secure=_metrics_secure(env, metrics_host, metrics_port, progress),
-            health_port=_int(env, "ROCMTRAIN_HEALTH_PORT", 8081, 0, 65535),
+            health_port=env_int(env, "ROCMTRAIN_HEALTH_PORT", 8081, 0, 65535),
             health_host=_host(env, "ROCMTRAIN_HEALTH_HOST"),
-            stall_seconds=_int(env, "ROCMTRAIN_STALL_SECONDS", 900, 1, 30 * 86400),
-            queue_estimate_seconds=_int(env, "ROCMTRAIN_QUEUE_ESTIMATE_SECONDS", 15, 1, 3600),
-            retry_seconds=_int(env, "ROCMTRAIN_RETRY_SECONDS", 30, 1, 3600),
-            api_timeout_seconds=_int(env, "ROCMTRAIN_API_TIMEOUT_SECONDS", 15, 1, 300),
-            watch_failing_seconds=_int(env, "ROCMTRAIN_WATCH_FAILING_SECONDS", 300, 1, 86400),
-            loop_lag_probe_ms=_int(env, "ROCMTRAIN_LOOP_LAG_PROBE_MS", 100, 1, 60_000),
-            policy=_policy(env),
-            job_network_policies=_flag(env, "ROCMTRAIN_JOB_NETWORK_POLICIES", True),
-            metrics_max_jobs=_int(env, "ROCMTRAIN_METRICS_MAX_JOBS", 500, 0, 100_000),
+            stall_seconds=env_int(env, "ROCMTRAIN_STALL_SECONDS", 900, 1, 30 * 86400),
+            queue_estimate_seconds=env_int(env, "ROCMTRAIN_QUEUE_ESTIMATE_SECONDS", 15, 1, 3600),
+            retry_seconds=env_int(env, "ROCMTRAIN_RETRY_SECONDS", 30, 1, 3600),
+            api_timeout_seconds=env_int(env, "ROCMTRAIN_API_TIMEOUT_SECONDS", 15, 1, 300),
+            watch_failing_seconds=env_int(env, "ROCMTRAIN_WATCH_FAILING_SECONDS", 300, 1, 86400),
+            loop_lag_probe_ms=env_int(env, "ROCMTRAIN_LOOP_LAG_PROBE_MS", 100, 1, 60_000),
+            policy=policy_from_env(env),
+            job_network_policies=env_flag(env, "ROCMTRAIN_JOB_NETWORK_POLICIES", True),
+            metrics_max_jobs=env_int(env, "ROCMTRAIN_METRICS_MAX_JOBS", 500, 0, 100_000),
             pricing=_pricing(env),
             render_options=progress.render_options(render) if progress else render,
             progress=progress,
             notification=_notification(env),
+            receivers=_receiver_rules(env),
         )
 
     @property

@@ -339,6 +339,12 @@ class Kube:
             return None
         return {key: base64.b64decode(value).decode(errors="replace") for key, value in (secret.data or {}).items()}
 
+    async def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A PersistentVolumeClaim as the API server writes it; None when it does not exist or the operator may not
+        read it (RBAC withheld)."""
+        claim = await readable(self._core.read_namespaced_persistent_volume_claim, name, namespace)
+        return None if claim is None else dict(self._api.sanitize_for_serialization(claim))
+
     async def post_event(self, obj: Any, *, type: str, reason: str, message: str) -> None:
         """Post a core/v1 Event about `obj` (a job); best effort: a failure is logged, not raised."""
         meta = obj["metadata"]

@@ -13,6 +13,8 @@
 - `rocmtrain_reconciles_in_flight`: reconciles holding one of the reconciler's slots;
 - `rocmtrain_jobs_remembered`: jobs the reconciler keeps state for (deleted ones are forgotten);
 - `rocmtrain_progress_token_reviews_total`: TokenReviews the progress endpoint sent;
+- `rocmtrain_progress_tokens_unreviewed_total{why}`: tokens it answered without one: from its cache (`cache`),
+  refused by their shape (`shape`) or over the review budget (`budget`);
 - `rocmtrain_watch_restarts_total{watch}`: watches (RayJobs, Ray pods, Kueue Workloads) started again
   after an unexpected error;
 - `rocmtrain_event_loop_lag_seconds`: how late the event loop woke a timer, sampled every 100 ms
@@ -78,6 +80,12 @@ RECONCILES_IN_FLIGHT = Gauge(
 )
 TOKEN_REVIEWS = Counter(
     "rocmtrain_progress_token_reviews_total", "TokenReviews the progress endpoint sent.", registry=REGISTRY
+)
+TOKENS_UNREVIEWED = Counter(
+    "rocmtrain_progress_tokens_unreviewed_total",
+    "Bearer tokens the progress endpoint answered without a TokenReview, by why: cache, shape or budget.",
+    ["why"],
+    registry=REGISTRY,
 )
 WATCH_RESTARTS = Counter(
     "rocmtrain_watch_restarts_total", "Watches started again after an unexpected error.", ["watch"], registry=REGISTRY

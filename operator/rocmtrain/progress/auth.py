@@ -47,7 +47,7 @@ from rocmtrain.api.contract import (
 )
 from rocmtrain.api.names import rayjob_name_of
 from rocmtrain.metrics import prometheus
-from rocmtrain.serving.errors import Forbidden, Unauthenticated, checked
+from rocmtrain.serving.errors import Busy, Forbidden, Unauthenticated, checked
 from rocmtrain.serving.rate import RateLimiter
 from rocmtrain.serving.reviews import MAX_TOKEN_BYTES, ReviewBudget, TtlCache, token_key, token_review
 
@@ -224,21 +224,29 @@ class TokenReviewAuthenticator:
     async def __call__(self, token: str) -> Identity:
         """The pod identity of `token`; raise Unauthenticated, Forbidden, Busy or Unavailable."""
         key = token_key(token)
+        unreviewed = prometheus.TOKENS_UNREVIEWED
         if (cached := self._accepted.get(key)) is not None:
+            unreviewed.labels("cache").inc()
             return cached
         if (refused := self._refused.get(key)) is not None:
+            unreviewed.labels("cache").inc()
             raise refused
         try:
             claims = token_claims(token, self._audience, self._wall_clock())
         except Unauthenticated as exc:
+            unreviewed.labels("shape").inc()
             self._refused.put(key, exc)
             raise
         uid = claimed_pod_uid(claims)
         if self._known_pods.get(uid) and not self._pod_reviews.acquire(uid):
             identity = await self._review(key, token)
         else:  # within the budget shared by the pods that have not had a token accepted lately
-            async with self._shared.spend():
-                identity = await self._review(key, token)
+            try:
+                async with self._shared.spend():
+                    identity = await self._review(key, token)
+            except Busy:  # over the budget: refused before any review (`_review` raises no Busy)
+                unreviewed.labels("budget").inc()
+                raise
         self._known_pods.put(identity.pod_uid, True)
         # Never trust the cache past the token's own expiry.
         self._accepted.put(key, identity, until=self._clock() + claims["exp"] - self._wall_clock())

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rocmtrain.api.condition_reasons import ConditionType
-from rocmtrain.api.models import MAX_NOTIFICATIONS, NOTIFY_EVENTS, DeliveryState, NotifyEvent, Phase
+from rocmtrain.api.models import MAX_NOTIFICATIONS, NOTIFY_EVENTS, DeliveryFailure, DeliveryState, NotifyEvent, Phase
 from rocmtrain.api.models.status import NotificationState
 from rocmtrain.api.timestamps import rfc3339
 from rocmtrain.status.condition_merge import Condition, find
@@ -135,14 +135,17 @@ def recorded(
     delivery: str,
     state: DeliveryState,
     now: dt.datetime,
+    failure: DeliveryFailure | None = None,
 ) -> list[dict[str, Any]]:
-    """`status.notifications` with the entry of `target` replaced: its last notice, and that notice's state."""
+    """`status.notifications` with the entry of `target` replaced: its last notice, that notice's state, and
+    why it was not delivered (Failed or Dropped)."""
     entry = NotificationState(
         target=target.label,
         event=notice.event,
         reason=bounded(notice.reason, REASON_LIMIT),
         delivery_id=delivery,
         state=state,
+        failure=failure,
         time=rfc3339(now),
     ).dump()
     kept = [dict(e) for e in entries if e.get("target") != target.label]
@@ -232,6 +235,27 @@ def retry_delay(attempt: int, status: int | None) -> float | None:
     if attempt >= MAX_ATTEMPTS:
         return None
     return min(MAX_RETRY_SECONDS, FIRST_RETRY_SECONDS * 2.0 ** (attempt - 1))
+
+
+# What a job's owner is told of a notice that was not delivered: a class, never a probe's detail.
+_FAILURES = {
+    DeliveryFailure.NOT_DELIVERED: "the receiver did not take it",
+    DeliveryFailure.ADDRESS_REFUSED: "the receiver's address is not one the operator may reach",
+    DeliveryFailure.SECRET_UNUSABLE: "its Secret cannot be used",
+    DeliveryFailure.SEND_ERROR: "the operator could not send it",
+    DeliveryFailure.QUEUE_FULL: "the namespace's share of the notification queue is full",
+    DeliveryFailure.RATE_LIMITED: "the job notifies more often than its rate",
+}
+
+
+def undelivered(notice: Notice, target: Target, failure: DeliveryFailure, detail: str | None = None) -> str:
+    """The Warning event's message of a notice not delivered: its class, and `detail` only where it is the
+    owner's own (which Secret or key cannot be used)."""
+    dropped = failure in (DeliveryFailure.QUEUE_FULL, DeliveryFailure.RATE_LIMITED)
+    return (
+        f"{notice.event} notification to {target.label} {'dropped' if dropped else 'not delivered'} ({failure}): "
+        f"{detail or _FAILURES[failure]}"
+    )
 
 
 def wanted(target: Target, found: Sequence[Notice]) -> list[Notice]:

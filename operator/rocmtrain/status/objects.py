@@ -1,7 +1,9 @@
 """Pure helpers on the objects the operator handles, shared by the reconciler and the watches.
 
-- `job_view` and `rayjob_view`: the parts of a job and of a RayJob kept in memory
-  (the kopf job index, the watch's cache) and read by the status mapping;
+- `job_view` and `rayjob_view`: the parts of a job and of a RayJob the operator reads (a job event's,
+  the watch's cache) and the status mapping reads;
+- `index_view`: what the job index keeps of a job, bounded (`INDEX_SPEC_LIMIT`): the spec only while the
+  operator may still need it (`whole_spec`);
 - `job_document`: a job view as `rocmtrain.api.validate.validate_job` takes it;
 - `requested_gpus`: the AMD GPUs a job view asks for (the metrics' gauge);
 - `owner_reference` and `controller_ref`: the reference that makes a job the controller
@@ -15,19 +17,34 @@ No I/O and no kopf: plain mappings in, plain mappings out.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
+from rocmtrain.api.condition_reasons import ConditionType, Reason
 from rocmtrain.api.contract import KIND, KUEUE_QUEUE_LABEL
-from rocmtrain.api.models import ResourcesSpec, TuningSpec
+from rocmtrain.api.job_config import JOB_CONFIG_LIMIT
+from rocmtrain.api.models import Phase, ResourcesSpec, TuningSpec
 from rocmtrain.api.names import rayjob_name_of
 from rocmtrain.render.rayjob import MUTABLE_RAYJOB_DEFAULTS
+from rocmtrain.status.condition_merge import find
+
+# The largest spec the job index keeps whole (bytes of compact JSON): what validation lets a job be as its
+# driver reads it. A larger one is refused for its size; the API server stores up to about 1.5 MB of it.
+INDEX_SPEC_LIMIT = JOB_CONFIG_LIMIT
+# What the index keeps of a spec it does not keep whole: what the metrics (`gauges.gpu_kind`) and the
+# notifier (the job's receivers) read, each bounded by the CRD to a few KiB.
+SUMMARY_FIELDS = ("resources", "notifications")
+# Marks an index view whose spec holds only `SUMMARY_FIELDS`: a reader that needs the whole spec reads the job.
+PARTIAL_SPEC = "partialSpec"
+REFUSED_REASONS = frozenset({Reason.INVALID_SPEC, Reason.NOT_ALLOWED})
 
 
 def job_view(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of a job object the operator keeps in memory (its index)."""
+    """The part of a job object the operator reads: what a job event hands the reconciler (the index keeps less:
+    `index_view`)."""
     meta = body.get("metadata") or {}
     return {
         "apiVersion": body.get("apiVersion"),
@@ -40,6 +57,34 @@ def job_view(body: Mapping[str, Any]) -> dict[str, Any]:
         "spec": body.get("spec") or {},
         "status": body.get("status") or {},
     }
+
+
+def index_view(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What the job index keeps of a job: its `job_view` with its GPU request (`gpus`, for the metrics), and
+    its spec whole only when `whole_spec`; otherwise only `SUMMARY_FIELDS` of it, marked `PARTIAL_SPEC`."""
+    view = job_view(body)
+    view["gpus"] = requested_gpus(view)
+    if not whole_spec(view):
+        view["spec"] = {key: view["spec"][key] for key in SUMMARY_FIELDS if key in view["spec"]}
+        view[PARTIAL_SPEC] = True
+    return view
+
+
+def whole_spec(view: Mapping[str, Any]) -> bool:
+    """Whether the job index keeps a job's whole spec: not when its status refuses this generation (invalid,
+    or not allowed: nothing reads the spec again until it changes), nor when it is larger than any spec
+    validation accepts (`INDEX_SPEC_LIMIT`)."""
+    status, generation = view["status"], view["metadata"].get("generation")
+    ready = find(status.get("conditions") or [], ConditionType.READY) or {}
+    refused = (
+        Phase.of(status.get("phase")) is Phase.FAILED
+        and status.get("observedGeneration") == generation
+        and ready.get("reason") in REFUSED_REASONS
+    )
+    return (
+        not refused
+        and len(json.dumps(view["spec"], separators=(",", ":"), ensure_ascii=False).encode()) <= INDEX_SPEC_LIMIT
+    )
 
 
 def job_document(job: Mapping[str, Any]) -> dict[str, Any]:

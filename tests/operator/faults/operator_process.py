@@ -90,10 +90,13 @@ class OperatorProcess:
                 return int(line.split()[1]) / 1024
         raise RuntimeError("no VmRSS")
 
-    def metric(self, name: str) -> float:
-        """The value of an unlabelled metric on /metrics."""
+    def metric(self, name: str, **labels: str) -> float:
+        """The value of a metric on /metrics: unlabelled, or the series of `labels` (0 before its first count)."""
+        series = name + ("{" + ",".join(f'{key}="{value}"' for key, value in labels.items()) + "}" if labels else "")
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
             for line in resp.read().decode().splitlines():
-                if line.startswith(name + " "):
-                    return float(line.split()[1])
+                if line.startswith(series + " "):
+                    return float(line.split()[-1])
+        if labels:
+            return 0.0
         raise KeyError(name)

@@ -16,10 +16,12 @@ class CheckpointSpec(ApiModel):
     storage_path: Location | None = Field(
         default=None,
         description=(
-            "Where checkpoints and the trained model go: an object-store URI or an absolute path on a "
-            "writable shared volume (a ReadWriteMany claim). Required on a cluster, where every worker "
-            "pod uploads its own checkpoints; `rocmtrain run` also accepts a `./` path relative to the job "
-            "file and defaults to ./runs."
+            "Where checkpoints and the trained model go, the same bytes for every Ray pod and outliving them: "
+            "an object-store URI that names its bucket or container (s3://bucket/path, gs://, gcs://, abfs://), "
+            "or an absolute path on a writable persistentVolumeClaim (ReadWriteMany) or nfs volume in "
+            "spec.volumeMounts; a path on an emptyDir, ephemeral, csi, secret or configMap volume is refused. "
+            "Required on a cluster, where every worker pod uploads its own checkpoints; `rocmtrain run` also "
+            "accepts a `./` path relative to the job file and defaults to ./runs."
         ),
     )
     keep_last: int = Field(default=2, ge=1, le=100, description="Checkpoints to keep; older ones are deleted.")

@@ -22,6 +22,19 @@ class DeliveryState(StrEnum):
     PENDING = "Pending"  # not yet delivered: sent again after an operator restart
     DELIVERED = "Delivered"
     FAILED = "Failed"  # given up
+    DROPPED = "Dropped"  # never queued: its namespace's share of the queue was full, or its job over its rate
+
+
+class DeliveryFailure(StrEnum):
+    """Why a notice was not delivered, as its job's owner is told (`status.notifications[].failure`): a class,
+    never a probe's detail (which answer, or none, came from where); the operator's log keeps the detail."""
+
+    NOT_DELIVERED = "NotDelivered"  # the receiver did not take it: no answer, or not a 2xx, or failing lately
+    ADDRESS_REFUSED = "AddressRefused"  # the receiver's address is not one the operator may reach
+    SECRET_UNUSABLE = "SecretUnusable"  # noqa: S105 (a reason, not a secret): the Secret, its URL or key unusable
+    SEND_ERROR = "SendError"  # the operator could not send it (a URL it cannot encode, or its own error)
+    QUEUE_FULL = "QueueFull"  # dropped: the namespace's share of the notification queue was full
+    RATE_LIMITED = "RateLimited"  # dropped: the job notified more often than its rate
 
 
 class NotificationSecretRef(ApiModel):

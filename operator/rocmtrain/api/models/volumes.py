@@ -174,6 +174,17 @@ class Volume(ApiModel):
             raise ValueError("a volume needs exactly one source of: " + ", ".join(VOLUME_SOURCES))
         return self
 
+    @property
+    def source(self) -> str:
+        """The kind of its source, as the API spells it (`persistentVolumeClaim`, `emptyDir`, ...)."""
+        return next(s for s in VOLUME_SOURCES if getattr(self, to_snake(s)) is not None)
+
+    @property
+    def read_only_source(self) -> bool:
+        """Whether its source's own `readOnly` makes it read-only (a claim, an NFS export, a CSI volume)."""
+        source = self.persistent_volume_claim or self.nfs or self.csi
+        return bool(source is not None and source.read_only)
+
 
 class VolumeMount(ApiModel):
     """Where a volume appears inside the Ray containers."""
