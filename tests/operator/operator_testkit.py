@@ -79,6 +79,18 @@ def wait_until(check: Callable[[], Any], timeout: float = 2.0, what: str = "cond
         time.sleep(interval)
 
 
+def not_in(small: Any, big: Any, path: str = "") -> list[str]:
+    """The paths of `small` that `big` does not hold, field by field (the API server adds defaults to what was
+    sent): none when `small` is contained in `big`."""
+    if isinstance(small, dict) and isinstance(big, dict):
+        return [found for k, v in small.items() for found in not_in(v, big.get(k), f"{path}.{k}")]
+    if isinstance(small, list) and isinstance(big, list) and len(small) == len(big):
+        return [
+            found for i, (a, b) in enumerate(zip(small, big, strict=True)) for found in not_in(a, b, f"{path}[{i}]")
+        ]
+    return [] if small == big else [f"{path}: {small!r}, not {big!r}"]
+
+
 def job_manifest(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
     """A small valid job (two 8-GPU workers, checkpoints in an object store) with `spec` overrides."""
     base: dict[str, Any] = {

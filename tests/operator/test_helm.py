@@ -128,6 +128,10 @@ def test_values_set_the_image_resources_policy_and_network_policy(helm_home: Pat
         "policy.protectedNamespaces": "{kube-system,finance}",
         "policy.maxWorkerPods": "64",
         "policy.maxJobGpus": "256",
+        "policy.allowedNfsServers": "{nfs.storage.local}",
+        "policy.allowedCsiDrivers": "{s3.csi.aws.com,gcsfuse.csi.storage.gke.io}",
+        "policy.defaultQueue": "team",
+        "policy.requireQueue": "true",
         "networkPolicy.enabled": "false",
         "extraEnv[0].name": "ROCMTRAIN_NOTIFY_URL",
         "extraEnv[0].value": "https://hooks.example.com/training",
@@ -142,9 +146,28 @@ def test_values_set_the_image_resources_policy_and_network_policy(helm_home: Pat
     assert policy.priority_classes == ("training",) and policy.kueue_priority_classes == ("batch-low", "batch-high")
     assert (policy.max_worker_pods, policy.max_gpus) == (64, 256)
     assert policy.protected_namespaces == ("kube-system", "finance")
+    assert policy.nfs_servers == ("nfs.storage.local",)
+    assert policy.csi_drivers == ("s3.csi.aws.com", "gcsfuse.csi.storage.gke.io")
+    assert (policy.default_queue, policy.require_queue) == ("team", True)
     assert config.stall_seconds == 600
     assert config.notification is not None and config.notification.url == "https://hooks.example.com/training"
     assert "NetworkPolicy" not in {o["kind"] for o in objs}
+
+
+def test_the_egress_value_renders_what_the_egress_component_builds_with_the_allowed_receivers(
+    helm_home: Path, tmp_path: Path
+):
+    values = {"namespace.create": "true", "networkPolicy.egress": "true"}
+    built = overlay(tmp_path / "egress", components=["egress"])
+    assert keyed(template(helm_home, OPERATOR_NAMESPACE, values)) == keyed(built)
+    cidrs = {"notifications.allowedCidrs": "{10.20.0.0/16,fd00::/8}", "notifications.clusterCidrs": "{100.96.0.0/12}"}
+    objs = template(helm_home, OPERATOR_NAMESPACE, {**values, **cidrs})
+    (policy,) = [o for o in objs if o["metadata"]["name"] == "rocm-train-operator-egress"]
+    allowed = [{"ipBlock": {"cidr": "10.20.0.0/16"}}, {"ipBlock": {"cidr": "fd00::/8"}}]
+    assert policy["spec"]["egress"][-1] == {"to": allowed}
+    env = {**literal_env(operator_container(objs)), "ROCMTRAIN_OPERATOR_NAMESPACE": OPERATOR_NAMESPACE}
+    receivers = OperatorConfig.from_env(env).receivers
+    assert [str(n) for n in (*receivers.allowed, *receivers.cluster)] == ["10.20.0.0/16", "fd00::/8", "100.96.0.0/12"]
 
 
 # ---- on the lean control plane ------------------------------------------------------------------

@@ -9,17 +9,39 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes.client.exceptions import ApiException
-from operator_testkit import OPERATOR_NAMESPACE, RAYJOBS, Api, Operator, job_manifest, wait_until
+from operator_testkit import (
+    OPERATOR_NAMESPACE,
+    RAYJOBS,
+    Api,
+    Operator,
+    head_container,
+    job_manifest,
+    not_in,
+    wait_until,
+)
 
+from rocmtrain import cli
 from rocmtrain.api.condition_reasons import ConditionType, Reason
+from rocmtrain.api.contract import (
+    JOB_ENV,
+    KUBEFLOW_CA_ENV,
+    KUBEFLOW_TOKEN_ENV,
+    KUBEFLOW_URL_ENV,
+    PROGRESS_TOKEN_ENV,
+    PROGRESS_URL_ENV,
+    PROGRESS_VOLUME,
+)
 from rocmtrain.progress import tls
+from rocmtrain.render.options import PLACEHOLDER_PROGRESS_URL
 from rocmtrain_testworld.kubecluster import KubeCluster, free_port
 from unit.test_validate import RESERVED_SPELLINGS
 
@@ -135,6 +157,33 @@ def test_with_job_network_policies_off_the_rayjob_comes_without_one(
     policies = kube.request("GET", f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies")
     assert policies["items"] == []
     assert api.condition(ns, "open", ConditionType.BLOCKED).get("status") != "True"
+
+
+def test_render_prints_what_the_operator_applies(
+    kube: KubeCluster, api: Api, ns: str, operator: Operator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """`rocmtrain render` of a job with its own code is the RayJob the operator makes of it, field by field, the
+    progress variables and volume included, apart from the address of the operator's progress endpoint (a
+    placeholder: it exists only on the cluster)."""
+    manifest = job_manifest("previewed", ns, code={"command": ["python", "train.py"]})
+    kube.create(manifest)
+    rayjob = wait_until(lambda: api.rayjob(ns, "previewed"), timeout=30, interval=0.2, what="the RayJob")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(manifest))
+    assert cli.main(["render", str(tmp_path / "job.yaml")]) == 0
+    endpoint = f"https://localhost:{operator.extra_env['ROCMTRAIN_PROGRESS_ADVERTISE_PORT']}"
+    rendered = yaml.safe_load(capsys.readouterr().out.replace(PLACEHOLDER_PROGRESS_URL, endpoint))
+    applied = head_container(rayjob["spec"]["rayClusterSpec"])
+    (job_var,) = [var for var in applied["env"] if var["name"] == JOB_ENV]
+    job_json = json.loads(job_var["value"])
+    assert job_json["metadata"].pop("uid") == api.job(ns, "previewed")["metadata"]["uid"]  # the cluster's own
+    job_var["value"] = json.dumps(job_json, sort_keys=True, separators=(",", ":"))
+    rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0] = applied
+    assert not_in(rendered["spec"], rayjob["spec"]) == [], "render differs from the RayJob the operator applied"
+    assert rendered["metadata"]["labels"] == rayjob["metadata"]["labels"]
+    head = rendered["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    names = {var["name"] for var in head["containers"][0]["env"]}
+    assert names >= {KUBEFLOW_URL_ENV, KUBEFLOW_TOKEN_ENV, KUBEFLOW_CA_ENV, PROGRESS_URL_ENV, PROGRESS_TOKEN_ENV}
+    assert PROGRESS_VOLUME in {volume["name"] for volume in head["volumes"]}
 
 
 def test_an_admission_policy_refusing_the_rayjob_shows_its_message(kube: KubeCluster, api: Api, ns: str):

@@ -200,6 +200,8 @@ ALLOWED = [
     ("get", "apiextensions.k8s.io", "customresourcedefinitions", ""),
     ("watch", "apiextensions.k8s.io", "customresourcedefinitions", ""),
     ("create", "", "events", ""),
+    ("list", "", "events", ""),  # the events on pods whose volumes cannot be mounted (field-selected by reason)
+    ("watch", "", "events", ""),
     ("create", "authentication.k8s.io", "tokenreviews", ""),
     ("create", "authorization.k8s.io", "subjectaccessreviews", ""),  # who may scrape /metrics
     ("get", "", "pods", ""),
@@ -210,6 +212,7 @@ ALLOWED = [
     ("watch", "kueue.x-k8s.io", "workloads", ""),
     ("get", "kueue.x-k8s.io", "clusterqueues", ""),
     ("list", "kueue.x-k8s.io", "clusterqueues", ""),  # a cohort's quotas, for status.queue
+    ("get", "", "persistentvolumeclaims", ""),  # the access modes of a checkpoints' claim
 ]
 DENIED = [
     ("update", "ray.io", "rayjobs", ""),
@@ -231,6 +234,10 @@ DENIED = [
     ("patch", "", "events", ""),
     ("list", "ray.io", "rayclusters", ""),
     ("create", "ray.io", "rayclusters", ""),
+    ("list", "", "persistentvolumeclaims", ""),  # one claim by name: get only
+    ("watch", "", "persistentvolumeclaims", ""),
+    ("patch", "", "persistentvolumeclaims", ""),
+    ("get", "", "persistentvolumes", ""),
 ]
 
 
@@ -256,6 +263,7 @@ def test_service_account_may_do_what_the_operator_needs_and_no_more(operator_kub
                 "tokenreviews",
                 "subjectaccessreviews",
                 "clusterqueues",
+                "persistentvolumes",
             )
             if resource not in cluster_scoped:
                 attributes["namespace"] = "some-team"

@@ -8,15 +8,16 @@ played by kwok (rocmtrain_testworld/kwok_behaviours.yaml): there are no containe
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
-from operator_testkit import SMALL, WORLD_TIMEOUT, Api, wait_until
+from operator_testkit import SMALL, WORLD_TIMEOUT, Api, Operator, wait_until
 
 from rocmtrain.api.condition_reasons import ConditionType, Reason
-from rocmtrain_testworld import kuberay, kwok
+from rocmtrain_testworld import kuberay, kwok, runtime
 from rocmtrain_testworld.nodes import MI300X_LABELS, PRODUCT_LABEL
-from rocmtrain_testworld.world import World
+from rocmtrain_testworld.world import Scope, World
 
 pytestmark = pytest.mark.cluster
 
@@ -147,3 +148,25 @@ def test_a_worker_pod_the_api_server_refuses_is_explained_with_its_words(world_a
     api.wait_status(ns, "bert", "the worker ready", lambda s: s.get("workersReady") == 1)
     wait_condition(api, ns, "bert", "False", Reason.RAY_PODS_AVAILABLE)
     assert warnings(api, ns, "bert") == posted
+
+
+def test_a_configmap_the_job_mounts_and_nobody_made_is_named_on_the_job(
+    world: World, world_api: Api, world_operator: Operator, scope: Scope
+):
+    """The issue's case: the job's code ConfigMap was never created, and its pods sat in ContainerCreating.
+    Only an event on the pod says why (FailedMount); here the process runtime, the world's TEST-ONLY kubelet of
+    its CPU nodes, mounts the volumes and posts it as a kubelet does (kwok's nodes mount nothing)."""
+    if world.runtime is None:
+        reason = f"no process runtime here: {runtime.network.available()}"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    api, ns = world_api, scope.namespace("mount", processes=True)
+    code = {"volumes": [{"name": "code", "configMap": {"name": "recipe"}}]}
+    api.create_job(ns, "blog", timeout=WORLD_TIMEOUT, resources=SMALL, **code,
+                   volumeMounts=[{"name": "code", "mountPath": "/code"}])  # fmt: skip
+    missing = wait_condition(api, ns, "blog", "True", Reason.FAILED_MOUNT)
+    assert missing["message"].startswith("pod") and 'configmap "recipe" not found' in missing["message"], missing
+    assert api.phase(ns, "blog") == "Initializing"
+    posted = wait_until(lambda: warnings(api, ns, "blog"), timeout=WORLD_TIMEOUT, what="the warning event")
+    assert [reason for reason, _ in posted] == [Reason.FAILED_MOUNT]

@@ -16,7 +16,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from fakes import merge_patch
-from rocmtrain.api.condition_reasons import Reason
+from rocmtrain.api.condition_reasons import ConditionType, Reason
 from rocmtrain.api.contract import PROGRESS_AUDIENCE, progress_path
 from rocmtrain.api.errors import Conflict
 from rocmtrain.api.models import RocmTrainingJob
@@ -29,10 +29,12 @@ from rocmtrain.serving import errors
 from rocmtrain.serving.errors import Forbidden, Gone, Unauthenticated, Unavailable
 from rocmtrain.serving.rate import RateLimiter
 from rocmtrain.status import notifications
+from unit.test_status import CODE, T0, conditions, observe, running_rayjob
 
 NOW = dt.datetime(2025, 3, 1, tzinfo=dt.UTC)
 POD = Identity(namespace="team-a", service_account="default", pod_name="job1-head", pod_uid="uid-1")
-TOKENS = {"good": POD, "other-ns": Identity("team-b", "default", "x-head", "uid-9")}
+WORKER = Identity(namespace="team-a", service_account="default", pod_name="job1-worker-a1", pod_uid="uid-2")
+TOKENS = {"good": POD, "worker": WORKER, "other-ns": Identity("team-b", "default", "x-head", "uid-9")}
 URL = "/v1/namespaces/team-a/rocmtrainingjobs/job1/progress"
 REPORT = {"progress": {"step": 5, "totalSteps": 50, "percent": 10}, "metrics": {"trainLoss": 1.25}}
 
@@ -82,7 +84,7 @@ async def authenticate(token: str) -> Identity:
 
 
 async def authorise(identity: Identity, job: Mapping[str, Any]) -> None:
-    if identity.pod_uid != "uid-1" or job["metadata"]["name"] != "job1":
+    if identity.pod_uid not in (POD.pod_uid, WORKER.pod_uid) or job["metadata"]["name"] != "job1":
         raise Forbidden("token's pod is not part of this job's Ray cluster")
 
 
@@ -143,6 +145,16 @@ async def test_a_job_that_ends_while_its_report_is_written_keeps_what_it_ended_w
     jobs.patch_status = ending  # type: ignore[method-assign]
     resp = await http.post(URL, json=REPORT, headers=bearer("good"))
     assert resp.status == 409 and not jobs.patches
+
+
+async def test_two_pods_of_the_job_that_take_turns_reporting_are_two_rank_zeros(http: TestClient, jobs: Jobs):
+    """The pod of each report is its token's; the status mapping then warns (`tests/unit/test_report_checks.py`)."""
+    for token in ("good", "worker", "good", "worker"):
+        assert (await http.post(URL, json=REPORT, headers=bearer(token))).status == 204
+    status = jobs.objects["team-a", "job1"]["status"]
+    assert (status["reportingPods"], status["reportingTurns"]) == ([WORKER.pod_name, POD.pod_name], 2)
+    said = observe({"phase": "Running", **status}, running_rayjob(T0), spec=CODE)
+    assert conditions(said)[ConditionType.NOT_DATA_PARALLEL] == ("True", Reason.TWO_RANK_ZEROS)
 
 
 async def test_healthz(http: TestClient):

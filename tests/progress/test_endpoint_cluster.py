@@ -380,17 +380,23 @@ def test_a_code_jobs_worker_reports_in_kubeflows_protocol_into_the_status(
     kube: KubeCluster, client: Client, namespace: str
 ):
     """KubeflowCallback reports from Ray Train's rank 0, on a worker pod: its token writes the job's status,
-    which `kubectl get` shows; the head's token too."""
+    which `kubectl get` shows; the head's token too, and two pods taking turns are named (NotDataParallel)."""
     head = new_code_job(kube, namespace)
     worker = create_ray_pod(kube, head, "worker")
-    assert post_kep(client, head, KEP, bound_token_for(kube, head.namespace, worker)) == 204
+    worker_token = bound_token_for(kube, head.namespace, worker)
+    assert post_kep(client, head, KEP, worker_token) == 204
     status = head.job_object(kube)["status"]
     assert status["progress"] == {"step": 20, "totalSteps": 80, "percent": 25, "etaSeconds": 60}
     assert status["metrics"] == {"trainLoss": 0.61, "custom": [{"name": "grad_norm", "value": 1.5}]}
     RocmTrainingJobStatus.model_validate(status)
     printed = kube.printed(head.job_path)
     assert (printed["Progress"], printed["Loss"], printed["ETA"]) == (25, 0.61, 60)
-    assert post_kep(client, head, KEP, bound_token(kube, head)) == 204
+    head_token = bound_token(kube, head)
+    for token in (head_token, worker_token, head_token):
+        assert post_kep(client, head, KEP, token) == 204
+    status = head.job_object(kube)["status"]
+    assert status["reportingPods"] == [head.pod["metadata"]["name"], worker["metadata"]["name"]]
+    assert status["reportingTurns"] == 2
 
 
 def test_the_kubeflow_path_refuses_what_ours_refuses(kube: KubeCluster, client: Client, namespace: str):

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
 
 from rocmtrain.api.models import Metrics, Progress, ProgressReport
+from rocmtrain.api.models.metrics import CustomMetric
+from rocmtrain_train.driver import own_code
 from rocmtrain_train.reporting.console_sink import ConsoleSink
 
 TOTAL = 4
@@ -95,3 +99,28 @@ def test_a_language_model_shows_perplexity_and_exact_match_in_place_of_accuracy(
     )
     line = stream.getvalue().splitlines()[0]
     assert line == "step 1/4 epoch 0.25 loss=2.0000 lr=- ppl=7.39 em=0.250 samples/s=10.0 eta=00:30"
+
+
+def test_a_report_before_the_first_step_shows_dashes_and_a_reported_loss_is_one_row():
+    """A Hugging Face Trainer's first report (it began, no step yet), then its last: `train_loss` among its custom
+    metrics is the train loss a row shows already."""
+    stream = io.StringIO()
+    sink = ConsoleSink(stream)
+    sink.emit(ProgressReport(progress=Progress(total_steps=135), metrics=Metrics()))
+    final = Metrics(
+        train_loss=1.0243, custom=[CustomMetric(name="train_loss", value=1.5), CustomMetric(name="x", value=2)]
+    )
+    sink.emit(ProgressReport(progress=Progress(step=135, total_steps=135), metrics=final, final=True))
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("step -/135 epoch - loss=-")
+    assert [line.split()[0] for line in lines[2:-1]] == ["steps", "train", "x"]
+
+
+def test_the_codes_own_tqdm_bars_are_off_while_the_run_draws_its_bar():
+    """`rocmtrain run` of a job's own code: one bar on a terminal. tqdm (4.66 and later) reads TQDM_DISABLE."""
+    assert own_code.own_bars_off(True, {}) == {"TQDM_DISABLE": "1"}
+    assert own_code.own_bars_off(False, {}) == {} and own_code.own_bars_off(True, {"TQDM_DISABLE": "0"}) == {}
+    probe = "from tqdm import tqdm; print(tqdm(range(2)).disable)"
+    env = {**os.environ, **own_code.own_bars_off(True, {})}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "True"

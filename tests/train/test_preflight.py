@@ -123,7 +123,7 @@ def test_the_cluster_driver_exits_2_on_a_job_that_cannot_run_so_ray_train_never_
         {
             "model": {"source": str(tiny_bert), "maxSeqLength": 512},
             "data": {"train": {"uri": str(EXAMPLES / "data" / "train.jsonl")}, "eval": None},
-            "volumes": [{"name": "runs", "emptyDir": {}}],
+            "volumes": [{"name": "runs", "persistentVolumeClaim": {"claimName": "runs"}}],
             "volumeMounts": [{"name": "runs", "mountPath": "/mnt/shared"}],  # not under /tmp: the operator's
             "checkpoint": {"storagePath": "/mnt/shared/runs"},  # pre-flight refuses before anything is written
         },

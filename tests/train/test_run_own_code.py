@@ -4,15 +4,20 @@ on this machine.
 Real parts: `rocmtrain run` as a command, the scripts of tests/own_code as child processes, a plain Hugging Face
 `Trainer` with transformers' own KubeflowCallback, `rocmtrain_train.sdk`, a tiny BERT built from a config. The
 scripts run their training in the driver (`--in-driver`): Ray Train runs them on the test world
-(tests/e2e/test_training.py), and these tests start no Ray.
+(tests/e2e/test_training.py), and these tests start no Ray. Also here: the loopback endpoint's count of steps
+that went backwards, and Ray Train's default storage (its RunConfig, read in a child process) with what a
+run kept there is told.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,6 +27,10 @@ import yaml
 
 from own_code.expected import SDK_STEPS_LAST_METRICS, SDK_STEPS_LAST_PROGRESS
 from rocmtrain.api.contract import KUBEFLOW_URL_ENV, PROGRESS_URL_ENV
+from rocmtrain.api.models import ProgressReport, RocmTrainingJob
+from rocmtrain.api.tracebacks import USER_FRAMES
+from rocmtrain_train.driver import own_code
+from rocmtrain_train.reporting.local_endpoint import LocalEndpoint
 from train.conftest import save_tiny_bert
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "own_code"
@@ -81,7 +90,8 @@ def test_a_plain_hugging_face_trainer_reports_through_its_own_callback(tmp_path:
         and reported["progress"]["step"] == 6 == reported["progress"]["totalSteps"]
     )
     assert reported["metrics"]["trainLoss"] > 0 and reported["metrics"]["samplesPerSecond"] > 0
-    assert "grad_norm" in {m["name"] for m in reported["metrics"]["custom"]}
+    custom = {m["name"] for m in reported["metrics"]["custom"]}
+    assert "grad_norm" in custom and "train_loss" not in custom, "the run's mean train_loss is the loss field's"
     lines = (tmp_path / "runs" / "own" / "logs" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == reported["reports"]
     assert "train loss" in done.stderr and f"done: {reported['reports']} progress reports" in done.stdout
@@ -103,12 +113,13 @@ def test_a_failing_script_fails_the_run_with_its_error_line_and_frame_first(tmp_
     done, _ = run_job(tmp_path, ["python", str(SCRIPTS / "fails.py"), "--in-driver"], model)
     assert done.returncode == 1
     explained = done.stderr.split("training failed: ", 1)[1].splitlines()
-    assert explained[:3] == [
-        "ValueError: label 7 out of range 0..2",
+    assert explained[0] == "ValueError: label 7 out of range 0..2"
+    end = explained.index("(the command exited with 1)")
+    assert end <= 1 + 2 * USER_FRAMES, "the error and the user's innermost frames"
+    assert explained[end - 2 : end] == [
         f'  File "{SCRIPTS / "fails.py"}", line 10, in check',
         '    raise ValueError(f"label {label} out of range 0..2")',
     ]
-    assert explained[3] == "(the command exited with 1)"
 
 
 def test_a_script_that_reports_nothing_runs_with_the_contract(tmp_path: Path, model: Path) -> None:
@@ -124,3 +135,81 @@ def test_a_script_that_reports_nothing_runs_with_the_contract(tmp_path: Path, mo
     assert seen[KUBEFLOW_URL_ENV].endswith("/v1/namespaces/ml/rocmtrainingjobs/own/trainerstatus")
     assert Path(seen["ROCMTRAIN_PROGRESS_TOKEN"]).parent.name.startswith("rocmtrain-progress-")
     assert not Path(seen["ROCMTRAIN_PROGRESS_TOKEN"]).exists(), "the token goes with the run"
+
+
+class Kept:
+    """A sink that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.reports: list[ProgressReport] = []
+
+    def emit(self, report: ProgressReport) -> None:
+        self.reports.append(report)
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+def test_reports_whose_step_goes_backwards_are_explained_as_not_data_parallel(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two copies of one Trainer, each rank 0 of its own, as `rocmtrain run`'s endpoint gets their KEP-2779
+    reports: each starts (no step), then their steps interleave."""
+    kept = Kept()
+    endpoint = LocalEndpoint("ml", "own", [kept], tmp_path)
+    token = endpoint.token_file.read_text()
+    try:
+        for step in (None, None, 2, 1, 4, 3, 5):
+            metrics = [{"name": "total_steps", "value": "6"}] + (
+                [{"name": "current_step", "value": str(step)}] if step is not None else []
+            )
+            body = json.dumps({"trainerStatus": {"progressPercentage": 0, "metrics": metrics}}).encode()
+            headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+            url = endpoint.trainer_status_url  # the loopback endpoint's http URL
+            post = urllib.request.Request(url, data=body, headers=headers, method="POST")  # noqa: S310
+            with urllib.request.urlopen(post, timeout=30) as answer:  # noqa: S310
+                assert answer.status == 204
+    finally:
+        endpoint.close()
+    assert endpoint.backward_steps == 2 and len(kept.reports) == 7
+    warned = capsys.readouterr().err
+    assert warned.count("warning: the reported step went backwards 2 times") == 1 and "full copy" in warned
+    summary = own_code.CodeOutcome(kept.reports[-1], 7, endpoint.backward_steps).summary
+    assert summary["backwardSteps"] == 2
+
+
+# ---- Ray Train's default storage ----------------------------------------------------------------------------
+
+
+def test_ray_trains_default_storage_is_homes_ray_results_whatever_ray_storage_says(tmp_path: Path) -> None:
+    """What the operator's HOME on the head (`rocmtrain.render.env.code_home`) and the local note rely on: Ray
+    2.60's RunConfig takes its default from HOME (RAY_STORAGE is Ray Train v1's), and marks each run's folder."""
+    probe = (
+        "from ray.train import RunConfig; from ray.train.v2._internal.constants import "
+        "VALIDATE_STORAGE_MARKER_FILENAME as m; print(RunConfig().storage_path, m)"
+    )
+    env = {**os.environ, "HOME": str(tmp_path), "RAY_STORAGE": str(tmp_path / "elsewhere")}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == [str(tmp_path / own_code.RAY_RESULTS), own_code.STORAGE_MARKER]
+
+
+def test_a_run_in_ray_trains_default_storage_is_told_what_that_does_on_a_cluster(tmp_path: Path) -> None:
+    runs = tmp_path / own_code.RAY_RESULTS
+    for name, age in (("TorchTrainer_old", 3600), ("TorchTrainer_new", 0)):
+        (runs / name).mkdir(parents=True)
+        marker = runs / name / own_code.STORAGE_MARKER
+        marker.touch()
+        os.utime(marker, (time.time() - age, time.time() - age))
+    found = own_code.default_storage_runs(tmp_path, time.time() - 60)
+    assert found == [runs / "TorchTrainer_new"], "runs of earlier commands are not this one's"
+    job = RocmTrainingJob.model_validate(
+        {"metadata": {"name": "own"}, "spec": {"code": {"command": ["python", "t.py"]}, "checkpoint": {}}}
+    )
+    on_volume = own_code.default_storage_note(job, "/runs/own", found)
+    assert on_volume is not None and on_volume.startswith("note:") and "shared by every pod" in on_volume
+    in_bucket = RocmTrainingJob.model_validate(
+        {"metadata": {"name": "own"}, "spec": {**job.spec.dump(), "checkpoint": {"storagePath": "s3://bucket/runs"}}}
+    )
+    warned = own_code.default_storage_note(in_bucket, "s3://bucket/runs/default/own", found)
+    assert warned is not None and warned.startswith("warning:") and "storage_path='s3://bucket/runs'" in warned
+    assert own_code.default_storage_note(job, "/runs/own", []) is None

@@ -24,7 +24,7 @@ from rocmtrain_train.checkpoint import staging
 from rocmtrain_train.config import RunSettings
 from rocmtrain_train.driver.train_job import run_local
 from rocmtrain_train.trainer.torch_trainer import RunOutcome
-from train.jobs import job, settings
+from train.jobs import FAST, job, run_example, settings
 
 pytestmark = pytest.mark.ray
 
@@ -36,8 +36,10 @@ FAULTS = {"data": {"train": {"maxSamples": 640}}, "checkpoint": {"everySteps": 5
 
 @pytest.fixture(scope="module")
 def two_workers(ray_local, tmp_path_factory) -> tuple[RunSettings, RunOutcome]:
-    run = settings(job("two-workers"), tmp_path_factory.mktemp("two-workers"))
-    return run, run_local(run, console=False)
+    """The quickstart example, run with the command its header gives, on fewer and shorter reviews."""
+    run, outcome = run_example("quickstart.yaml", tmp_path_factory.mktemp("quickstart"), FAST)
+    assert isinstance(outcome, RunOutcome)
+    return run, outcome
 
 
 def test_two_workers_fine_tune_minilm(two_workers):

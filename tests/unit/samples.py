@@ -111,3 +111,10 @@ def example(name: str) -> dict[str, Any]:
     """The single job of examples/<name>."""
     (document,) = load_documents((EXAMPLES / name).read_text())
     return document
+
+
+def documented_commands(name: str) -> list[str]:
+    """The commands the header comment of examples/<name> gives (`#   python ...`, `#   rocmtrain run ...`), in
+    order, without their trailing remarks."""
+    header = (EXAMPLES / name).read_text().split("\napiVersion:", 1)[0]
+    return [line[1:].strip().split("  ")[0] for line in header.splitlines() if line.startswith("#   ")]

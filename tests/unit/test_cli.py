@@ -17,7 +17,7 @@ from rocmtrain.api.contract import DRIVER_MODULE
 from rocmtrain.api.models import STORAGE_REQUIRED
 from rocmtrain_testworld import rayjob_schema
 from unit.edits import Edit, both, drop, put
-from unit.samples import EXAMPLES, example, full_job, minimal_job
+from unit.samples import EXAMPLES, documented_commands, example, full_job, minimal_job
 
 CLUSTER_EXAMPLES = [
     "cluster-mi300x.yaml",
@@ -88,13 +88,24 @@ def test_local_examples_are_local_jobs(capsys: pytest.CaptureFixture[str], name:
     ]
 
 
+@pytest.mark.parametrize("name", [*LOCAL_EXAMPLES, "own-code/job.yaml"])
+def test_each_local_example_runs_with_the_commands_the_readme_gives(name: str) -> None:
+    """The commands an example's header gives (`#   python ...`, `#   rocmtrain run ...`): the run is of that
+    example, and every command it needs first is in the README too, where the example is listed."""
+    commands = documented_commands(name)
+    runs = [command for command in commands if command.startswith("rocmtrain run ")]
+    assert runs == [f"rocmtrain run examples/{name}"], commands
+    readme = (EXAMPLES.parent / "README.md").read_text().replace("\n", " ")
+    assert [command for command in commands if command not in runs and command not in readme] == []
+
+
 def test_multi_document_files(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = write(tmp_path, full_job(), minimal_job())
     code, out, _ = run(capsys, "render", path)
     assert code == 0
     assert [r["metadata"]["name"] for r in yaml.safe_load_all(out)] == ["sample", "minimal"]
     code, out, _ = run(capsys, "validate", path)
-    assert (code, out) == (0, f"{path}: OK (sample, minimal)\n")
+    assert (code, out.split(" within ")[0]) == (0, f"{path}: OK (sample, minimal)")
 
 
 def test_validate_reports_every_error_of_every_document(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -117,8 +128,8 @@ def test_validate_reports_every_error_of_every_document(capsys: pytest.CaptureFi
 
 
 def test_stdin(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "stdin", io.StringIO(yaml.safe_dump(full_job())))
-    assert run(capsys, "validate", "-")[1] == "-: OK (sample)\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(yaml.safe_dump(full_job()).encode())))
+    assert run(capsys, "validate", "-")[1].startswith("-: OK (sample) within ")
 
 
 @pytest.mark.parametrize(

@@ -290,6 +290,36 @@ def test_without_model_and_data_the_code_gets_no_such_variables_and_without_an_e
     assert rayjob["spec"]["entrypoint"] == "python -m team.train --fast"
 
 
+def test_on_a_volume_ray_trains_default_storage_is_the_run_folder_of_every_pod() -> None:
+    """The head's HOME is the run folder, so the driver's `~/ray_results` (Ray Train's default storage, which
+    it passes to the workers) lies on the volume every pod mounts; the workers' HOME stays /tmp."""
+    manifest = full_job()
+    manifest["spec"]["code"] = {"command": ["python", "/code/train.py"]}
+    cluster = render_rayjob(job_of(manifest), options=OPTIONS)["spec"]["rayClusterSpec"]
+    head = env(cluster["headGroupSpec"]["template"]["spec"]["containers"][0])
+    worker = env(cluster["workerGroupSpecs"][0]["template"]["spec"]["containers"][0])
+    assert head["HOME"] == head[STORAGE_PATH_ENV] == "/checkpoints/sample/ml/sample"
+    assert (head["XDG_CACHE_HOME"], head["XDG_CONFIG_HOME"]) == ("/tmp/.cache", "/tmp/.config")
+    assert worker["HOME"] == "/tmp" and "XDG_CACHE_HOME" not in worker
+
+
+@pytest.mark.parametrize(
+    ("code", "spec", "home"),
+    [
+        (None, {}, "/tmp"),  # the built-in loop names its storage
+        ({"command": ["python", "t.py"]}, {"env": [{"name": "HOME", "value": "/work"}]}, "/work"),  # the user's
+        ({"command": ["python", "t.py"]}, {"checkpoint": {"storagePath": "s3://bucket/runs"}}, "/tmp"),  # no path
+    ],
+)
+def test_the_heads_home_stays_where_it_cannot_or_need_not_be_the_run_folder(
+    code: dict[str, Any] | None, spec: dict[str, Any], home: str
+) -> None:
+    manifest = full_job()
+    manifest["spec"].update(spec, **({"code": code} if code else {}))
+    head = render_rayjob(job_of(manifest))["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert env(head["containers"][0])["HOME"] == home
+
+
 def test_everything_but_the_entrypoint_and_the_contract_renders_as_for_a_built_in_job() -> None:
     """Resources, GPU model, scheduling, Kueue, images, env, volumes, fault tolerance, lifecycle and suspend:
     the RayJob of a job with code differs from the same job's without only where code needs it."""
@@ -307,7 +337,11 @@ def test_everything_but_the_entrypoint_and_the_contract_renders_as_for_a_built_i
         cluster = rayjob["spec"]["rayClusterSpec"]
         for pod in (cluster["headGroupSpec"]["template"]["spec"], cluster["workerGroupSpecs"][0]["template"]["spec"]):
             container = pod["containers"][0]
-            container["env"] = [v for v in container["env"] if not v["name"].startswith(("ROCMTRAIN_", "KUBEFLOW_"))]
+            container["env"] = [
+                v
+                for v in container["env"]
+                if not v["name"].startswith(("ROCMTRAIN_", "KUBEFLOW_", "HOME", "XDG_"))  # HOME: `code_home`
+            ]
             container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "rocmtrain-progress"]
             pod["volumes"] = [v for v in pod["volumes"] if v["name"] != "rocmtrain-progress"]
         return rayjob

@@ -18,10 +18,12 @@ from typing import Any
 import pytest
 
 from fakes import merge_patch
+from rocmtrain.api.condition_reasons import Reason
 from rocmtrain.controller import reconciler as reconciler_module
 from rocmtrain.controller.reconciler import Reconciler
 from rocmtrain.controller.settings import OperatorConfig
-from rocmtrain.status.objects import rayjob_view
+from rocmtrain.kube.client import JOBS
+from rocmtrain.status.objects import PARTIAL_SPEC, index_view, rayjob_view
 from rocmtrain.status.phase import Hold, HoldKind
 from unit.samples import minimal_job
 
@@ -201,3 +203,81 @@ def test_a_sync_reads_the_jobs_rayjob_once(held: bool) -> None:
         assert kube.spec_patches == [{"suspend": True}]  # a held job's RayJob takes its mutable fields too
 
     asyncio.run(scenario())
+
+
+class _WithJob(_OneRayJob):
+    """`_OneRayJob` that also holds the job itself, as the API server stores it."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        super().__init__()
+        self.job = job
+        self.job_reads = 0
+
+    async def get(self, ref: Any, namespace: str, name: str) -> dict[str, Any] | None:
+        if ref is JOBS:
+            self.job_reads += 1
+            return copy.deepcopy(self.job)
+        return await super().get(ref, namespace, name)
+
+
+def test_a_job_the_index_keeps_without_its_spec_is_read_from_the_api_server_when_validated() -> None:
+    """An oversized job's index view (`index_view`) holds none of its spec: a sync from it (a retry) reads the
+    whole job, of the same generation, and refuses it for its size; a newer generation is left to its own event."""
+    job = _job(3, suspend=False)
+    job["spec"]["env"] = [{"name": f"V{i}", "value": "x" * 4096} for i in range(30)]
+    view = index_view(job)
+    assert view[PARTIAL_SPEC] is True and "env" not in view["spec"]
+
+    async def scenario() -> _WithJob:
+        kube = _WithJob(job)
+        await _reconciler(kube).sync(view, [])
+        kube.job = {**job, "metadata": {**job["metadata"], "generation": 4}}
+        with pytest.raises(LookupError, match="changed while its spec was read"):
+            await _reconciler(kube).sync(view, [])
+        return kube
+
+    kube = asyncio.run(scenario())
+    assert kube.job_reads == 2 and kube.rayjob is None
+    assert kube.statuses[0]["phase"] == "Failed" and "ROCMTRAIN_JOB" in kube.statuses[0]["conditions"][0]["message"]
+
+
+class _WithClaim(_OneRayJob):
+    """`_OneRayJob` with one ReadWriteOnce PersistentVolumeClaim, `runs`; its reads and the events are kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claim_reads: list[str] = []
+        self.events: list[tuple[str, str]] = []
+
+    async def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.claim_reads.append(name)
+        return {"metadata": {"name": name}, "spec": {"accessModes": ["ReadWriteOnce"]}} if name == "runs" else None
+
+    async def post_event(self, job: Any, *, type: str, reason: str, message: str) -> None:
+        self.events.append((type, reason))
+
+
+def test_a_checkpoint_claim_is_read_and_warned_about_once_per_generation() -> None:
+    """A held job is synced again and again: its claim is read once per generation, and a claim that does not
+    exist (or that the operator may not read) gives no warning."""
+
+    def on_claim(generation: int, claim: str) -> dict[str, Any]:
+        job = _job(generation, suspend=False)
+        job["spec"].update(
+            volumes=[{"name": "runs", "persistentVolumeClaim": {"claimName": claim}}],
+            volumeMounts=[{"name": "runs", "mountPath": "/runs"}],
+            checkpoint={"storagePath": "/runs/minimal"},
+        )
+        return job
+
+    async def scenario() -> _WithClaim:
+        kube = _WithClaim()
+        reconciler = _reconciler(kube, hold=Hold(HoldKind.BLOCKED, "Held", "held"))
+        for generation, claim in ((1, "runs"), (1, "runs"), (2, "runs"), (3, "missing"), (3, "missing")):
+            await reconciler.sync(on_claim(generation, claim), [])
+        return kube
+
+    kube = asyncio.run(scenario())
+    assert kube.claim_reads == ["runs", "runs", "missing"]
+    warned = [event for event in kube.events if event[1] == Reason.CHECKPOINT_CLAIM_NOT_SHARED]
+    assert warned == [("Warning", Reason.CHECKPOINT_CLAIM_NOT_SHARED)] * 2

@@ -315,6 +315,20 @@ def test_shared_memory_is_an_in_memory_volume(full: RocmTrainingJob) -> None:
     assert sizes == {"worker": "24Gi", "head": "12Gi"}
 
 
+@pytest.mark.parametrize(
+    ("memory", "shared", "worker_shm"),
+    [("2Gi", None, "1Gi"), ("3G", None, "1500M"), ("64Gi", None, "16Gi"), ("2Gi", "2Gi", "2Gi")],
+)
+def test_shared_memory_defaults_to_half_the_memory_at_most_16gi(memory: str, shared: str | None, worker_shm: str):
+    """Unset, it never refuses its own job (a 2Gi CPU worker on a workstation gets 1Gi); a set value is kept."""
+    manifest = minimal_job()
+    manifest["spec"]["resources"] = {"memoryPerWorker": memory} | ({"sharedMemory": shared} if shared else {})
+    valid, errors = validate_job(manifest, context="cluster")
+    assert valid is not None, errors
+    spec = pods(render_rayjob(valid))["worker"]["spec"]
+    assert [v["emptyDir"]["sizeLimit"] for v in spec["volumes"] if v["name"] == "dshm"] == [worker_shm]
+
+
 def test_user_volumes_and_mounts_reach_head_and_workers(full: RocmTrainingJob) -> None:
     for role in ("head", "worker"):
         spec = pods(render_rayjob(full))[role]["spec"]

@@ -218,7 +218,7 @@ def test_the_drivers_own_error_comes_first_in_the_failed_condition():
     failed = next(c for c in statuses[-1]["conditions"] if c["type"] == ConditionType.FAILED)
     first, _, rest = failed["message"].partition("\n")
     assert first == "/data/train.jsonl: cannot read it as jsonl: JSON parse error"
-    assert rest == ray_message, "Ray's own words follow"
+    assert rest == "(the Ray job's entrypoint exited with code 2)", "the exit code follows, not the log"
     (event,) = transition_events(statuses[0], statuses[1])
     assert event.message.startswith("Running → Failed: /data/train.jsonl: cannot read it as jsonl")
 
@@ -856,6 +856,6 @@ def test_own_code_that_fails_shows_its_error_line_and_frame_first():
         '  File "/code/train.py", line 10, in check',
         '    raise ValueError(f"label {label} out of range 0..2")',
     ]
-    assert lines[3].startswith("Job entrypoint command failed with exit code 1"), "Ray's own words follow"
+    assert lines[3:] == ["(the Ray job's entrypoint exited with code 1)"], "the exit code follows, not the log"
     (event,) = transition_events(statuses[0], statuses[1])
     assert event.message.startswith("Running → Failed: ValueError: label 7 out of range 0..2\n  File")

@@ -22,6 +22,7 @@ class ConditionType(StrEnum):
     KUBERAY_MISSING = "KubeRayMissing"
     BLOCKED = "Blocked"
     PROGRESS_REPORTED = "ProgressReported"
+    NOT_DATA_PARALLEL = "NotDataParallel"
     STALLED = "Stalled"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
@@ -65,7 +66,10 @@ class Reason(StrEnum):
     # RayPodsUnavailable: why the Ray pods cannot run.
     POD_CREATION_FAILED = "PodCreationFailed"
     UNSCHEDULABLE = "Unschedulable"
+    FAILED_ATTACH_VOLUME = "FailedAttachVolume"
+    FAILED_MOUNT = "FailedMount"
     IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
+    CREATE_CONTAINER_CONFIG_ERROR = "CreateContainerConfigError"
     CRASH_LOOP_BACK_OFF = "CrashLoopBackOff"
     CONTAINER_FAILED = "ContainerFailed"
     # Stalled.
@@ -73,6 +77,10 @@ class Reason(StrEnum):
     # ProgressReported, of a job running its own code (spec.code).
     NO_PROGRESS_REPORTED = "NoProgressReported"
     PROGRESS_REPORTED = "ProgressReported"
+    NO_LOSS_REPORTED = "NoLossReported"  # True: progress, but no loss past 1% of the steps
+    # NotDataParallel: the reports' step went backwards, or two pods took turns reporting (rocmtrain.api.report_checks).
+    STEP_WENT_BACKWARDS = "StepWentBackwards"
+    TWO_RANK_ZEROS = "TwoRankZeros"
     # A problem condition once it is over (status False).
     SCHEDULABLE = "Schedulable"
     RAY_PODS_AVAILABLE = "RayPodsAvailable"
@@ -85,5 +93,7 @@ class Reason(StrEnum):
     WORKER_FAILURE_RECOVERED = "WorkerFailureRecovered"
     NEW_BEST_TRIAL = "NewBestTrial"
     RDMA_NOT_USED = "RDMANotUsed"
+    # Events only, from the reconciler: the checkpoints' claim is not ReadWriteMany (admission.checkpoint_claim).
+    CHECKPOINT_CLAIM_NOT_SHARED = "CheckpointClaimNotShared"
     # Events only, from the notifier: a phase notification given up (rocmtrain.controller.notifier).
     NOTIFICATION_FAILED = "NotificationFailed"

@@ -170,6 +170,8 @@ JOB_ENV: Final = "ROCMTRAIN_JOB"
 PROGRESS_URL_ENV: Final = "ROCMTRAIN_PROGRESS_URL"
 PROGRESS_CA_ENV: Final = "ROCMTRAIN_PROGRESS_CA"
 PROGRESS_TOKEN_ENV: Final = "ROCMTRAIN_PROGRESS_TOKEN"  # noqa: S105 (a variable name, not a secret)
+# The ConfigMap, in each job's namespace, where the operator publishes the CA bundle of its progress endpoint.
+PROGRESS_CA_CONFIGMAP: Final = "rocmtrain-progress-ca"
 
 # Volumes and mount paths of the operator's own; spec.volumes and spec.volumeMounts may not use them.
 SHM_VOLUME: Final = "dshm"

@@ -38,6 +38,15 @@ def parse_quantity(text: str) -> Decimal:
     return Decimal(number) * _SUFFIXES[suffix]
 
 
+def quantity_text(value: Decimal) -> str:
+    """`value` as a quantity in the largest unit that holds it whole (`1Gi`, `1500M`), else in whole units (rounded
+    up, at least 1)."""
+    for suffix, unit in sorted(_SUFFIXES.items(), key=lambda item: item[1], reverse=True):
+        if unit >= 1 and value >= unit and value % unit == 0:
+            return f"{value // unit}{suffix}"
+    return str(max(1, math.ceil(value)))
+
+
 def whole_cpus(cpus: str | float) -> int:
     """CPUs (a quantity, or a number of them) as threads for thread pools: the floor, at least 1.
 

@@ -35,8 +35,10 @@ PERCENT_DONE: Final = 100
 
 # KEP-2779 metric name -> (status section, field): transformers' names for what our reports carry. Where two
 # names fill one field, the later one here wins (`current_epoch`, rounded from the trainer's state at each step,
-# over the `epoch` of its last log).
+# over the `epoch` of its last log; the last logged `loss` over `train_loss`, the mean over the whole run that a
+# `Trainer` and TRL log at the end, which is the only loss of a run shorter than its `logging_steps`).
 KUBEFLOW_METRICS: Final = {
+    "train_loss": ("metrics", "trainLoss"),
     "loss": ("metrics", "trainLoss"),
     "learning_rate": ("metrics", "learningRate"),
     "eval_loss": ("metrics", "evalLoss"),

@@ -7,7 +7,8 @@
 - `reconciler`: per-job orchestration (RayJob create or update, status writes,
   retries) around `rocmtrain.kube.client`;
 - `informer`: the supervised list-then-watch under `rayjob_watch` (RayJobs),
-  `pod_watch` (Ray pods) and `workload_watch` (Kueue Workloads); `supervision`:
+  `pod_watch` (Ray pods), `event_watch` (the events on pods about their volumes) and
+  `workload_watch` (Kueue Workloads); `supervision`:
   their restart back-off and health policy;
 - `__main__`: `python -m rocmtrain.controller`.
 

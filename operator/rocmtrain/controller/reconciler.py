@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rocmtrain.admission import node_fit
+from rocmtrain.admission.checkpoint_claim import checkpoint_claim, unshared_claim_warning
 from rocmtrain.api.condition_reasons import Reason
 from rocmtrain.api.models import Phase, RocmTrainingJob, RocmTrainingJobSpec
 from rocmtrain.api.validate import FieldError, validate_job
@@ -73,9 +74,11 @@ from rocmtrain.status.accounting import Price
 from rocmtrain.status.events import transition_events
 from rocmtrain.status.gauges import queue_wait
 from rocmtrain.status.objects import (
+    PARTIAL_SPEC,
     controller_ref,
     is_jobs_rayjob,
     job_document,
+    job_view,
     owner_reference,
     queued,
     rayjob_view,
@@ -114,6 +117,7 @@ class JobState:
     checked: tuple[int | None, RocmTrainingJob | None, tuple[FieldError, ...]] | None = None
     deferred: tuple[str, ...] = ()  # the RayJob's fixed fields whose render change was announced
     ended: bool = False  # the driver's pre-flight refusal was acted on (`Reconciler.end_refused`)
+    claim_checked: int | None = None  # the generation whose checkpoints' claim was read (`_warn_unshared_claim`)
     retry: asyncio.TimerHandle | None = None
 
 
@@ -190,18 +194,33 @@ class Reconciler:
         self, job: Mapping[str, Any], state: JobState
     ) -> tuple[RocmTrainingJob | None, tuple[FieldError, ...]]:
         """The job's one reading, as `rocmtrain validate` reads a cluster job (in a thread: see the module
-        docstring), and what refuses it: its field errors, else the operator's allow-lists and limits. Once per
+        docstring), in the operator's default queue where it names none (`Policy.with_defaults`), and what
+        refuses it: its field errors, else the operator's allow-lists and limits. Once per
         generation: a spec change makes a new one, the policy is fixed for the process, and the metadata that
         changes within a generation (labels) is read by neither. Kept until the job ends: an ended job is rarely
         read again, and the finished jobs a cluster keeps would hold their readings for good."""
         meta = job["metadata"]
         if state.checked is not None and state.checked[0] == meta.get("generation"):
             return state.checked[1], state.checked[2]
-        valid, errors = await asyncio.to_thread(validate_job, job_document(job), context="cluster")
-        refused = tuple(errors if valid is None else self._config.policy.check(valid.spec, meta["namespace"]))
+        valid, errors = await asyncio.to_thread(validate_job, await self._document(job), context="cluster")
+        policy = self._config.policy
+        valid = policy.with_defaults(valid) if valid is not None else None
+        refused = tuple(errors if valid is None else policy.check(valid.spec, meta["namespace"]))
         if not phase.has_ended(self._current(state, job)):
             state.checked = (meta.get("generation"), valid, refused)
         return valid, refused
+
+    async def _document(self, job: Mapping[str, Any]) -> dict[str, Any]:
+        """The job as validation reads it. The job index's view of an oversized or refused job keeps none of its
+        spec (`PARTIAL_SPEC`): the API server's job, then, which must be the same generation."""
+        if not job.get(PARTIAL_SPEC):
+            return job_document(job)
+        meta = job["metadata"]
+        live = await self._kube.get(JOBS, meta["namespace"], meta["name"])
+        live_meta = (live or {}).get("metadata") or {}
+        if live is None or (live_meta.get("uid"), live_meta.get("generation")) != (meta["uid"], meta.get("generation")):
+            raise LookupError(f"job {meta['namespace']}/{meta['name']} changed while its spec was read")
+        return job_document(job_view(live))
 
     def _price(self, spec: RocmTrainingJobSpec) -> Price | None:
         pricing = self._config.pricing
@@ -317,6 +336,7 @@ class Reconciler:
             if phase.has_ended(current):
                 rayjob = await self._read_rayjob(meta["namespace"], meta["name"])
             else:
+                await self._warn_unshared_claim(job, valid, state)
                 rayjob, hold = await self._apply_rayjob(job, valid, nodes, blocked, state, current)
             view = rayjob_view(rayjob) if rayjob is not None else None
             self._newer_rayjob(state, view)
@@ -442,6 +462,19 @@ class Reconciler:
             await self._kube.post_event(job, type="Normal", reason=DEFERRED_REASON, message=message)
         state.deferred = update.deferred
         return live
+
+    async def _warn_unshared_claim(self, job: Mapping[str, Any], valid: RocmTrainingJob, state: JobState) -> None:
+        """Post a Warning event, once per generation, when the job's checkpoints lie on a PersistentVolumeClaim
+        that is not ReadWriteMany (`rocmtrain.admission.checkpoint_claim`); nothing when the claim does not exist
+        yet or the operator may not read it."""
+        meta, reason = job["metadata"], Reason.CHECKPOINT_CLAIM_NOT_SHARED
+        if state.claim_checked == meta.get("generation") or (name := checkpoint_claim(valid)) is None:
+            return
+        claim = await self._kube.read_claim(meta["namespace"], name)
+        state.claim_checked = meta.get("generation")
+        if claim is not None and (message := unshared_claim_warning(valid, claim)) is not None:
+            logger.warning("%s/%s %s: %s", meta["namespace"], meta["name"], reason, message)
+            await self._kube.post_event(job, type="Warning", reason=reason, message=message)
 
     async def _protect(self, job: Mapping[str, Any], valid: RocmTrainingJob) -> Hold | None:
         """Create the job's NetworkPolicy (kept when it exists) before any of its Ray pods; what holds the job."""

@@ -3,7 +3,7 @@
 `open_runtime` builds it in order, with nothing running yet but the notifier's senders
 (`rocmtrain.controller.notifier`): the API connection, the notifier, the progress endpoint,
 the metrics server (which serves the endpoint's certificate), the watches' own API client,
-the three watches (RayJobs, Ray pods, Kueue Workloads) and the reconciler;
+the watches (RayJobs, Ray pods and the events on them about their volumes, Kueue Workloads) and the reconciler;
 `OperatorRuntime.start` then starts the watches and the operator's loops;
 `OperatorRuntime.close` stops and closes everything in the reverse order (as does a build
 that fails half-way). kopf's memo holds it as its one attribute `runtime` (`runtime_of`).
@@ -24,8 +24,9 @@ from rocmtrain.admission.node_fit import NodeInfo
 from rocmtrain.api.condition_reasons import Reason
 from rocmtrain.api.contract import MANAGED_SELECTOR
 from rocmtrain.api.names import rayjob_name_of
+from rocmtrain.controller.event_watch import PodEventWatch
 from rocmtrain.controller.informer import Informer, Key, View
-from rocmtrain.controller.notifier import Notifier
+from rocmtrain.controller.notifier import Notifier, api_server_addresses
 from rocmtrain.controller.pod_watch import PodWatch
 from rocmtrain.controller.rayjob_watch import RayJobWatch
 from rocmtrain.controller.reconciler import Reconciler
@@ -38,11 +39,11 @@ from rocmtrain.metrics.access import MetricsAccess
 from rocmtrain.progress.server import ProgressServer, start_progress_server
 from rocmtrain.progress.tls import ConfigMapTaken
 from rocmtrain.status.phase import Hold, HoldKind
-from rocmtrain.status.pods import job_key
+from rocmtrain.status.pods import VOLUME_EVENT_REASONS, job_key
 
 # The informers that share the watch client, and its connections beyond their long
 # requests (a list or watch being replaced, say).
-WATCHES = 3
+WATCHES = 3 + len(VOLUME_EVENT_REASONS)
 WATCH_SPARE_CONNECTIONS = 4
 
 JobIndex = kopf.Index[tuple[str, str], dict[str, Any]]  # kopf's live index of jobs (`handlers.jobs`)
@@ -65,6 +66,7 @@ class OperatorRuntime:
     rayjobs: RayJobWatch
     pods: PodWatch
     workloads: WorkloadWatch
+    volume_events: tuple[PodEventWatch, ...]
     reconciler: Reconciler
     notifier: Notifier
     progress: ProgressServer | None
@@ -72,7 +74,7 @@ class OperatorRuntime:
 
     @property
     def watches(self) -> tuple[Informer, ...]:
-        return self.rayjobs, self.pods, self.workloads
+        return self.rayjobs, self.pods, self.workloads, *self.volume_events
 
     def start(self, *loops: Loop) -> None:
         """Start the watches, and each of `loops` as a task of its own (cancelled by `close`)."""
@@ -109,6 +111,11 @@ async def open_runtime(
         if (job := job_key(pod)) is not None:
             await rayjob_touched(runtime, "pod", (job[0], rayjob_name_of(job[1])))
 
+    async def on_volume_event(_: str, event: View) -> None:
+        namespace, pod = event["metadata"]["namespace"], event["pod"]["name"]
+        if (job := runtime.pods.job_of_pod(namespace, pod)) is not None:
+            await rayjob_touched(runtime, "pod", (job[0], rayjob_name_of(job[1])))
+
     async def on_workload(_: str, workload: View) -> None:
         await rayjob_touched(runtime, "workload", rayjob_key(workload))
 
@@ -121,6 +128,7 @@ async def open_runtime(
             config.notification,
             warn=functools.partial(notice_failed, kube),
             record=functools.partial(record_notifications, kube),
+            rules=config.receivers.with_api_server(await api_server_addresses()),
         )
         notifier.start()
         resources.push_async_callback(notifier.stop)
@@ -151,7 +159,15 @@ async def open_runtime(
             missing_retry_seconds=retry,
             restart=restart,
         )
-        pods = PodWatch(watch_api, on_pod, namespaces=namespaces, retry_seconds=retry, restart=restart)
+        volume_events = tuple(
+            PodEventWatch(
+                watch_api, on_volume_event, reason, namespaces=namespaces, retry_seconds=retry, restart=restart
+            )
+            for reason in VOLUME_EVENT_REASONS
+        )
+        pods = PodWatch(
+            watch_api, on_pod, namespaces=namespaces, retry_seconds=retry, restart=restart, volume_events=volume_events
+        )
         workloads = WorkloadWatch(watch_api, on_workload, namespaces=namespaces, retry_seconds=retry, restart=restart)
         reconciler = Reconciler(
             kube,
@@ -163,13 +179,13 @@ async def open_runtime(
             notify=notifier.notify,
         )
         resources.push_async_callback(reconciler.stop)
-        for watch in (rayjobs, pods, workloads):  # stopped before the reconciler: no retry is scheduled after
+        for watch in (rayjobs, pods, workloads, *volume_events):  # stopped before the reconciler: no retry after
             resources.push_async_callback(watch.stop)
     except BaseException:
         await resources.aclose()
         raise
     runtime = OperatorRuntime(
-        config, kube, jobs, nodes, rayjobs, pods, workloads, reconciler, notifier, progress, resources
+        config, kube, jobs, nodes, rayjobs, pods, workloads, volume_events, reconciler, notifier, progress, resources
     )
     return runtime
 
@@ -215,7 +231,7 @@ async def publish_progress_ca(progress: ProgressServer, kube: Kube, namespace: s
 
 
 async def notice_failed(kube: Kube, job: Mapping[str, Any], message: str) -> None:
-    """Tell a job's owner that a notification of it was given up (a Warning event on the job)."""
+    """Tell a job's owner that a notification of it was given up or dropped (a Warning event on the job)."""
     await kube.post_event(job, type="Warning", reason=Reason.NOTIFICATION_FAILED, message=message)
 
 

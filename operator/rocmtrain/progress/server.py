@@ -2,7 +2,8 @@
 
 `POST /v1/namespaces/{namespace}/rocmtrainingjobs/{name}/progress` with a
 `ProgressReport` body and `Authorization: Bearer <projected SA token>` merges the
-report into the job's status, and posts an event on the job when the report
+report into the job's status, with the pod its token names (`status.reportingPods`:
+two pods that take turns are two rank 0s), and posts an event on the job when the report
 counts a new worker failure that training recovered from.
 `POST .../rocmtrainingjobs/{name}/trainerstatus` takes Kubeflow Trainer's KEP-2779
 body (`{"trainerStatus": ...}`, as transformers' KubeflowCallback sends it) the same
@@ -173,10 +174,10 @@ async def _read_bounded(request: web.Request, limit: int, timeout: float) -> byt
 
 
 async def _record(
-    jobs: JobStore, job: dict[str, Any], report: ProgressReport, now: Callable[[], dt.datetime]
+    jobs: JobStore, job: dict[str, Any], report: ProgressReport, now: Callable[[], dt.datetime], pod: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Patch `report` into the job's status, re-reading the job when it changed meanwhile; the job
-    as it was before the patch, and the status fields the patch wrote.
+    """Patch `report`, sent by `pod`, into the job's status, re-reading the job when it changed meanwhile; the
+    job as it was before the patch, and the status fields the patch wrote.
 
     The patch carries the resourceVersion it was computed from, so a concurrent
     write (another report, the operator's own status updates) is never lost.
@@ -187,7 +188,7 @@ async def _record(
     for _ in range(PATCH_ATTEMPTS):
         if not takes_reports(job.get("status")):
             raise Ended
-        patch = progress_patch(report, job.get("status"), now())
+        patch = progress_patch(report, job.get("status"), now(), pod)
         patch["metadata"] = {"resourceVersion": job["metadata"]["resourceVersion"]}
         try:
             await jobs.patch_status(namespace, name, patch)
@@ -230,8 +231,9 @@ def make_app(
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
-    async def admit(request: web.Request, namespace: str, name: str) -> dict[str, Any]:
-        """The job, once the request is small enough, within its source's rate, and its token may write it."""
+    async def admit(request: web.Request, namespace: str, name: str) -> tuple[Identity, dict[str, Any]]:
+        """The sender and the job, once the request is small enough, within its source's rate, and its token may
+        write it."""
         wait = sources.acquire(request.remote or "")
         if wait > 0:
             raise TooManyRequests(wait, "source rate limited")
@@ -247,7 +249,7 @@ def make_app(
         if job is None:
             raise JobNotFound
         await authorise(identity, job)
-        return job
+        return identity, job
 
     def receiver(parse: Callable[[bytes], ProgressReport]) -> Handler:
         """The handler of one protocol: its body, once admitted, read by `parse` into a ProgressReport."""
@@ -256,12 +258,12 @@ def make_app(
             namespace, name = request.match_info["namespace"], request.match_info["name"]
             if not (_LABEL.match(namespace) and _LABEL.match(name)):
                 raise JobNotFound
-            job = await admit(request, namespace, name)
+            identity, job = await admit(request, namespace, name)
             wait = limiter.acquire(f"{namespace}/{name}")
             if wait > 0:
                 raise TooManyRequests(wait)
             report = parse(await _read_bounded(request, MAX_BODY_BYTES, body_timeout))
-            before, written = await _record(jobs, job, report, now)
+            before, written = await _record(jobs, job, report, now, identity.pod_name)
             if notify is not None:
                 status = before.get("status") or {}
                 notify(before, status, {**status, **written})

@@ -50,12 +50,12 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from rocmtrain.api.contract import MANAGED_BY_LABEL, MANAGED_LABELS, OPERATOR_NAME
+from rocmtrain.api.contract import MANAGED_BY_LABEL, MANAGED_LABELS, OPERATOR_NAME, PROGRESS_CA_CONFIGMAP
 from rocmtrain.api.errors import Conflict
 from rocmtrain.api.timestamps import parse_time, rfc3339
 
 SECRET_NAME = "rocmtrain-progress-tls"  # noqa: S105 - a name, not a password
-CA_CONFIGMAP = "rocmtrain-progress-ca"
+CA_CONFIGMAP = PROGRESS_CA_CONFIGMAP
 CA_KEY = "ca.crt"
 
 SERVING_LIFETIME = dt.timedelta(days=365)

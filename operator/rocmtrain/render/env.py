@@ -19,6 +19,7 @@ from rocmtrain.api.contract import (
     PROGRESS_TOKEN_ENV,
     PROGRESS_URL_ENV,
     TMP_PATH,
+    is_object_store,
     progress_path,
     trainer_status_path,
 )
@@ -57,6 +58,36 @@ def home() -> dict[str, Any]:
     """HOME on the writable /tmp: the root filesystem is read-only, and Hugging Face, MIOpen and
     Ray keep their caches under HOME."""
     return _var("HOME", TMP_PATH)
+
+
+def code_home(job: RocmTrainingJob) -> list[dict[str, Any]]:
+    """For a job's own code whose storagePath is a path on a volume, the head's HOME in the job's run folder, so
+    that Ray Train's default storage is shared by every pod; else nothing.
+
+    Ray Train keeps a run whose `RunConfig` names no `storage_path` in `~/ray_results`
+    (`ray.train.constants.DEFAULT_STORAGE_PATH`, expanded from HOME when the driver imports Ray Train; Ray
+    2.60 reads no variable for it, RAY_STORAGE only in Ray Train v1). The driver runs on the head and passes
+    that path to the workers, so with HOME on /tmp each pod would write its own `/tmp/ray_results` and Ray
+    Train fail when a worker saves a checkpoint ("Unable to set up cluster storage"). With HOME in the run
+    folder, it is `<run folder>/ray_results`, on the volume every pod mounts. The caches that follow
+    XDG_CACHE_HOME and XDG_CONFIG_HOME (Hugging Face's, PyTorch's, pip's) stay on /tmp. An object-store
+    storagePath cannot be a HOME: there the code names its storage (`sdk.run_config()`).
+    """
+    storage = job.spec.checkpoint.storage_path
+    if job.spec.code is None or storage is None or is_object_store(storage):
+        return []
+    return [
+        _var("HOME", run_folder(storage, job.metadata.namespace, job.metadata.name)),
+        _var("XDG_CACHE_HOME", f"{TMP_PATH}/.cache"),
+        _var("XDG_CONFIG_HOME", f"{TMP_PATH}/.config"),
+    ]
+
+
+def head_defaults(job: RocmTrainingJob, cpus: str) -> list[dict[str, Any]]:
+    """The head's runtime defaults: a Ray container's without GPUs, with `code_home` in place of HOME."""
+    home = code_home(job)
+    names = {var["name"] for var in home}
+    return home + [var for var in runtime_defaults(cpus, 0) if var["name"] not in names]
 
 
 def runtime_defaults(cpus: str, gpus: int) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from rocmtrain.api.contract import PROGRESS_AUDIENCE
+from rocmtrain.api.contract import PROGRESS_AUDIENCE, PROGRESS_CA_CONFIGMAP
 from rocmtrain.api.patterns import CONFIG_KEY, DNS_SUBDOMAIN
 
 _HTTPS_URL = r"^https://[A-Za-z0-9.-]+(:[0-9]{1,5})?$"
@@ -53,3 +53,14 @@ class RenderOptions:
             raise ValueError("gpu_device_groups must be group ids between 0 and 2^31-1")
         if not 0 <= self.submitter_retries <= MAX_SUBMITTER_RETRIES:
             raise ValueError(f"submitter_retries must be 0 to {MAX_SUBMITTER_RETRIES}")
+
+
+# Where the operator's progress endpoint is (its Service in the operator's namespace, or
+# ROCMTRAIN_PROGRESS_ADVERTISE_HOST) is known only on the cluster: `rocmtrain render` shows this in its place.
+PLACEHOLDER_PROGRESS_URL = "https://PLACEHOLDER-operator-progress-endpoint"
+
+
+def preview_options() -> RenderOptions:
+    """The options `rocmtrain render` renders with: the operator's defaults with its progress endpoint on, as
+    `rocmtrain.progress.server.ProgressServerConfig.render_options` gives them, the endpoint's address a placeholder."""
+    return RenderOptions(progress_base_url=PLACEHOLDER_PROGRESS_URL, progress_ca_configmap=PROGRESS_CA_CONFIGMAP)

@@ -83,7 +83,7 @@ def head_template(job: RocmTrainingJob, options: RenderOptions, labels: dict[str
     res = job.spec.resources
     # The head trains nothing; its /dev/shm is no larger than its memory.
     pod_volumes = [
-        volumes.shm_volume(_smaller(res.shared_memory, res.head.memory)),
+        volumes.shm_volume(_smaller(res.shm_size, res.head.memory)),
         volumes.tmp_volume(),
         *volumes.user_volumes(job),
     ]
@@ -95,7 +95,7 @@ def head_template(job: RocmTrainingJob, options: RenderOptions, labels: dict[str
         job,
         name=container.HEAD_CONTAINER,
         resources=container.guaranteed_resources(res.head.cpu, res.head.memory),
-        env=env.container_env(job, env.runtime_defaults(res.head.cpu, 0), env.owned_head_env(job, options)),
+        env=env.container_env(job, env.head_defaults(job, res.head.cpu), env.owned_head_env(job, options)),
         mounts=mounts,
     )
     return _template(labels, _pod_spec(job, [head], volumes_=pod_volumes))
@@ -106,7 +106,7 @@ def worker_template(job: RocmTrainingJob, options: RenderOptions, labels: dict[s
     job's own code also the environment contract and the progress credentials (Ray Train's rank 0, which
     reports, runs on a worker)."""
     res = job.spec.resources
-    pod_volumes = [volumes.shm_volume(res.shared_memory), volumes.tmp_volume(), *volumes.user_volumes(job)]
+    pod_volumes = [volumes.shm_volume(res.shm_size), volumes.tmp_volume(), *volumes.user_volumes(job)]
     mounts = [volumes.shm_mount(), volumes.tmp_mount(), *volumes.user_mounts(job)]
     if options.progress_base_url and job.spec.code is not None:  # rank 0 of the code reports from a worker
         pod_volumes.append(volumes.progress_volume(options))

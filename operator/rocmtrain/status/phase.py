@@ -28,10 +28,15 @@ KubeRay (v1.5.1) writes `status.jobDeploymentStatus` and `status.jobStatus`
 (SubmissionFailed, DeadlineExceeded, AppFailed, ValidationFailed,
 JobDeploymentStatusTransitionGracePeriodExceeded) and `message` on failures.
 When the Ray job failed, that message is Ray's (the entrypoint's exit code and
-the tail of the driver's log); the driver's own one-line error, found there by
-`DRIVER_ERROR_PREFIX`, goes first in the job's Failed condition. A job's own code
-(spec.code) prints no such line: its last error and the user's frame of its traceback
-(`rocmtrain.api.tracebacks`) go first instead.
+the tail of the driver's log, in colour); the job's Failed condition says it as a person
+reads it (`failure_message`): the driver's own one-line error, found there by
+`DRIVER_ERROR_PREFIX`, or, for a job's own code (spec.code), which prints no such line,
+its last error and the user's frames of its traceback (`rocmtrain.api.tracebacks`); then
+the exit code. The log itself stays with the driver's pod.
+
+An ended job shows no running progress: its `Stalled` condition is the `Failed` one again
+(kstatus reads nothing else as Failed) or False (`NotRunning`), and its progress keeps how far
+it got, without an ETA (`ended_progress`; the endpoint takes no report once the job ended).
 
 The training driver's pre-flight may refuse a job on the cluster (an object store it cannot
 reach or write): it says why in its last progress report, which the endpoint writes as
@@ -40,24 +45,34 @@ Failed with reason `PreflightFailed` and the driver's words (`refusal`, `has_end
 retry of the failed Ray job, if it began one, ends with it and counts as no restart.
 
 A job's own code need not report progress. Its `ProgressReported` condition says
-whether it has; stall detection follows its reports once it has sent one, and
-waits until then.
+whether it has (and, while it runs, why no loss arrives: `rocmtrain.api.report_checks`); stall
+detection follows its reports once it has sent one, and waits until then. `NotDataParallel` warns
+once the reports took turns between pods (`status.reportingTurns`) or their step went backwards
+(`status.backwardSteps`): more than one rank 0 reports.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import enum
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from rocmtrain.api.condition_reasons import ConditionType, Reason
 from rocmtrain.api.contract import DRIVER_ERROR_PREFIX, KUEUE_QUEUE_LABEL, RAYJOB_API_VERSION
 from rocmtrain.api.kuberay import JobDeploymentStatus, JobStatus
 from rocmtrain.api.models import Phase, RocmTrainingJobSpec, RocmTrainingJobStatus
+from rocmtrain.api.report_checks import (
+    BACKWARD_STEPS_TO_WARN,
+    TURNS_TO_WARN,
+    missing_loss,
+    not_data_parallel,
+    two_rank_zeros,
+)
 from rocmtrain.api.timestamps import parse_time, rfc3339
-from rocmtrain.api.tracebacks import last_failure
+from rocmtrain.api.tracebacks import last_failure, plain
 from rocmtrain.status.accounting import Price, account
 from rocmtrain.status.condition_merge import Condition, find, merge_conditions
 from rocmtrain.status.messages import QUOTE_LIMIT, bounded
@@ -279,25 +294,29 @@ def _suspended_state(obs: Observation) -> _State:
 
 
 # How Ray's job supervisor starts the message of an entrypoint that exited non-zero; its logs' tail follows.
-ENTRYPOINT_FAILED = "Job entrypoint command failed with exit code"
+_ENTRYPOINT_FAILED: Final = re.compile(r"Job entrypoint command failed with exit code (-?\d+)")
 
 
-def driver_error_first(message: str) -> str:
-    """Ray's message with the driver's own error put first: its last `DRIVER_ERROR_PREFIX` line (the
-    built-in driver's), else, where Ray quotes a failed entrypoint's logs, their last error line and the
-    user's frame (`rocmtrain.api.tracebacks`); unchanged without either."""
-    found = [line for line in message.splitlines() if DRIVER_ERROR_PREFIX in line]
+def failure_message(message: str) -> str:
+    """KubeRay's message of a failed Ray job as a person reads it, without terminal escapes: where it quotes
+    the driver's log, the driver's own error (its last `DRIVER_ERROR_PREFIX` line), else the log's last
+    error line and the user's frames (`rocmtrain.api.tracebacks`), then the entrypoint's exit code; any
+    other message whole."""
+    text = plain(message)
+    found = [line for line in text.splitlines() if DRIVER_ERROR_PREFIX in line]
+    header, _, logs = text.partition("\n")
+    exited = _ENTRYPOINT_FAILED.match(header)
     if found:
-        error = found[-1].split(DRIVER_ERROR_PREFIX, 1)[1].strip()
-        return f"{error}\n{message}"
-    header, _, logs = message.partition("\n")
-    if header.startswith(ENTRYPOINT_FAILED) and (failure := last_failure(logs)) is not None:
-        return f"{failure.text()}\n{message}"
-    return message
+        why = found[-1].split(DRIVER_ERROR_PREFIX, 1)[1].strip()
+    elif exited is not None and (failure := last_failure(logs)) is not None:
+        why = failure.text()
+    else:
+        return text
+    return why if exited is None else f"{why}\n(the Ray job's entrypoint exited with code {exited[1]})"
 
 
 def _failed(reason: str, message: str, default: str) -> _State:
-    return _State(Phase.FAILED, reason or Reason.FAILED, driver_error_first(message) or default)
+    return _State(Phase.FAILED, reason or Reason.FAILED, failure_message(message) or default)
 
 
 # Deployment states in which a RayJob asked to suspend is (being) suspended.
@@ -454,9 +473,25 @@ def _progress_reported(obs: Observation, phase: Phase) -> Condition | None:
         return None
     kind = ConditionType.PROGRESS_REPORTED
     if obs.current.get("lastProgressTime"):
+        progress, metrics = obs.current.get("progress") or {}, obs.current.get("metrics") or {}
+        no_loss = missing_loss(progress.get("step"), progress.get("totalSteps"), metrics.get("trainLoss") is not None)
+        if no_loss is not None and phase is Phase.RUNNING:
+            return Condition(kind, True, Reason.NO_LOSS_REPORTED, f"your code reports progress, but {no_loss}")
         limit = f"it counts as stalled after {int(obs.stall_after)}s without a report"
         return Condition(kind, True, Reason.PROGRESS_REPORTED, f"your code reports progress; {limit}")
     return Condition(kind, False, Reason.NO_PROGRESS_REPORTED, NO_REPORT_YET if phase is Phase.RUNNING else NO_REPORT)
+
+
+def _not_data_parallel(obs: Observation) -> Condition | None:
+    """A warning, once the reports took `TURNS_TO_WARN` turns between pods (`status.reportingTurns`, which names
+    them), else once their step went backwards `BACKWARD_STEPS_TO_WARN` times (`status.backwardSteps`)."""
+    kind, current = ConditionType.NOT_DATA_PARALLEL, obs.current
+    if (turns := count(current.get("reportingTurns"))) >= TURNS_TO_WARN:
+        pods = [pod for pod in current.get("reportingPods") or [] if isinstance(pod, str)]
+        return Condition(kind, True, Reason.TWO_RANK_ZEROS, two_rank_zeros(pods, turns))
+    if (times := count(current.get("backwardSteps"))) >= BACKWARD_STEPS_TO_WARN:
+        return Condition(kind, True, Reason.STEP_WENT_BACKWARDS, not_data_parallel(times))
+    return None
 
 
 def _failure(state: _State) -> tuple[str, str] | None:
@@ -522,6 +557,7 @@ def _desired_conditions(obs: Observation, state: _State) -> list[Condition]:
         _alarm(current, ConditionType.KUBERAY_MISSING, held_by(HoldKind.KUBERAY_MISSING), Reason.KUBERAY_INSTALLED),
         _alarm(current, ConditionType.BLOCKED, held_by(HoldKind.BLOCKED), Reason.UNBLOCKED),
         _progress_reported(obs, phase),
+        _not_data_parallel(obs),
         _alarm(
             current,
             ConditionType.STALLED,
@@ -546,8 +582,24 @@ def _restarts(rayjob: Mapping[str, Any] | None, phase: Phase) -> int:
     return max(failed - 1, 0) if phase is Phase.FAILED else failed
 
 
+def ended_progress(status: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The progress an ended job keeps: how far it got, its ETA taken off (a merge patch's null); None when it
+    has no ETA. The endpoint owns the field, and takes no report once the job ended: its last ETA would stay."""
+    progress = status.get("progress")
+    if not isinstance(progress, Mapping) or progress.get("etaSeconds") is None:
+        return None
+    return {**progress, "etaSeconds": None}
+
+
+def _ended(status: dict[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+    """`status` (an ended job's, wire form) with its progress ended too, where it still has an ETA."""
+    if (progress := ended_progress(current)) is not None:
+        status["progress"] = progress
+    return status
+
+
 def compute_status(obs: Observation) -> dict[str, Any]:
-    """The operator-owned status fields (wire form) for `obs`."""
+    """The operator-owned status fields (wire form) for `obs`; of an ended job, also its `ended_progress`."""
     state = _state(obs)
     current = obs.current
     desired, ready = _workers(obs)
@@ -599,7 +651,7 @@ def compute_status(obs: Observation) -> dict[str, Any]:
                 "workers_ready": current.get("workersReady", 0),
             }
         )
-    return status.dump()
+    return _ended(status.dump(), current) if state.phase.is_terminal else status.dump()
 
 
 # Why the operator refuses a job's spec: `rocmtrain.api.validate`, or the operator's allow-lists.
@@ -624,7 +676,7 @@ def invalid_status(
     reason, prefix = why
     message = f"{prefix}: " + "; ".join(errors)
     usage = account(current, 0, now, price) if current.get("accountedUntil") else None
-    return RocmTrainingJobStatus(
+    status = RocmTrainingJobStatus(
         phase=Phase.FAILED,
         conditions=merge_conditions(
             current.get("conditions") or [],
@@ -643,8 +695,11 @@ def invalid_status(
         accounted_until=usage.accounted_until if usage else None,
         cost=usage.cost if usage else current.get("cost"),
     ).dump()
+    return _ended(status, current)
 
 
 def status_patch(current: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON merge patch of `status` turning `current` into `new` (owned fields only); {} when equal."""
-    return {key: new.get(key) for key in OWNED_FIELDS if current.get(key) != new.get(key)}
+    """The JSON merge patch of `status` turning `current` into `new` (owned fields only, and an ended job's
+    progress where `new` has it); {} when equal."""
+    keys = (*OWNED_FIELDS, "progress") if "progress" in new else OWNED_FIELDS
+    return {key: new.get(key) for key in keys if current.get(key) != new.get(key)}

@@ -5,16 +5,24 @@ templates (`pod_view` keeps the little it reads of each). A pod that is never ma
 leaves nothing to follow: `creation_failure` reads why from KubeRay's `ReplicaFailure`
 condition, which the RayJob's `status.rayClusterStatus` carries with the API server's
 refusal (a ResourceQuota, PodSecurity, a webhook), until the pods show it made them. `assess` looks at the pods of the
-job's current Ray cluster and finds the first of four ways a pod that exists can be
-stuck, in the order a pod meets them, with the scheduler's or the kubelet's own words:
+job's current Ray cluster and finds the first of the ways a pod that exists can be
+stuck, in the order a pod meets them, with the scheduler's, the kubelet's or the attach controller's own words:
 
-| reason             | the pod                                                  | message                      |
-|--------------------|----------------------------------------------------------|------------------------------|
-| `PodCreationFailed`| KubeRay cannot create it (`creation_failure`)            | KubeRay's, with the API's    |
-| `Unschedulable`    | `PodScheduled=False`                                     | the scheduler's              |
-| `ImagePullBackOff` | a container waits in ErrImagePull, ImagePullBackOff, ... | the kubelet's                |
-| `CrashLoopBackOff` | a container waits in CrashLoopBackOff                    | the kubelet's, last exit code|
-| `ContainerFailed`  | a container terminated with a non-zero exit code         | exit code, kubelet's reason  |
+| reason                       | the pod                                               | message                     |
+|------------------------------|-------------------------------------------------------|-----------------------------|
+| `PodCreationFailed`          | KubeRay cannot create it (`creation_failure`)         | KubeRay's, with the API's   |
+| `Unschedulable`              | `PodScheduled=False`                                  | the scheduler's             |
+| `FailedAttachVolume`         | waits to be created, after such an event on it        | the attach controller's     |
+| `FailedMount`                | the same: a ConfigMap, Secret or claim is missing ... | the kubelet's               |
+| `ImagePullBackOff`           | a container waits in ErrImagePull, ImagePullBackOff   | the kubelet's               |
+| `CreateContainerConfigError` | a container's environment names a missing ConfigMap or Secret (key) | the kubelet's |
+| `CrashLoopBackOff`           | a container waits in CrashLoopBackOff                 | the kubelet's, last exit code |
+| `ContainerFailed`            | a container terminated with a non-zero exit code      | exit code, kubelet's reason |
+
+A volume that cannot be attached or mounted shows in no pod field, only in the Warning events on the pod
+(`VOLUME_EVENT_REASONS`, kept as `volume_event_view`s by the operator's event watch): `with_volume_events`
+gives a pod view the latest of its own (by the pod's uid), which counts while the pod's containers wait to be
+created (`ContainerCreating`, `PodInitializing`).
 
 Each message starts with the pods it concerns (`pod NAME` or `pods A, B and 2 more`).
 Pods being deleted and pods of an earlier Ray cluster of the job (a retry) do not count.
@@ -29,10 +37,16 @@ from typing import Any
 from rocmtrain.api.condition_reasons import Reason
 from rocmtrain.api.contract import JOB_NAME_LABEL, RAY_CLUSTER_LABEL, RAY_NODE_TYPE_LABEL
 from rocmtrain.status.condition_merge import find
+from rocmtrain.status.messages import EVENT_MESSAGE_LIMIT, bounded
 
 # The kubelet's waiting reasons of an image that cannot be pulled.
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
 NAMED_PODS = 3  # pods named in a message; the rest are counted
+# The reasons of the events on a pod whose volume cannot be attached (the attach/detach controller) or mounted
+# (the kubelet: a ConfigMap, Secret or claim that does not exist, a volume that does not answer).
+VOLUME_EVENT_REASONS = (Reason.FAILED_ATTACH_VOLUME, Reason.FAILED_MOUNT)
+# The kubelet's waiting reasons of a container that is not created yet (volumes not ready among the causes).
+_NOT_CREATED = frozenset({"ContainerCreating", "PodInitializing"})
 
 
 @dataclass(frozen=True)
@@ -99,6 +113,7 @@ def pod_view(pod: Mapping[str, Any]) -> dict[str, Any]:
         "metadata": {
             "namespace": meta.get("namespace"),
             "name": meta.get("name"),
+            "uid": meta.get("uid"),
             "labels": {k: labels[k] for k in (JOB_NAME_LABEL, RAY_CLUSTER_LABEL, RAY_NODE_TYPE_LABEL) if k in labels},
             "deleting": "deletionTimestamp" in meta,
             "controller": _controller(meta),
@@ -122,6 +137,36 @@ def _container_view(status: Mapping[str, Any]) -> dict[str, Any]:
     return view
 
 
+def volume_event_view(event: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The part of an event on a pod about its volumes (`VOLUME_EVENT_REASONS`) the operator keeps; None for another."""
+    meta, pod = event.get("metadata") or {}, event.get("involvedObject") or {}
+    if event.get("reason") not in VOLUME_EVENT_REASONS or pod.get("kind") != "Pod":
+        return None
+    series = event.get("series") or {}
+    when = series.get("lastObservedTime") or event.get("lastTimestamp") or event.get("eventTime")
+    return {
+        "metadata": {"namespace": meta.get("namespace"), "name": meta.get("name")},
+        "pod": {"name": pod.get("name"), "uid": pod.get("uid")},
+        "reason": event["reason"],
+        "message": bounded(str(event.get("message") or ""), EVENT_MESSAGE_LIMIT),
+        "time": str(when or meta.get("creationTimestamp") or ""),
+    }
+
+
+def event_pod_key(view: Mapping[str, Any]) -> tuple[str, str]:
+    """(namespace, pod name) of a `volume_event_view`."""
+    return view["metadata"]["namespace"], view["pod"]["name"]
+
+
+def with_volume_events(view: Mapping[str, Any], events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """A pod view with the latest of `events` (`volume_event_view`s) of that very pod, as its `volume`."""
+    own = [event for event in events if event["pod"]["uid"] == view["metadata"].get("uid")]
+    if not own:
+        return dict(view)
+    latest = max(own, key=lambda event: event["time"])
+    return {**view, "volume": {"reason": latest["reason"], "message": latest["message"]}}
+
+
 def job_key(view: Mapping[str, Any]) -> tuple[str, str] | None:
     """(namespace, job name) of a pod view, from the job label the rendered templates carry."""
     meta = view["metadata"]
@@ -131,6 +176,15 @@ def job_key(view: Mapping[str, Any]) -> tuple[str, str] | None:
 
 # ---- problems ------------------------------------------------------------------------------
 
+# The problems of a pod in the order it meets them; those of its containers in the order each container does.
+_CONTAINER_ORDER = (
+    Reason.IMAGE_PULL_BACK_OFF,
+    Reason.CREATE_CONTAINER_CONFIG_ERROR,
+    Reason.CRASH_LOOP_BACK_OFF,
+    Reason.CONTAINER_FAILED,
+)
+_ORDER = (Reason.UNSCHEDULABLE, *VOLUME_EVENT_REASONS, *_CONTAINER_ORDER)
+
 
 def _pod_problem(view: Mapping[str, Any]) -> PodProblem | None:
     """The first problem of one pod (its message without the pod's name)."""
@@ -138,7 +192,10 @@ def _pod_problem(view: Mapping[str, Any]) -> PodProblem | None:
     if scheduled.get("status") == "False":
         return PodProblem(Reason.UNSCHEDULABLE, scheduled.get("message") or scheduled.get("reason") or "not scheduled")
     containers = view.get("containers") or []
-    for reason in (Reason.IMAGE_PULL_BACK_OFF, Reason.CRASH_LOOP_BACK_OFF, Reason.CONTAINER_FAILED):
+    volume = view.get("volume")
+    if volume and all((c.get("waiting") or {}).get("reason") in _NOT_CREATED for c in containers):
+        return PodProblem(Reason(volume["reason"]), volume["message"])
+    for reason in _CONTAINER_ORDER:
         for container in containers:
             message = _container_problem(container, reason)
             if message is not None:
@@ -152,6 +209,8 @@ def _container_problem(container: Mapping[str, Any], reason: Reason) -> str | No
     waiting_reason = waiting.get("reason", "")
     if reason == Reason.IMAGE_PULL_BACK_OFF and waiting_reason in IMAGE_PULL_REASONS:
         return f"container {name} {waiting_reason}: {waiting.get('message') or 'cannot pull the image'}"
+    if reason == Reason.CREATE_CONTAINER_CONFIG_ERROR and waiting_reason == reason:
+        return f"container {name} {waiting_reason}: {waiting.get('message') or 'a ConfigMap or Secret is missing'}"
     if reason == Reason.CRASH_LOOP_BACK_OFF and waiting_reason == Reason.CRASH_LOOP_BACK_OFF:
         last = container.get("lastExitCode")
         exit_code = f" (last exit code {last})" if last is not None else ""
@@ -162,9 +221,6 @@ def _container_problem(container: Mapping[str, Any], reason: Reason) -> str | No
         detail = ": ".join(part for part in (terminated.get("reason"), terminated.get("message")) if part)
         return f"container {name} exited with code {code}" + (f" ({detail})" if detail else "")
     return None
-
-
-_ORDER = (Reason.UNSCHEDULABLE, Reason.IMAGE_PULL_BACK_OFF, Reason.CRASH_LOOP_BACK_OFF, Reason.CONTAINER_FAILED)
 
 
 def _named(names: Sequence[str]) -> str:

@@ -12,6 +12,12 @@
   sends the search's whole state every time (the trial table is bounded).
 - `status.lastProgressTime` is the time the report was accepted; the operator's
   stall detection reads it.
+- `status.backwardSteps` counts the reports whose step went below the one before, with no restart
+  between (`rocmtrain.api.report_checks`): the status mapping's `NotDataParallel` condition reads it.
+- `status.reportingPods` remembers the pods that sent the run's reports, the latest first (a few; the
+  endpoint names the pod of each report), and `status.reportingTurns` counts the reports that came back to
+  one of them after another's, with no restart between: `NotDataParallel` reads them too. In the status, so
+  that an operator restart, or another replica of it, forgets nothing, and written with the report itself.
 - `status.workerFailures` is the run's count of worker failures Ray Train
   recovered from; `recovery_events` announces each new one, `tuning_events` each new best
   trial of a search.
@@ -39,6 +45,7 @@ from rocmtrain.api.models import (
     ProgressReport,
     TuningStatus,
 )
+from rocmtrain.api.report_checks import reporting_pods, took_turn, went_backwards
 from rocmtrain.api.timestamps import rfc3339
 from rocmtrain.status.events import Event
 from rocmtrain.status.messages import bounded
@@ -88,14 +95,40 @@ def extend_history(
     return kept if limit is None else kept[-limit:]
 
 
+def _restarted(report: ProgressReport, status: Mapping[str, Any]) -> bool:
+    """Whether the report counts a new worker failure: the run restarted since the last report."""
+    return (report.worker_failures or 0) > (status.get("workerFailures") or 0)
+
+
+def _went_backwards(report: ProgressReport, status: Mapping[str, Any]) -> bool:
+    """Whether the report's step is below the last report's, with no new worker failure (a restart) between."""
+    previous = (status.get("progress") or {}).get("step")
+    restarted = _restarted(report, status)
+    return went_backwards(report.progress.step, previous if isinstance(previous, int) else None, restarted=restarted)
+
+
+def _reporters(pod: str, report: ProgressReport, status: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields a report from `pod` changes among `reportingPods` and `reportingTurns`."""
+    pods = [name for name in status.get("reportingPods") or [] if isinstance(name, str)]
+    restarted = _restarted(report, status)
+    fields: dict[str, Any] = {}
+    if (after := reporting_pods(pod, pods, restarted=restarted)) != pods:
+        fields["reportingPods"] = after
+    if took_turn(pod, pods, restarted=restarted):
+        fields["reportingTurns"] = (status.get("reportingTurns") or 0) + 1
+    return fields
+
+
 def takes_reports(status: Mapping[str, Any] | None) -> bool:
     """Whether a job's status takes progress reports: not once the job has ended (or its driver refused it), so
     that what it ended with (its final metrics, the cost it was charged, the refusal) stays as it was."""
     return not has_ended(status)
 
 
-def progress_patch(report: ProgressReport, status: Mapping[str, Any] | None, now: dt.datetime) -> dict[str, Any]:
-    """The merge patch (`{"status": {...}}`) that records `report` on top of `status`."""
+def progress_patch(
+    report: ProgressReport, status: Mapping[str, Any] | None, now: dt.datetime, pod: str | None = None
+) -> dict[str, Any]:
+    """The merge patch (`{"status": {...}}`) that records `report` on top of `status`; `pod`: the pod that sent it."""
     progress = report.progress.dump()
     patch: dict[str, Any] = {
         "progress": {key: progress.get(key) for key in _PROGRESS_FIELDS},
@@ -109,6 +142,10 @@ def progress_patch(report: ProgressReport, status: Mapping[str, Any] | None, now
     status = status or {}
     if report.worker_failures or "workerFailures" in status:
         patch["workerFailures"] = report.worker_failures or 0
+    if _went_backwards(report, status):
+        patch["backwardSteps"] = (status.get("backwardSteps") or 0) + 1
+    if pod is not None:
+        patch |= _reporters(pod, report, status)
     if (point := history_point(report, status.get("metrics") or {})) is not None:
         patch["history"] = extend_history(status.get("history") or [], point)
     if report.network is not None and (network := report.network.dump()) != status.get("network"):

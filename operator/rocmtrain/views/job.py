@@ -1,4 +1,9 @@
-"""One job on one screen (`rocmtrain status`): phase, conditions, a progress bar, metrics, GPUs, events."""
+"""One job on one screen (`rocmtrain status`): phase, conditions, a progress bar, metrics, GPUs, events.
+
+The Ready condition's message heads the screen, once: each condition that says the same (Ready, and a
+failed job's `Failed`) reads `as above`, and an ended job's `Stalled=True`, which only repeats its failure for kstatus,
+is left out. An ended job's progress is where it ended, without an ETA.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from rocmtrain.api.condition_reasons import ConditionType
 from rocmtrain.api.contract import GPU_NODE_LABELS
-from rocmtrain.api.models import NetworkTransport, metric_rows
+from rocmtrain.api.models import NetworkTransport, Phase, metric_rows
 from rocmtrain.api.timestamps import parse_time
 from rocmtrain.status.accounting import gpu_seconds_at
 from rocmtrain.status.gauges import WHOLE_GPU_KIND, gpu_kind
@@ -58,14 +64,16 @@ def _wrapped(items: Sequence[str], width: int, indent: int) -> str:
     return ("\n" + " " * indent).join(lines)
 
 
-def _progress_line(status: Mapping[str, Any]) -> str:
+def _progress_line(status: Mapping[str, Any], ended: bool) -> str:
     progress = status.get("progress") or {}
     parts = [progress_bar(progress.get("percent"))]
     if progress.get("step") is not None:
         parts.append(f"step {progress['step']}/{progress.get('totalSteps', '?')}")
     if progress.get("epoch") is not None:
         parts.append(f"epoch {progress['epoch']:.2f}")
-    if progress.get("etaSeconds") is not None:
+    if ended:
+        parts.append("(ended)")
+    elif progress.get("etaSeconds") is not None:
         parts.append(f"ETA {duration(progress['etaSeconds'])}")
     return "  ".join(parts)
 
@@ -116,17 +124,23 @@ def job_text(
 ) -> str:
     """The screen of `rocmtrain status` for `job`, its pods, its events and the labels of its nodes."""
     meta, status = job.get("metadata") or {}, job.get("status") or {}
-    conditions = status.get("conditions") or []
-    ready: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
+    phase = Phase.of(status.get("phase"))
+    ended = phase is not None and phase.is_terminal
+    conditions = [
+        c
+        for c in status.get("conditions") or []
+        if not (ended and c.get("type") == ConditionType.STALLED and c.get("status") == "True")
+    ]
+    said = next((c.get("message") for c in conditions if c.get("type") == ConditionType.READY), None)
     headline = f"{meta.get('namespace')}/{meta.get('name')}   {status.get('phase') or 'not yet seen by the operator'}"
-    if ready.get("message"):
-        headline += f"   {ready['message']}"
+    if said:
+        headline += "   " + said.replace("\n", "\n" + " " * (len(headline) + 3))
     metrics = status.get("metrics") or {}
     shown = [f"{row.heading} {row.text(metrics[row.key])}" for row in metric_rows() if metrics.get(row.key) is not None]
     shown += [f"{metric.get('name')} {metric.get('value'):g}" for metric in metrics.get("custom") or []]
     sections = [
         headline,
-        "progress   " + _progress_line(status),
+        "progress   " + _progress_line(status, ended),
         "GPUs       " + _gpu_line(job, now),
     ]
     if queue := status.get("queue"):
@@ -137,7 +151,13 @@ def job_text(
         sections.append("metrics    " + _wrapped(shown, METRICS_WIDTH, indent=len("metrics    ")))
     if conditions:
         rows = [
-            [c.get("type"), c.get("status"), c.get("reason"), _age(c.get("lastTransitionTime"), now), c.get("message")]
+            [
+                c.get("type"),
+                c.get("status"),
+                c.get("reason"),
+                _age(c.get("lastTransitionTime"), now),
+                "as above" if said and c.get("message") == said else c.get("message"),
+            ]
             for c in conditions
         ]
         sections.append(table(["CONDITION", "STATUS", "REASON", "AGE", "MESSAGE"], rows))

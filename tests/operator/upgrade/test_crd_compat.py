@@ -24,8 +24,14 @@ from rocmtrain.api.validate import validate_job
 from rocmtrain_testworld.rayjob_schema import strict, violations
 from upgrade.fixtures import CASES, NAMESPACE, RECORDED, recorded
 
-# Spec paths whose default was added after the fixtures were recorded, each with why it keeps old jobs' meaning.
-NEW_DEFAULTS: dict[str, str] = {}
+# Spec paths whose schema default was added or removed after the fixtures were recorded, each with why it keeps old
+# jobs' meaning.
+NEW_DEFAULTS: dict[str, str] = {
+    "spec.resources.sharedMemory": (
+        "the schema's 16Gi moved into the renderer (the smaller of 16Gi and half of memoryPerWorker); a stored job "
+        "keeps the 16Gi the API server wrote into it"
+    ),
+}
 
 
 def job_schema(schema: dict[str, Any]) -> dict[str, Any]:

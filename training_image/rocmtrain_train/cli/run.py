@@ -9,15 +9,19 @@ with the same messages. Torch and Ray are imported only once the job is valid.
 A job with its own code (spec.code) runs that code instead, with the cluster's environment
 contract and the progress endpoints on the loopback address (`rocmtrain_train.driver.own_code`).
 Exit status: 0 trained, 1 training failed, 2 the job cannot run as configured (the driver's
-pre-flight: one line `error: ...`, such as an object store that cannot be read or written). The
+pre-flight: one line `error: ...`, such as an object store that cannot be read or written); stopped by
+Ctrl-C, SIGTERM or SIGHUP, 128 + the signal's number (130, 143, 129), after the whole run has stopped, Ray
+included, with one line `stopped by SIGTERM: N processes (...)` (`rocmtrain_train.driver.stop_signals`). The
 values of the AWS credential variables never appear in what it prints.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
 import uuid
 from pathlib import Path
@@ -28,6 +32,8 @@ from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.api.validate import Context
 
 if TYPE_CHECKING:
+    from rocmtrain_train.config import RunSettings
+    from rocmtrain_train.driver.own_code import CodeOutcome
     from rocmtrain_train.search.tune_trials import SearchOutcome
     from rocmtrain_train.trainer.torch_trainer import RunOutcome
 
@@ -81,7 +87,7 @@ def main(argv: list[str]) -> int:
     try:
         from rocmtrain.api.errors import ConfigError
         from rocmtrain_train.config import local_settings
-        from rocmtrain_train.driver import own_code
+        from rocmtrain_train.driver.stop_signals import StopSignals, end_processes, exit_status
     except ModuleNotFoundError as exc:
         print(
             f"error: rocmtrain run needs the `train` extra (missing {exc.name}): "
@@ -102,7 +108,31 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    outcome: own_code.CodeOutcome | RunOutcome | SearchOutcome
+    with StopSignals() as stop:
+        try:
+            outcome = _train(job, settings)
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP: the run has unwound, its Ray shut down
+            stop.ending = True
+            received = stop.received or signal.SIGINT
+            stopped = end_processes(stop.processes)
+            with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+                print(f"stopped by {received.name}: {stopped}\nlogs: {settings.log_dir}", file=sys.stderr)
+            return exit_status(received)
+    if isinstance(outcome, int):
+        return outcome
+    if args.summary:
+        args.summary.parent.mkdir(parents=True, exist_ok=True)
+        args.summary.write_text(json.dumps(outcome.summary, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def _train(job: RocmTrainingJob, settings: RunSettings) -> CodeOutcome | RunOutcome | SearchOutcome | int:
+    """Train (or run the job's code) and print where the results are; the exit status where it cannot run or
+    fails."""
+    from rocmtrain.api.errors import ConfigError
+    from rocmtrain_train.driver import own_code
+
+    outcome: CodeOutcome | RunOutcome | SearchOutcome
     try:
         if job.spec.code is not None:  # the job's own code runs in a process of its own, Ray included
             outcome = own_code.run_code(settings)
@@ -118,7 +148,4 @@ def main(argv: list[str]) -> int:
     except Exception as exc:
         print(f"training failed: {_failure(job, exc)}\nlogs: {settings.log_dir}", file=sys.stderr)
         return EXIT_FAILED
-    if args.summary:
-        args.summary.parent.mkdir(parents=True, exist_ok=True)
-        args.summary.write_text(json.dumps(outcome.summary, indent=2) + "\n", encoding="utf-8")
-    return 0
+    return outcome

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -107,10 +108,13 @@ def start_embedded_ray(options: dict[str, Any]) -> None:
     dashboard = None if port is None else f"http://{LOOPBACK}:{port}"
     previous = {name: os.environ.get(name) for name in (API_SERVER_ADDRESS_ENV, RAY_ADDRESS_ENV)}
     _set_environ({API_SERVER_ADDRESS_ENV: dashboard, RAY_ADDRESS_ENV: None})
+    on_sigterm = signal.getsignal(signal.SIGTERM)
     try:
         ray.init(**options)
     finally:
         _set_environ(previous)
+        if callable(on_sigterm):  # Ray sets its own (sys.exit): `rocmtrain run`'s stops the run as Ctrl-C does
+            signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def _set_environ(values: dict[str, str | None]) -> None:

@@ -18,10 +18,16 @@ def _fmt(value: float | int | None, spec: str) -> str:
 
 def summary_table(report: ProgressReport) -> str:
     """The final metrics (of a search: the best trial's) as a two-column table (rows without a value are left out)."""
-    rows = [("trials" if report.tuning else "steps", f"{report.progress.step}/{report.progress.total_steps}")]
+    p = report.progress
+    rows = [("trials" if report.tuning else "steps", f"{_fmt(p.step, 'd')}/{_fmt(p.total_steps, 'd')}")]
     values = ((row, getattr(report.metrics, row.name)) for row in metric_rows())
     rows += [(row.heading, row.text(value)) for row, value in values if value is not None]
-    rows += [(metric.name, f"{metric.value:g}") for metric in report.metrics.custom or []]  # a job's own code's
+    shown = {label for label, _ in rows}
+    rows += [  # a job's own code's, but for one a row above shows (Hugging Face's train_loss: the train loss)
+        (metric.name, f"{metric.value:g}")
+        for metric in report.metrics.custom or []
+        if metric.name.replace("_", " ") not in shown
+    ]
     width = max(len(label) for label, _ in rows)
     rule = "-" * (width + 2 + max(len(value) for _, value in rows))
     return "\n".join([rule, *(f"{label:<{width}}  {value}" for label, value in rows), rule])
@@ -52,6 +58,11 @@ class ConsoleSink:
         self._bar: tqdm | None = None
         self._last_line = ""
 
+    @property
+    def draws_bar(self) -> bool:
+        """Whether it draws a live bar (rather than a line per report)."""
+        return self._bar_wanted
+
     def emit(self, report: ProgressReport) -> None:
         if report.tuning is not None:
             self._search_line(report)
@@ -78,7 +89,8 @@ class ConsoleSink:
             self._bar.set_postfix(status, refresh=True)
         elif not report.final:
             fields = " ".join(f"{k}={v}" for k, v in status.items())
-            print(f"step {p.step}/{p.total_steps} epoch {_fmt(p.epoch, '.2f')} {fields}", file=self._stream, flush=True)
+            steps = f"{_fmt(p.step, 'd')}/{_fmt(p.total_steps, 'd')}"
+            print(f"step {steps} epoch {_fmt(p.epoch, '.2f')} {fields}", file=self._stream, flush=True)
         if report.final:
             self.close()
             print(summary_table(report), file=self._stream, flush=True)

@@ -6,8 +6,11 @@ The code reports as it would on a cluster, to the URLs of its environment contra
 with a bearer token of its own (random, in a file only this user may read), reads bodies with the
 contract's parsers (`rocmtrain.api.progress_body`: the same size limit, non-finite numbers and field
 limits refused alike), and hands each report to the sinks: the console's progress bar and
-`metrics.jsonl`. It speaks plain HTTP and listens on 127.0.0.1 only; nothing of the operator's TLS,
-TokenReview or rate limits is needed between two processes of one user.
+`metrics.jsonl`. A step that goes backwards is counted and explained as the operator's `NotDataParallel`
+condition does (`rocmtrain.api.report_checks`); its other sign, two pods that take turns reporting, has no
+local twin: here every report comes from this machine, with no mark of the process that sent it (transformers'
+`KubeflowCallback` sends none). It speaks plain HTTP and listens on 127.0.0.1 only;
+nothing of the operator's TLS, TokenReview or rate limits is needed between two processes of one user.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import hmac
 import json
 import os
 import secrets
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
@@ -26,6 +30,7 @@ from typing import Any
 from rocmtrain.api.contract import progress_path, trainer_status_path
 from rocmtrain.api.models import Progress, ProgressReport
 from rocmtrain.api.progress_body import MAX_BODY_BYTES, BodyError, parse_report, parse_trainer_status
+from rocmtrain.api.report_checks import BACKWARD_STEPS_TO_WARN, not_data_parallel, went_backwards
 from rocmtrain_train.reporting.driver_report import Sink
 
 LOOPBACK = "127.0.0.1"
@@ -99,6 +104,9 @@ class LocalEndpoint:
         }
         self.last: ProgressReport | None = None
         self.reports = 0
+        self.backward_steps = 0  # as `status.backwardSteps` counts them (rocmtrain.api.report_checks)
+        self._step: int | None = None
+        self._failures = 0
         self._lock = threading.Lock()
         self._server = _Server((LOOPBACK, 0), _Handler)
         self._server.endpoint = self
@@ -121,10 +129,20 @@ class LocalEndpoint:
     def take(self, report: ProgressReport) -> None:
         """Hand one report to every sink, in the order reports arrive."""
         with self._lock:
+            self._check(report)
             report = _shown(report, self.last)
             self.last, self.reports = report, self.reports + 1
             for sink in self.sinks:
                 sink.emit(report)
+
+    def _check(self, report: ProgressReport) -> None:
+        """Count a step that went backwards, as the operator does; say why once it means two rank 0s."""
+        failures = report.worker_failures or 0
+        if went_backwards(report.progress.step, self._step, restarted=failures > self._failures):
+            self.backward_steps += 1
+            if self.backward_steps == BACKWARD_STEPS_TO_WARN:
+                print(f"warning: {not_data_parallel(self.backward_steps)}", file=sys.stderr, flush=True)
+        self._step, self._failures = report.progress.step, max(failures, self._failures)
 
     def close(self) -> None:
         """Stop serving; a report being handled is finished first."""

@@ -38,7 +38,13 @@ from rocmtrain.api.models.metrics import (
     metric_rows,
 )
 from rocmtrain.api.models.model import ModelSpec
-from rocmtrain.api.models.notifications import MAX_NOTIFICATIONS, NOTIFY_EVENTS, DeliveryState, NotifyEvent
+from rocmtrain.api.models.notifications import (
+    MAX_NOTIFICATIONS,
+    NOTIFY_EVENTS,
+    DeliveryFailure,
+    DeliveryState,
+    NotifyEvent,
+)
 from rocmtrain.api.models.resources import GpuSelector, NetworkSpec, ResourcesSpec
 from rocmtrain.api.models.status import (
     PREFLIGHT_ERROR_LIMIT,
@@ -88,6 +94,7 @@ __all__ = [
     "Condition",
     "DataSource",
     "DataSpec",
+    "DeliveryFailure",
     "DeliveryState",
     "GenerateSpec",
     "GpuSelector",

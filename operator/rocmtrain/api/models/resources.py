@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field, StringConstraints, model_validator
 from rocmtrain.api.contract import GPU_NODE_LABELS, GPU_RESOURCE
 from rocmtrain.api.models.base import ApiModel, _cel
 from rocmtrain.api.patterns import EXTENDED_RESOURCE, HCA_NAME, INTERFACE_NAME, NETWORK_ATTACHMENT
+from rocmtrain.api.quantity import parse_quantity, quantity_text
 from rocmtrain.api.types import AmdResourceName, GpuPartition, LabelValue, Quantity
 
 
@@ -19,6 +20,7 @@ class HeadResources(ApiModel):
     memory: Quantity = Field(default="8Gi", description="Memory request and limit of the head container.")
 
 
+SHM_CAP = "16Gi"  # the largest /dev/shm a worker gets without spec.resources.sharedMemory
 RESOURCE_NOT_PARTITION = "with a partition, resourceName must be amd.com/<partition> (mixed naming)"
 
 
@@ -156,8 +158,12 @@ class ResourcesSpec(ApiModel):
     )
     cpus_per_worker: Quantity = Field(default="8", description="CPU request and limit per worker pod.")
     memory_per_worker: Quantity = Field(default="64Gi", description="Memory request and limit per worker pod.")
-    shared_memory: Quantity = Field(
-        default="16Gi", description="Size of the in-memory /dev/shm volume for data loaders and RCCL."
+    shared_memory: Quantity | None = Field(
+        default=None,
+        description=(
+            "Size of the in-memory /dev/shm volume for data loaders and RCCL; at most memoryPerWorker (its pages "
+            f"count towards the worker's memory). Unset: the smaller of {SHM_CAP} and half of memoryPerWorker."
+        ),
     )
     head: HeadResources = Field(default_factory=HeadResources, description="Ray head pod resources.")
     gpu: GpuSelector | None = Field(
@@ -185,6 +191,14 @@ class ResourcesSpec(ApiModel):
         if self.workers > 1 and self.gpus_per_worker and network and network.names_rdma and not network.rdma_resource:
             raise ValueError(f"{RDMA_WITHOUT_RESOURCE} (without it RCCL falls back to TCP over the pod network)")
         return self
+
+    @property
+    def shm_size(self) -> str:
+        """The size of a worker's /dev/shm: sharedMemory, else the smaller of SHM_CAP and half of memoryPerWorker."""
+        if self.shared_memory is not None:
+            return self.shared_memory
+        half = parse_quantity(self.memory_per_worker) / 2
+        return SHM_CAP if half >= parse_quantity(SHM_CAP) else quantity_text(half)
 
     @property
     def total_gpus(self) -> int:

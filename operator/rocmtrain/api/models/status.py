@@ -9,9 +9,10 @@ from pydantic import ConfigDict, Field, StringConstraints
 
 from rocmtrain.api.models.base import ApiModel
 from rocmtrain.api.models.metrics import HISTORY_LENGTH, HistoryPoint, Metrics
-from rocmtrain.api.models.notifications import MAX_NOTIFICATIONS, DeliveryState, NotifyEvent
+from rocmtrain.api.models.notifications import MAX_NOTIFICATIONS, DeliveryFailure, DeliveryState, NotifyEvent
 from rocmtrain.api.models.tuning import TuningMetric
-from rocmtrain.api.patterns import CURRENCY, DELIVERY_ID, HCA_NAME, NOTIFICATION_TARGET, RCCL_NETWORK
+from rocmtrain.api.patterns import CURRENCY, DELIVERY_ID, DNS_SUBDOMAIN, HCA_NAME, NOTIFICATION_TARGET, RCCL_NETWORK
+from rocmtrain.api.report_checks import REPORTING_PODS_KEPT
 
 
 class Phase(enum.StrEnum):
@@ -210,7 +211,14 @@ class NotificationState(ApiModel):
     reason: str = Field(max_length=128, description="The event's reason, as the notice told it.")
     delivery_id: str = Field(pattern=DELIVERY_ID, description="The X-Rocmtrain-Delivery header of every try.")
     state: DeliveryState = Field(
-        description="Pending (sent again after an operator restart), Delivered, or Failed (given up)."
+        description="Pending (sent again after an operator restart), Delivered, Failed (given up), or Dropped "
+        "(never queued: its namespace's share of the queue was full, or its job over its rate)."
+    )
+    failure: DeliveryFailure | None = Field(
+        default=None,
+        description="Why a Failed or Dropped notice was not delivered: NotDelivered (no answer, or not a 2xx), "
+        "AddressRefused (the receiver's address is not one the operator may reach: docs/operations/security.md), "
+        "SecretUnusable, SendError, QueueFull or RateLimited. The operator's log has the detail.",
     )
     time: str = Field(max_length=40, description="When the state was last written (RFC 3339).")
 
@@ -275,6 +283,26 @@ class RocmTrainingJobStatus(ApiModel):
     completion_time: str | None = Field(default=None, description="When the Ray job ended (RFC 3339).")
     restarts: int | None = Field(default=None, ge=0, description="Whole-job retries so far.")
     worker_failures: int | None = Field(default=None, ge=0, description=WORKER_FAILURES)
+    backward_steps: int | None = Field(
+        default=None,
+        ge=1,
+        le=10**9,
+        description="Progress reports whose step was below the report's before them, with no restart between: "
+        "more than one process reports as rank 0 (NotDataParallel).",
+    )
+    reporting_pods: list[Annotated[str, StringConstraints(pattern=DNS_SUBDOMAIN, max_length=253)]] = Field(
+        default_factory=list,
+        max_length=REPORTING_PODS_KEPT,
+        description=f"The pods whose progress reports arrived in this run, the latest first (at most "
+        f"{REPORTING_PODS_KEPT}; only the last one's after a report that counts a new worker failure).",
+    )
+    reporting_turns: int | None = Field(
+        default=None,
+        ge=1,
+        le=10**9,
+        description="Progress reports from a pod of reportingPods that was not the last report's, with no restart "
+        "between: more than one pod reports as rank 0 (NotDataParallel).",
+    )
     gpu_seconds: float | None = Field(
         default=None,
         ge=0,
