@@ -203,7 +203,7 @@ def test_the_driver_and_the_trial_actors_leave_the_training_loop_to_the_ranks() 
         ("rocmtrain.views.job", "from rocmtrain.controller import handlers"),
         ("rocmtrain.admission.node_fit", "from rocmtrain.metrics.prometheus import REGISTRY"),
         ("rocmtrain.progress.server", "import kopf"),
-        ("rocmtrain.render.pod", "from rocmtrain.status.phase import Hold"),
+        ("rocmtrain.render.pod", "from rocmtrain.status.hold import Hold"),
         ("rocmtrain.plan.fit", "from rocmtrain.render import names"),
         ("rocmtrain.status.phase", "from rocmtrain.admission import node_fit"),
         ("rocmtrain.kube.client", "from rocmtrain.serving.errors import Conflict"),

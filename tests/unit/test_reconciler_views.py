@@ -23,8 +23,8 @@ from rocmtrain.controller import reconciler as reconciler_module
 from rocmtrain.controller.reconciler import Reconciler
 from rocmtrain.controller.settings import OperatorConfig
 from rocmtrain.kube.client import JOBS
+from rocmtrain.status.hold import Hold, HoldKind
 from rocmtrain.status.objects import PARTIAL_SPEC, index_view, rayjob_view
-from rocmtrain.status.phase import Hold, HoldKind
 from unit.samples import minimal_job
 
 

@@ -20,19 +20,16 @@ from rocmtrain.api.validate import validate_job
 from rocmtrain.status.accounting import Price
 from rocmtrain.status.condition_merge import Condition, merge_conditions
 from rocmtrain.status.events import transition_events
+from rocmtrain.status.hold import KUBERAY_NOT_INSTALLED, Hold, HoldKind, refused_create
 from rocmtrain.status.messages import CONDITION_MESSAGE_LIMIT
 from rocmtrain.status.phase import (
-    KUBERAY_NOT_INSTALLED,
     NOT_ALLOWED,
     OWNED_FIELDS,
-    Hold,
-    HoldKind,
     Observation,
     compute_status,
     has_ended,
     invalid_status,
     last_rayjob_change,
-    refused_create,
     status_patch,
 )
 from unit.samples import minimal_job

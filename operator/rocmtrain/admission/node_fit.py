@@ -20,7 +20,7 @@ from rocmtrain.api.contract import GPU_NODE_LABELS, GPU_RESOURCE
 from rocmtrain.api.models import RocmTrainingJobSpec
 from rocmtrain.api.quantity import device_count
 from rocmtrain.plan.gpu_memory import GpuMemory, vram_label_bytes
-from rocmtrain.status.phase import Hold, HoldKind
+from rocmtrain.status.hold import Hold, HoldKind
 
 
 @dataclass(frozen=True)

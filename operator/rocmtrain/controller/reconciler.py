@@ -73,6 +73,7 @@ from rocmtrain.status import phase
 from rocmtrain.status.accounting import Price
 from rocmtrain.status.events import transition_events
 from rocmtrain.status.gauges import queue_wait
+from rocmtrain.status.hold import KUBERAY_NOT_INSTALLED, Hold, HoldKind, refused_create, refused_network_policy
 from rocmtrain.status.objects import (
     PARTIAL_SPEC,
     controller_ref,
@@ -83,7 +84,6 @@ from rocmtrain.status.objects import (
     queued,
     rayjob_view,
 )
-from rocmtrain.status.phase import Hold, HoldKind
 
 logger = logging.getLogger(__name__)
 
@@ -397,10 +397,10 @@ class Reconciler:
             try:
                 created = await self._kube.create(RAYJOBS, rendered)
             except ApiMissing:
-                return None, phase.KUBERAY_NOT_INSTALLED
+                return None, KUBERAY_NOT_INSTALLED
             except Refused as exc:
                 logger.warning("RayJob %s/%s refused: %s", namespace, name, exc)
-                return None, phase.refused_create(exc.status, exc.message)
+                return None, refused_create(exc.status, exc.message)
             if created is not None:
                 logger.info("created RayJob %s/%s", namespace, name)
                 return created, None
@@ -484,7 +484,7 @@ class Reconciler:
             await self._kube.create(NETWORK_POLICIES, policy)
         except Refused as exc:
             logger.warning("NetworkPolicy %s/%s refused: %s", valid.metadata.namespace, valid.metadata.name, exc)
-            return phase.refused_network_policy(exc.status, exc.message)
+            return refused_network_policy(exc.status, exc.message)
         return None
 
     # ---- RayJob side --------------------------------------------------------------------

@@ -38,7 +38,7 @@ from rocmtrain.metrics import server as metrics_server
 from rocmtrain.metrics.access import MetricsAccess
 from rocmtrain.progress.server import ProgressServer, start_progress_server
 from rocmtrain.progress.tls import ConfigMapTaken
-from rocmtrain.status.phase import Hold, HoldKind
+from rocmtrain.status.hold import Hold, HoldKind
 from rocmtrain.status.pods import VOLUME_EVENT_REASONS, job_key
 
 # The informers that share the watch client, and its connections beyond their long

@@ -1,7 +1,8 @@
 """The status mapping (pure): what the operator observes, turned into a job's status, events and metrics.
 
 - `phase`: the phase and the conditions of one job from its RayJob, Ray pods, Kueue
-  Workload and what holds it back (`compute_status`, `Hold`, `Observation`);
+  Workload and what holds it back (`compute_status`, `Observation`);
+- `hold`: why the operator holds a job's RayJob back (`Hold`), and when it looks again;
 - `condition_merge`: a condition as a typed value, and its merge into the status' list;
 - `events`: the events that explain each status transition;
 - `pods`: what the Ray pods say (ready workers, why a pod cannot run);

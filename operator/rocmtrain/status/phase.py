@@ -54,14 +54,13 @@ once the reports took turns between pods (`status.reportingTurns`) or their step
 from __future__ import annotations
 
 import datetime as dt
-import enum
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from rocmtrain.api.condition_reasons import ConditionType, Reason
-from rocmtrain.api.contract import DRIVER_ERROR_PREFIX, KUEUE_QUEUE_LABEL, RAYJOB_API_VERSION
+from rocmtrain.api.contract import DRIVER_ERROR_PREFIX, KUEUE_QUEUE_LABEL
 from rocmtrain.api.kuberay import JobDeploymentStatus, JobStatus
 from rocmtrain.api.models import Phase, RocmTrainingJobSpec, RocmTrainingJobStatus
 from rocmtrain.api.report_checks import (
@@ -75,7 +74,7 @@ from rocmtrain.api.timestamps import parse_time, rfc3339
 from rocmtrain.api.tracebacks import last_failure, plain
 from rocmtrain.status.accounting import Price, account
 from rocmtrain.status.condition_merge import Condition, find, merge_conditions
-from rocmtrain.status.messages import QUOTE_LIMIT, bounded
+from rocmtrain.status.hold import Hold, HoldKind
 from rocmtrain.status.pods import PodProblem, RayPods, assess, creation_failure
 from rocmtrain.status.workload import Admission, admission
 
@@ -100,54 +99,6 @@ OWNED_FIELDS = (
     "cost",
     "queue",
 )
-
-
-class HoldKind(enum.Enum):
-    """What holds a RayJob back; all but CONFLICT also raise the condition of their name."""
-
-    UNSCHEDULABLE = ConditionType.UNSCHEDULABLE  # pre-flight: no node can ever run the workers
-    KUBERAY_MISSING = ConditionType.KUBERAY_MISSING  # the RayJob API is not served
-    # Something outside the spec refuses the RayJob: the API server's admission (a
-    # quota, a policy, a webhook) or a name the operator must not take over.
-    BLOCKED = ConditionType.BLOCKED
-    CONFLICT = "Conflict"  # the RayJob's name is taken by an object the job does not own (transient)
-
-
-@dataclass(frozen=True)
-class Hold:
-    """Why the operator does not (yet) create or update the RayJob, and when to look again.
-
-    `reason` and `message` become the Ready condition's (and the kind's own condition's);
-    `retry_seconds` None means after the operator's `ROCMTRAIN_RETRY_SECONDS`.
-    """
-
-    kind: HoldKind
-    reason: str
-    message: str
-    retry_seconds: float | None = None
-
-    def retry_after(self, default: float) -> float:
-        """Seconds until the held job is checked again."""
-        return default if self.retry_seconds is None else self.retry_seconds
-
-
-KUBERAY_NOT_INSTALLED = Hold(
-    HoldKind.KUBERAY_MISSING,
-    Reason.KUBERAY_NOT_INSTALLED,
-    f"KubeRay's RayJob API ({RAYJOB_API_VERSION}) is not installed; install the KubeRay operator",
-)
-
-
-def refused_create(status: int, message: str) -> Hold:
-    """The hold of a RayJob whose create the API server refused (HTTP `status`, its `message`)."""
-    reason = Reason.RAYJOB_FORBIDDEN if status == 403 else Reason.RAYJOB_INVALID
-    return Hold(HoldKind.BLOCKED, reason, bounded(f"the API server refused the RayJob: {message}", QUOTE_LIMIT))
-
-
-def refused_network_policy(status: int, message: str) -> Hold:
-    """The hold of a job whose NetworkPolicy the API server refused: no Ray pod runs unprotected."""
-    text = f"the API server refused the job's NetworkPolicy (HTTP {status}): {message}"
-    return Hold(HoldKind.BLOCKED, Reason.NETWORK_POLICY_REFUSED, bounded(text, QUOTE_LIMIT))
 
 
 @dataclass(frozen=True)
