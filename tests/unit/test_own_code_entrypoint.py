@@ -340,7 +340,7 @@ def test_everything_but_the_entrypoint_and_the_contract_renders_as_for_a_built_i
             container["env"] = [
                 v
                 for v in container["env"]
-                if not v["name"].startswith(("ROCMTRAIN_", "KUBEFLOW_", "HOME", "XDG_"))  # HOME: `code_home`
+                if not v["name"].startswith(("ROCMTRAIN_", "KUBEFLOW_", "HOME", "XDG_", "RAY_TRAIN_CALLBACKS"))
             ]
             container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "rocmtrain-progress"]
             pod["volumes"] = [v for v in pod["volumes"] if v["name"] != "rocmtrain-progress"]

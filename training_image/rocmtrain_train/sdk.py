@@ -244,6 +244,9 @@ def report(
     if (network := reporter.network.get()) is not None:
         built = built.model_copy(update={"network": network})
     reporter.sink.emit(built)
+    from rocmtrain_train.reporting.ray_report import mark_own_report  # imports Ray Train
+
+    mark_own_report()  # Ray Train's own reports of this run are not forwarded as well (`reporting.ray_report`)
     if final:
         reporter.sink.flush()
     return True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -28,6 +29,8 @@ from rocmtrain.api.contract import (
     PROGRESS_CA_ENV,
     PROGRESS_TOKEN_ENV,
     PROGRESS_URL_ENV,
+    RAY_REPORT_FORWARDER,
+    RAY_TRAIN_CALLBACKS_ENV,
     STORAGE_PATH_ENV,
     TRAINING_ENV,
     WORKERS_ENV,
@@ -88,9 +91,20 @@ def _compact(model: ApiModel) -> str:
     return json.dumps(model.dump(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def code_environment(job: RocmTrainingJob, run: CodeRun) -> dict[str, str]:
-    """The environment contract of a job's code, variable by variable (names in `rocmtrain.api.contract`)."""
+def ray_train_callbacks(given: str | None) -> str:
+    """`RAY_TRAIN_CALLBACKS`: the callbacks the job names (`given`), then the forwarder of `ray.train.report`."""
+    named = [name.strip() for name in (given or "").split(",") if name.strip()]
+    return ",".join([*named, RAY_REPORT_FORWARDER] if RAY_REPORT_FORWARDER not in named else named)
+
+
+def code_environment(job: RocmTrainingJob, run: CodeRun, inherited: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment contract of a job's code, variable by variable (names in `rocmtrain.api.contract`).
+
+    `inherited`: the environment the code would otherwise have beyond spec.env (`rocmtrain run`'s own), where a
+    `RAY_TRAIN_CALLBACKS` of the user's may be set, kept ahead of the product's.
+    """
     spec = job.spec
+    given = {var.name: var.value for var in spec.env if var.value is not None}
     layout = rank_layout(spec.resources.workers, run.gpus_per_worker, run.cpus_per_worker)
     env = {
         JOB_NAME_ENV: job.metadata.name,
@@ -103,6 +117,9 @@ def code_environment(job: RocmTrainingJob, run: CodeRun) -> dict[str, str]:
         MAX_WORKER_FAILURES_ENV: str(spec.fault_tolerance.max_worker_failures),
         CHECKPOINTS_TO_KEEP_ENV: str(spec.checkpoint.keep_last),
         TRAINING_ENV: _compact(spec.training),
+        RAY_TRAIN_CALLBACKS_ENV: ray_train_callbacks(
+            given.get(RAY_TRAIN_CALLBACKS_ENV) or (inherited or {}).get(RAY_TRAIN_CALLBACKS_ENV)
+        ),
     }
     if spec.model_spec is not None:
         env[MODEL_ENV] = _compact(spec.model_spec)

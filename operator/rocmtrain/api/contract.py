@@ -241,5 +241,9 @@ KUBEFLOW_URL_ENV: Final = "KUBEFLOW_TRAINER_SERVER_URL"
 KUBEFLOW_CA_ENV: Final = "KUBEFLOW_TRAINER_SERVER_CA_CERT"
 KUBEFLOW_TOKEN_ENV: Final = "KUBEFLOW_TRAINER_SERVER_TOKEN"  # noqa: S105 (a variable name, not a secret)
 KUBEFLOW_ENV: Final = (KUBEFLOW_URL_ENV, KUBEFLOW_CA_ENV, KUBEFLOW_TOKEN_ENV)
+# Ray Train v2's callbacks to load, `module.Class` by comma (ray.train.v2's _initialize_env_callbacks): a job's
+# code gets the training image's forwarder of `ray.train.report` into its status, after any the job names.
+RAY_TRAIN_CALLBACKS_ENV: Final = "RAY_TRAIN_CALLBACKS"
+RAY_REPORT_FORWARDER: Final = "rocmtrain_train.reporting.ray_report.RayReportForwarder"
 # The interpreter that runs `spec.code.module` (`python -m <module> <args>`), found on the image's PATH.
 PYTHON: Final = "python"

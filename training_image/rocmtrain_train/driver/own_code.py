@@ -147,9 +147,8 @@ def run_code(settings: RunSettings, *, console: bool = True) -> CodeOutcome:
         given = {var.name: var.value for var in job.spec.env if var.value is not None}  # secrets stay the cluster's
         started = time.time()
         try:
-            returncode, tail = _run(
-                code.argv(), code.working_dir or settings.base_dir, bars | given | code_environment(job, run)
-            )
+            contract = code_environment(job, run, os.environ)  # keeps a RAY_TRAIN_CALLBACKS of this shell's
+            returncode, tail = _run(code.argv(), code.working_dir or settings.base_dir, bars | given | contract)
         finally:
             endpoint.close()
             for sink in sinks:
