@@ -1,5 +1,5 @@
 """Starts its own Ray, as a Ray Train script does outside a cluster, and keeps a Ray worker busy until it is stopped;
-says `training` on its error output once the worker runs (TEST-ONLY: tests/train/test_run_own_code.py)."""
+says `training` on its error output once the worker runs (TEST-ONLY: tests/commands/test_run_own_code.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Ray Train's own reports (`ray.train.report`) into the job's status: the mapping of their metrics, when they are
 not forwarded, and the `RAY_TRAIN_CALLBACKS` a job's code gets (rendered and for `rocmtrain run`).
 
-Pure: the forwarder's work on Ray's controller runs in tests/train/test_run_outside_scripts.py (Ray's linear
+Pure: the forwarder's work on Ray's controller runs in tests/commands/test_run_outside_scripts.py (Ray's linear
 example).
 """
 

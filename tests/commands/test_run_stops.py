@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 import yaml
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "own_code"
@@ -47,6 +48,7 @@ def group_members(pgid: int) -> list[str]:
     return found
 
 
+@pytest.mark.ray  # the code starts a Ray of its own
 def test_sigterm_stops_the_whole_run_its_code_and_its_ray_and_says_what_it_stopped(tmp_path: Path) -> None:
     argv = write_job(tmp_path, {"command": ["python", str(SCRIPTS / "ray_until_stopped.py")]})
     run = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
