@@ -346,7 +346,7 @@ def planned(model_dir: str, mode: str, work: LmGpuWorkload) -> dict[str, int]:
     """The job's memory plan per GPU (`rocmtrain plan`'s): its total, and the part the allocator holds."""
     job = lm_gpu_job(model_dir, mode, work, "plan")
     plan = plan_job(job.spec, json.loads((Path(model_dir) / "config.json").read_text()), None).plan
-    return {"planned_bytes": plan.total, "planned_allocated_bytes": plan.total - plan.margin}
+    return {"planned_bytes": plan.total, "planned_allocated_bytes": plan.total - plan.peak.margin}
 
 
 def disk_needed(model_dir: str, mode: str) -> int:

@@ -3,8 +3,10 @@
 # reports what the machine has, installs .gpu-carry/ (made here by bench/gpu_lm_carry.sh) into /tmp/site, and
 # runs `bench/gpu_throughput.py --lm`, writing into $OUT: env.txt (what it found), lm.json (the results, rewritten
 # after every case) and log.txt (everything printed). A case not started within LM_BUDGET_S seconds of the bench's
-# start is skipped; the bench is stopped after LM_TIMEOUT_S.
+# start is skipped; the bench is stopped after LM_TIMEOUT_S. Given a script and its arguments, runs that in place of
+# the language-model case, under the same limit, its output also in $OUT/check.jsonl.
 #     bash bench/gpu_lm_check.sh                   # needs $OUT; LM_SIZES=1b LM_MODES=lora LM_VARIANTS=none,fsdp for less
+#     bash bench/gpu_lm_check.sh bench/gpu_fsdp_check.py --plan
 set -uo pipefail
 OUT=${OUT:?set OUT to the folder for the results}
 mkdir -p "$OUT"
@@ -36,6 +38,12 @@ export PYTHONPATH="$SITE:$PWD/operator:$PWD/training_image:$PWD/bench"
 "$PYTHON" -c "import ray, transformers, peft, pydantic, rocmtrain_train.trainer.torch_trainer; \
 print('ray', ray.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, \
 'pydantic', pydantic.__version__)" 2>&1 | tee -a "$OUT/env.txt" || exit 1
+
+if [ $# -gt 0 ]; then
+    echo "== $*"
+    timeout "${LM_TIMEOUT_S:-360}" "$PYTHON" "$@" | tee "$OUT/check.jsonl"
+    exit "${PIPESTATUS[0]}"
+fi
 
 echo "== the language-model case"
 args=(--lm --out "$OUT/lm.json" --budget-s "${LM_BUDGET_S:-270}")

@@ -110,3 +110,20 @@ def tiny_lm(tmp_path_factory) -> Path:
     smaller still, with no dropout: the example's own maker (examples/sft/make_model.py)."""
     maker = example_script("make_model")
     return maker.build(tmp_path_factory.mktemp("tiny-lm"), hidden_size=32, intermediate_size=64)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_lm: Path):
+    """The tiny Llama's tokenizer (a module that tests another tokenizer defines its own `tokenizer`)."""
+    return AutoTokenizer.from_pretrained(tiny_lm)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_lm: Path):
+    """The tiny Llama in evaluation mode, SDPA attention and no KV cache, as training runs it."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    found = AutoModelForCausalLM.from_pretrained(tiny_lm, attn_implementation="sdpa")
+    found.config.use_cache = False
+    return found.eval()

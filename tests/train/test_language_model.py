@@ -130,6 +130,9 @@ def test_a_language_model_reports_perplexity_exact_match_and_samples_never_in_st
     ]
     assert reports[-1].metrics.eval_perplexity == pytest.approx(summary["eval_perplexity"])
     assert reports[-1].metrics.trainable_parameters == summary["trainable_parameters"]
+    files = summary["truncation"]  # what maxSeqLength did, counted over both ranks: the whole of each file
+    assert (files["train"]["records"], files["eval"]["records"]) == (SAMPLES, 24)
+    assert reports[-1].metrics.records_dropped == files["train"]["dropped"] + files["eval"]["dropped"]
     assert all("generation" not in line for line in Path(run.log_dir, "metrics.jsonl").read_text().splitlines())
     assert "generated for" in Path(run.log_dir, "rank-0.log").read_text()
 

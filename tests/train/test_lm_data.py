@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.models import DataSource, DataSpec, ModelSpec
@@ -27,6 +27,7 @@ from rocmtrain_train.data.causal_lm.tokens import (
     pack,
 )
 from rocmtrain_train.data.records import read_table, text_lengths
+from rocmtrain_train.data.tokens import Fit
 from rocmtrain_train.loop.step_loop import loss_weight
 
 LM = ModelSpec(source="/m", task="causal-lm")
@@ -43,19 +44,6 @@ QUESTIONS = [
 
 def pair_table(rows=QUESTIONS) -> pa.Table:
     return pa.table({"prompt": [q for q, _ in rows], "response": [a for _, a in rows]})
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_lm: Path):
-    return AutoTokenizer.from_pretrained(tiny_lm)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_lm: Path):
-    torch.manual_seed(0)
-    found = AutoModelForCausalLM.from_pretrained(tiny_lm, attn_implementation="sdpa")
-    found.config.use_cache = False
-    return found.eval()
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> str:
@@ -101,10 +89,18 @@ def test_plain_text_learns_every_token_and_ends_with_eos(tokenizer):
     assert loss_counts(encoded).tolist() == [5]
 
 
-def test_long_records_are_cut_at_the_end_and_a_cut_response_carries_no_loss(tokenizer):
-    encoded = encode_lm(tokenizer, pair_table(), [0, 1], LmFormat("pairs", "response", 8))
-    assert encoded.lengths.tolist() == [8, 8]
-    assert loss_counts(encoded).tolist() == [0, 0]
+def test_long_records_are_cut_at_the_end_and_those_left_with_nothing_to_learn_are_dropped(tokenizer):
+    """Record 0 is 13 tokens (its prompt 11, then `red </s>`), record 2 is 12."""
+    cut = encode_lm(tokenizer, pair_table(), [0, 2], LmFormat("pairs", "response", 12))
+    assert cut.lengths.tolist() == [12, 12] and cut.fits.tolist() == [Fit.CUT, Fit.WHOLE]
+    assert loss_counts(cut).tolist() == [1, 2]  # the cut response keeps `red`, not its EOS
+    dropped = encode_lm(tokenizer, pair_table(), [0, 2], LmFormat("pairs", "response", 12, truncation="drop"))
+    assert dropped.fits.tolist() == [Fit.DROPPED, Fit.WHOLE] and loss_counts(dropped).tolist() == [0, 2]
+    for truncation in ("cut", "drop"):  # the prompts alone fill 8 tokens: nothing left to learn
+        encoded = encode_lm(tokenizer, pair_table(), [0, 2], LmFormat("pairs", "response", 8, truncation=truncation))
+        assert encoded.fits.tolist() == [Fit.DROPPED, Fit.DROPPED]
+        assert encoded.lengths.tolist() == [1, 1] and loss_counts(encoded).tolist() == [0, 0]  # the first token alone
+        assert tokenizer.convert_ids_to_tokens(encoded.ids.tolist()) == ["<s>", "<s>"]
 
 
 # --- the loss -------------------------------------------------------------------------------

@@ -9,6 +9,8 @@
 - The activations are what autograd really keeps: every tensor storage alive at once during a forward
   and backward pass is counted (a dispatch mode sees each one made, and a weak reference each one freed),
   and the plan's activations are held to that peak: within 3% for the Llama family, 15% for the others.
+- Evaluation's forward pass and generation's (prefill and KV cache) hold what the plan says, or up to 10%
+  less: counted the same way, with no autograd.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import weakref
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +30,9 @@ from torch.utils._pytree import tree_flatten, tree_map
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rocmtrain.api.models import AdapterSpec
-from rocmtrain.plan.memory import DEFAULT_TARGETS, Setup, plan_memory
+from rocmtrain.plan.memory import Phase, plan_memory
 from rocmtrain.plan.model_shapes import model_shape, training_dtype
+from rocmtrain.plan.setup import DEFAULT_TARGETS, Generation, Setup
 from rocmtrain_train.loop.rank_setup import optimizer_for
 from rocmtrain_train.tasks import task_for
 from train.jobs import job
@@ -103,14 +107,14 @@ def test_the_static_part_is_the_bytes_of_the_real_tensors(tiny_folder, adapter, 
             group = world if sharding == "fsdp" else 1
             assert setup.shard_group == group
             plan = plan_memory(model_shape(config), setup)
-            assert plan.parameters == held(real["parameters"], group), (sharding, world)
-            assert plan.gradients == held(real["gradients"], group), (sharding, world)
+            assert plan.step.parameters == held(real["parameters"], group), (sharding, world)
+            assert plan.step.gradients == held(real["gradients"], group), (sharding, world)
             # AdamW's step is a 0-dimensional float32 tensor per parameter: whole on every rank
-            assert plan.optimizer == held(real["optimizer"], group), (sharding, world)
+            assert plan.step.optimizer == held(real["optimizer"], group), (sharding, world)
             if group > 1:  # the share: the whole divided among the group, but for each tensor's padding
-                whole = plan_memory(model_shape(config), Setup.of(lm_job(world, "none", adapter, precision).spec))
+                whole = plan_memory(model_shape(config), Setup.of(lm_job(world, "none", adapter, precision).spec)).step
                 rows = sum(math.prod(s[1:]) * size for s, size in real["parameters"])
-                assert 0 <= plan.parameters - whole.parameters / group <= rows
+                assert 0 <= plan.step.parameters - whole.parameters / group <= rows
     assert plan.total_parameters == sum(math.prod(s) for s, _ in real["counts"])
     assert plan.trainable_parameters == sum(math.prod(s) * t for s, t in real["counts"])
 
@@ -189,17 +193,9 @@ def peak_activations(
     `tokens` tokens, the first of them padded, as padded batches are), as a GPU job with bf16 autocast trains: the
     weights as the training image loads them there (`training_dtype`), the pass under autocast to bf16 (the CPU's,
     made to cast what CUDA's does)."""
-    config = AutoConfig.for_model(family, vocab_size=VOCABULARY, **size)
-    torch.manual_seed(0)
-    dtype = getattr(torch, training_dtype(adapter=adapter is not None, on_gpu=True, precision="bf16"))
-    model: Any = AutoModelForCausalLM.from_config(config, attn_implementation=attention).to(dtype)
-    model.config.use_cache = False
+    model = gpu_like_model(family, size, adapter, attention)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if adapter is not None:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", r=adapter.rank, lora_dropout=adapter.dropout))
     model.train()
     ids = torch.randint(0, VOCABULARY, (rows, tokens))
     mask = torch.ones_like(ids)
@@ -209,6 +205,49 @@ def peak_activations(
         with CudaCasts(), torch.autocast("cpu", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids, attention_mask=mask).loss
         loss.backward()
+    return live.peak
+
+
+def gpu_like_model(family: str, size: dict[str, int], adapter: AdapterSpec | None, attention: str) -> Any:
+    """A tiny model with random weights, in the dtype the training image loads it in on a bf16 GPU, the KV cache off
+    (as the training image sets it), with a LoRA adapter where given."""
+    config = AutoConfig.for_model(family, vocab_size=VOCABULARY, **size)
+    torch.manual_seed(0)
+    dtype = getattr(torch, training_dtype(adapter=adapter is not None, on_gpu=True, precision="bf16"))
+    model: Any = AutoModelForCausalLM.from_config(config, attn_implementation=attention).to(dtype)
+    model.config.use_cache = False
+    if adapter is not None:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", r=adapter.rank, lora_dropout=adapter.dropout))
+    return model
+
+
+def peak_forward(
+    size: dict[str, int], adapter: AdapterSpec | None, attention: str, rows: int, tokens: int, new: int
+) -> int:
+    """The most bytes evaluation's forward pass (`new` 0: the loss over every position) or a greedy `generate` call
+    (`new` tokens, with the KV cache) holds at once, besides the weights, under bf16 autocast as on a GPU: `rows`
+    rows of `tokens` tokens, the first left-padded, as the training image's evaluation runs them."""
+    model = gpu_like_model("llama", size, adapter, attention)
+    model.eval()
+    ids = torch.randint(1, VOCABULARY, (rows, tokens))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    live = LiveBytes({p.untyped_storage().data_ptr() for p in model.parameters()})
+    with torch.no_grad(), live, CudaCasts(), torch.autocast("cpu", dtype=torch.bfloat16):
+        if new:
+            model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                use_cache=True,
+                pad_token_id=0,
+            )
+        else:
+            model(input_ids=ids, labels=ids, attention_mask=mask)
     return live.peak
 
 
@@ -260,7 +299,7 @@ def test_the_activations_are_what_autograd_keeps(family, adapter, checkpointing,
     measured = peak_activations(family, size, adapter, checkpointing, attention=attention)
     config = json.loads(AutoConfig.for_model(family, vocab_size=VOCABULARY, **size).to_json_string())
     setup = Setup(True, "bf16", 1, 1, adapter, 2, 128, checkpointing, "causal-lm", eager=attention == "eager")
-    plan = plan_memory(model_shape(config), setup)
+    plan = plan_memory(model_shape(config), setup).step
     planned = plan.activations + plan.working  # autocast's bf16 copies of the fp32 weights are made in the pass too
     assert abs(planned - measured) <= tolerance * measured, (planned, measured)
 
@@ -272,5 +311,30 @@ def test_with_full_fine_tuning_and_checkpointing_the_gradients_grow_as_activatio
     measured = peak_activations("llama", size, None, True, rows=1, tokens=64)
     config = json.loads(AutoConfig.for_model("llama", vocab_size=VOCABULARY, **size).to_json_string())
     setup = Setup(True, "bf16", 1, 1, None, 1, 64, True, "causal-lm")
-    plan = plan_memory(model_shape(config), setup)
+    plan = plan_memory(model_shape(config), setup).step
     assert plan.activations + plan.working < measured <= plan.activations + plan.working + plan.gradients
+
+
+# Generation's Llama: as many key/value heads as query heads and more blocks, so that the KV cache weighs.
+GENERATION_SIZE = {**WIDE, "num_hidden_layers": 4, "intermediate_size": 256, "num_attention_heads": 8}
+
+
+@pytest.mark.parametrize(
+    ("adapter", "attention", "new"),
+    [(None, "sdpa", 0), (None, "eager", 0), (LORA_ONLY[0], "sdpa", 0), (LORA_ONLY[0], "sdpa", 2)],
+    ids=["full-evaluation", "full-evaluation-eager", "lora-evaluation", "lora-generation"],
+)
+def test_evaluation_and_generation_hold_what_the_plan_says(adapter, attention, new):
+    """Evaluation at twice the training micro-batch (4 rows), and generation's prefill of 4 prompts beside its KV cache
+    (`new` tokens more): the plan's activations, working copies and cache hold the measured peak, and over it by at
+    most 10%."""
+    rows, tokens = 4, 64 if new else 128
+    size = GENERATION_SIZE if new else ACTIVATION_CASES["llama"][0]
+    measured = peak_forward(size, adapter, attention, rows, tokens, new)
+    config = json.loads(AutoConfig.for_model("llama", vocab_size=VOCABULARY, **size).to_json_string())
+    base = Setup(True, "bf16", 1, 1, adapter, rows // 2, tokens, False, "causal-lm", eager=attention == "eager")
+    setup = replace(base, evaluation=True, generation=Generation(rows, new) if new else None)
+    phase = plan_memory(model_shape(config), setup).phases[-1]
+    assert phase.phase is (Phase.GENERATION if new else Phase.EVALUATION)
+    planned = phase.activations + phase.working + phase.kv_cache
+    assert 0.98 * measured <= planned <= 1.10 * measured, (planned, measured)

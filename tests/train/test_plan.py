@@ -31,6 +31,9 @@ def test_every_record_once_per_epoch_in_equal_shares(count, world_size, per_rank
     assert set().union(*rows) == set(range(count))
     if count % world_size == 0:  # without repeats, every record belongs to one rank only
         assert sum(len(r) for r in rows) == count
+    counted = [plan.counted(rank) for rank in range(world_size)]  # each record counted by one rank of those with it
+    assert sorted(i for c in counted for i in c) == list(range(count))
+    assert all(set(c) <= set(r) for c, r in zip(counted, rows, strict=True))
 
 
 def test_the_same_global_batch_gives_the_same_steps_at_any_world_size():

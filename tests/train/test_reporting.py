@@ -23,7 +23,7 @@ from rocmtrain_train.reporting import rccl_log
 from rocmtrain_train.reporting.console_sink import ConsoleSink
 from rocmtrain_train.reporting.driver_report import Aggregator, Reporter, summary
 from rocmtrain_train.reporting.jsonl_sink import JsonlSink
-from rocmtrain_train.reporting.rank_report import RankReport
+from rocmtrain_train.reporting.rank_report import FileTruncation, RankReport
 from rocmtrain_train.reporting.rccl_debug import RCCL_DIR_PREFIX, RcclDebug
 from train.jobs import job, settings
 
@@ -103,7 +103,7 @@ def test_metrics_keep_their_latest_value_and_the_final_report_has_whole_run_thro
     aggregator.add([rank(0, train_loss=math.nan), rank(1, train_loss=math.nan)])
     final = aggregator.add([rank(0, step=40, final=True, interval_samples=0), rank(1, step=40, interval_samples=0)])
     assert final.final and final.metrics.eval_accuracy == 0.9
-    assert final.metrics.train_loss == pytest.approx(1.0)  # NaN losses are dropped, the last finite one stays
+    assert final.metrics.train_loss is None  # a NaN loss is left out, and the last finite one never stands for it
     assert final.metrics.samples_per_second == pytest.approx(320 / 11.0)  # all samples over the longest rank
     assert final.progress.eta_seconds == 0.0
 
@@ -116,6 +116,53 @@ def test_summary_of_the_final_ranks():
     assert out["samples_per_second"] == pytest.approx(320 / 11.0)
     assert out["data_wait_fraction"] == pytest.approx(1.0 / 21.0)
     assert {"eval_loss", "train_seconds", "eval_seconds", "wall_seconds", "model_path"} <= out.keys()
+
+
+def test_a_loss_that_is_not_a_number_is_left_out_of_the_status_logged_and_kept_in_the_summary(caplog):
+    """One rank's NaN makes the job's loss NaN: the status cannot hold it, so the main log says it."""
+    log = logging.getLogger("test.nan")
+    reporter = Reporter([], log)
+    with caplog.at_level(logging.INFO, logger="test.nan"):
+        reporter.on_report([rank(0, {"eval_loss": 0.3}), rank(1, {"eval_loss": 0.3})], None)
+        reporter.on_report([rank(0, {"eval_loss": math.nan}, step=20, train_loss=math.nan), rank(1, step=20)], None)
+    assert "step 20: train_loss=nan, eval_loss=nan: not a number, left out of the status" in caplog.text
+    aggregator = Aggregator(Clock(100.0))
+    aggregator.add([rank(0, {"eval_loss": 0.3}), rank(1)])
+    report = aggregator.add([rank(0, {"eval_loss": math.inf}), rank(1, train_loss=math.nan)])
+    assert report.metrics.train_loss is None and report.metrics.eval_loss is None
+    assert aggregator.not_finite == {"train_loss": pytest.approx(math.nan, nan_ok=True), "eval_loss": math.inf}
+    assert math.isnan(summary([rank(0, {"eval_loss": math.nan}, final=True), rank(1)], 1.0)["eval_loss"])
+
+
+def test_what_max_seq_length_did_reaches_the_main_log_once_the_summary_and_the_status(caplog):
+    files = [
+        FileTruncation("train", "data/train.jsonl", 128, 3, 8, 64, "cut"),
+        FileTruncation("eval", "data/eval.jsonl", 16, 0, 0, 64, "cut"),
+    ]
+    ranks = [rank(r, truncation=files) for r in (0, 1)]
+    assert RankReport.from_metrics(json.loads(json.dumps(ranks[0].to_metrics()))) == ranks[0]
+    log = logging.getLogger("test.truncation")
+    with caplog.at_level(logging.INFO, logger="test.truncation"):
+        reporter = Reporter([], log)
+        for _ in range(2):
+            reporter.on_report(ranks, None)
+    line = (
+        "train data data/train.jsonl: of 128 records, 8 dropped (nothing to learn within maxSeqLength 64, "
+        "data.truncation: cut), 3 cut at the end to maxSeqLength 64"
+    )
+    assert caplog.text.count(line) == 1 and "data/eval.jsonl" not in caplog.text  # nothing lost there
+    assert [r.levelname for r in caplog.records if r.message == line] == ["WARNING"]
+    metrics = Aggregator(Clock(100.0)).add(ranks).dump()["metrics"]
+    assert (metrics["recordsCut"], metrics["recordsDropped"]) == (3, 8)
+    assert summary(ranks, 1.0)["truncation"]["train"] == {
+        "uri": "data/train.jsonl",
+        "records": 128,
+        "cut": 3,
+        "dropped": 8,
+        "max_length": 64,
+        "truncation": "cut",
+    }
+    assert "recordsCut" not in Aggregator(Clock(100.0)).add([rank(0), rank(1)]).dump()["metrics"]  # a classifier
 
 
 class Failing:

@@ -2,23 +2,21 @@
 
 Each test starts 1, 2 or 4 processes with torch.distributed (gloo on CPU), shards the example's tiny Llama
 with `Sharded.prepare`, and checks what a run relies on: a checkpoint written by 2 ranks loads on 1 and on 4
-(DCP reshards) with every weight and optimiser moment, an adapter trains alone under FSDP, and the export is
-one consolidated Hugging Face folder equal to the trained weights (the adapter's merged one equal to peft's
-merge).
+(DCP reshards) with every weight and optimiser moment, an adapter trains alone under FSDP, the export is
+one consolidated Hugging Face folder equal to the trained weights with the generation config (the adapter's
+merged one equal to peft's merge), full fine-tuning over 2 ranks and over a 2x2 hybrid mesh trains what one
+rank trains, and the bf16 mixed-precision policy trains on CPU from fp32 shards.
 """
 
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from rocmtrain.api.models import AdapterSpec
 from rocmtrain.api.ranks import shard_group
@@ -26,35 +24,7 @@ from rocmtrain_train.loop.rank_setup import COMPILE_BUCKET
 from rocmtrain_train.model.causal_lm import with_adapter
 from rocmtrain_train.model.pretrained import compile_model
 from rocmtrain_train.strategy.sharded import Sharded, _full
-
-CPU = torch.device("cpu")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run(rank: int, world: int, port: int, fn, args) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        torch.manual_seed(0)
-        fn(rank, world, *args)
-    finally:
-        dist.destroy_process_group()
-
-
-# The processes come from a fork server that imported these once: each starts in a fraction of a second, and
-# none inherits the threads of this process (a fork of the test process itself could deadlock in OpenMP).
-mp.set_forkserver_preload(
-    ["torch", "torch.distributed.fsdp", "transformers", "peft", "rocmtrain_train.strategy.sharded"]
-)
-
-
-def spawn(world: int, fn, *args) -> None:
-    """Run `fn(rank, world, *args)` in `world` processes joined by gloo on loopback."""
-    mp.start_processes(_run, args=(world, _free_port(), fn, args), nprocs=world, join=True, start_method="forkserver")
+from train.gloo import CPU, spawn
 
 
 def _model(path: Path, adapter: bool = False) -> torch.nn.Module:
@@ -141,6 +111,7 @@ def test_an_adapter_trains_alone_under_fsdp_and_exports_for_peft_and_merged(tiny
     for name, value in adapter.named_parameters():
         torch.testing.assert_close(value, trained[name], msg=name)
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    assert GenerationConfig.from_pretrained(tmp_path / "merged") == GenerationConfig.from_pretrained(tiny_lm)
     expected = adapter.merge_and_unload().state_dict()
     for name, value in merged.state_dict().items():
         torch.testing.assert_close(value, expected[name], rtol=1e-6, atol=1e-6, msg=name)
@@ -176,6 +147,7 @@ def test_the_export_is_one_consolidated_folder_equal_to_the_trained_weights(tiny
     for name, value in loaded.named_parameters():
         torch.testing.assert_close(value, trained["weights"][name], rtol=0, atol=0, msg=name)
     assert trained["checksum"] == pytest.approx(sum(float(v.double().sum()) for v in trained["weights"].values()))
+    assert GenerationConfig.from_pretrained(folder) == GenerationConfig.from_pretrained(tiny_lm)  # as DDP's export
 
 
 def test_hybrid_sharding_shards_within_a_pod_and_replicates_across_pods():
@@ -220,3 +192,78 @@ def _checkpointed_and_compiled(rank: int, world: int, path: Path, out: Path) -> 
 
 def test_gradient_checkpointing_and_compile_under_fsdp_compute_the_same_gradients(tiny_lm, tmp_path):
     spawn(2, _checkpointed_and_compiled, tiny_lm, tmp_path)
+
+
+# A few optimiser steps of one global batch of 4 distinct rows of equal length: each rank's mean loss over its rows
+# weighs the same, so the ranks' averaged gradients are the global batch's.
+STEPS, ROWS, LENGTH = 3, 4, 12
+
+
+def _rows(path: Path) -> torch.Tensor:
+    vocabulary = AutoTokenizer.from_pretrained(path).vocab_size
+    return torch.randint(7, vocabulary, (ROWS, LENGTH), generator=torch.Generator().manual_seed(1))
+
+
+def _steps(model: torch.nn.Module, ids: torch.Tensor, steps: int = STEPS) -> list[float]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)  # its steps scale with the gradients (Adam's would not)
+    losses = []
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def _fine_tune(rank: int, world: int, path: Path, replicate: int, out: Path) -> None:
+    model = _model(path)
+    Sharded(CPU, replicate, world // replicate, None).prepare(model)
+    share = ROWS // world
+    _steps(model, _rows(path)[rank * share : (rank + 1) * share])
+    weights = {n: _full(p.detach()) for n, p in model.named_parameters()}
+    if rank == 0:
+        torch.save(weights, out / "weights.pt")
+
+
+@pytest.mark.parametrize("replicate, shard", [(1, 2), (2, 2)], ids=["fsdp-2", "hybrid-2x2"])
+def test_full_fine_tuning_under_fsdp_trains_what_one_rank_trains(tiny_lm, tmp_path, replicate, shard):
+    """Every weight trains (no adapter), over a 1-D mesh of 2 ranks, and a 2-D one of 2 replicas of 2 shards
+    (hybrid sharding: a reduce-scatter within the shards, an all-reduce across the replicas)."""
+    spawn(replicate * shard, _fine_tune, tiny_lm, replicate, tmp_path)
+    sharded = torch.load(tmp_path / "weights.pt", weights_only=True)
+    alone = _model(tiny_lm)
+    _steps(alone, _rows(tiny_lm))
+    original = _model(tiny_lm).state_dict()
+    for name, value in alone.named_parameters():
+        assert not torch.equal(value, original[name]), name  # it trained
+        torch.testing.assert_close(sharded[name], value.detach(), rtol=1e-5, atol=1e-7, msg=name)
+
+
+def _mixed(rank: int, world: int, path: Path, out: Path) -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.tensor import DTensor
+
+    model = _model(path)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    strategy = Sharded(CPU, 1, world, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    strategy.prepare(model)
+    ids = _rows(path)[rank * 2 : rank * 2 + 2]
+    losses = _steps(model, ids, steps=6)
+    masters = {}
+    for name, p in model.named_parameters():
+        assert isinstance(p, DTensor) and p.dtype == torch.float32, name  # fp32 sharded masters
+        masters[name] = _full(p.detach())
+        assert not torch.equal(masters[name], before[name]), name
+    with torch.no_grad():  # as an evaluation: the root keeps its gathered bf16 copies after it
+        assert model(input_ids=ids).logits.dtype == torch.bfloat16  # the blocks and the head compute in bf16
+    assert strategy.checksum(model) == pytest.approx(sum(float(m.double().sum()) for m in masters.values()), rel=1e-12)
+    if rank == 0:
+        (out / "losses.json").write_text(json.dumps(losses))
+
+
+def test_the_bf16_mixed_precision_policy_trains_on_cpu(tiny_lm, tmp_path):
+    """As `Sharded.for_run` sets it on GPUs with precision bf16: bf16 compute from fp32 shards, fp32 reduction."""
+    spawn(2, _mixed, tiny_lm, tmp_path)
+    losses = json.loads((tmp_path / "losses.json").read_text())
+    assert losses[-1] < 0.75 * losses[0], losses

@@ -46,19 +46,73 @@ def test_the_70b_lora_example_fits_eight_mi300x(capsys: pytest.CaptureFixture[st
     ) in out
     assert "ranks:  8 (1 x 8 GPUs), fsdp over 8 GPUs, a LoRA adapter, bf16, micro-batch 1 x 8192 tokens" in out
     assert "GPU:    192.0 GiB (AMD_Instinct_MI300X_OAM, AMD's data sheet)" in out
-    total = json.loads(run(capsys, str(EXAMPLE), "--config", str(CONFIG_70B), "-o", "json")[1])["perGpuBytes"]["total"]
-    assert f"total             {total / (1 << 30):.1f}   per GPU" in out
+    total = json.loads(run(capsys, str(EXAMPLE), "--config", str(CONFIG_70B), "-o", "json")[1])["perGpuBytes"]
+    assert f"peak:   the step, {total / (1 << 30):.1f} GiB per GPU" in out
     assert out.splitlines()[-1] == f"fits:   yes, {(192 << 30) / (1 << 30) - total / (1 << 30):.1f} GiB to spare"
 
 
-def test_json_carries_the_bytes_of_every_part(capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_carries_the_bytes_of_every_part_of_every_phase(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, str(EXAMPLE), "--config", str(CONFIG_70B), "-o", "json")
     plan = json.loads(out)
-    parts = plan["perGpuBytes"]
+    phases = plan["phases"]
     assert code == 0 and plan["fits"] is True and plan["changesThatFit"] == []
-    assert parts["total"] == sum(v for k, v in parts.items() if k not in ("total", "logits"))
+    assert list(phases) == ["load", "step", "evaluation"] and plan["peakPhase"] == "step"
+    for parts in phases.values():
+        assert parts["total"] == sum(v for k, v in parts.items() if k not in ("total", "logits"))
+    assert plan["perGpuBytes"] == max(p["total"] for p in phases.values()) == phases["step"]["total"]
+    assert phases["load"]["readBuffer"] == 128_256 // 8 * 8192 * 2 == plan["hostLoadBytesPerPod"] // 8
     assert plan["gpuMemory"] == {"bytes": 192 << 30, "source": "AMD_Instinct_MI300X_OAM, AMD's data sheet"}
     assert plan["ranks"]["shardGroup"] == 8 and plan["model"]["trainableParameters"] == 65_536_000
+    assert (plan["ranks"]["evalMicroBatch"], plan["ranks"]["generationBatch"]) == (2, None)
+
+
+def cells(out: str, term: str) -> list[str]:
+    """The cells of one row of the table of parts, by its label (the description left out)."""
+    (line,) = [line for line in out.splitlines() if line.startswith(term + "  ")]
+    return line.removeprefix(term).split()
+
+
+@pytest.mark.parametrize(("gpu", "spare"), [("MI250X", "11.7"), ("MI300X", "139.7")])
+def test_the_70b_example_prints_each_term_of_each_phase(
+    capsys: pytest.CaptureFixture[str], gpu: str, spare: str
+) -> None:
+    """Loaded sharded, the 70B example's peak is its training step, 52.3 GiB: it fits an MI250X's 64 GiB too."""
+    code, out, _ = run(capsys, str(EXAMPLE), "--config", str(CONFIG_70B), "--gpu", gpu)
+    assert code == 0
+    assert "per GPU, GiB      load   step   evaluation   what" in out
+    assert "load         each rank fills its 1/8 shard (bfloat16) from the safetensors files; the pod's host " in out
+    assert "evaluation   micro-batches of 2 x 8192 tokens (twice the training's, not packed): forward only" in out
+    assert cells(out, "parameters")[:3] == ["16.5", "16.5", "16.5"]
+    assert cells(out, "read buffer")[:3] == ["0.2", "-", "-"]
+    assert cells(out, "gradients")[:3] == ["-", "0.0", "-"]  # FSDP2's sharded gradients are freed after each step
+    assert cells(out, "optimizer state")[:3] == ["-", "0.1", "0.1"]
+    assert cells(out, "working copies")[:3] == ["-", "7.1", "7.1"]
+    assert cells(out, "activations")[:3] == ["-", "22.1", "20.0"]
+    assert cells(out, "  logits")[:3] == ["-", "11.7", "19.6"]
+    assert cells(out, "margin")[:3] == ["3.7", "6.6", "6.4"]
+    assert cells(out, "total") == ["20.4", "52.3", "49.9", "per", "GPU"]
+    assert "KV cache" not in out  # no generation
+    assert out.splitlines()[-3:-1] == ["peak:   the step, 52.3 GiB per GPU", f"GPU:    {INSTINCT[gpu]}"]
+    assert out.splitlines()[-1] == f"fits:   yes, {spare} GiB to spare"
+
+
+INSTINCT = {"MI250X": "64.0 GiB (MI250X, AMD's data sheet)", "MI300X": "192.0 GiB (MI300X, AMD's data sheet)"}
+
+
+def test_the_8b_example_peaks_in_evaluation_and_prints_generation_s_kv_cache(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(capsys, str(EXAMPLES / "cluster-llama-lora-mi300x.yaml"), "--config", str(CONFIG_8B))
+    assert code == 0
+    assert "per GPU, GiB      load   step   evaluation   generation   what" in out
+    assert "generation   8 prompts of up to 4096 tokens a call, 256 new tokens each: greedy, with a KV cache" in out
+    assert "the pod's host holds 120.9 GiB (8 whole models), of its 1024Gi memoryPerWorker" in out
+    assert cells(out, "gradients")[:4] == ["-", "0.2", "0.2", "0.2"]  # DDP's buckets stay
+    assert cells(out, "  logits")[:4] == ["-", "23.5", "39.1", "0.0"]
+    assert cells(out, "KV cache")[:5] == ["-", "-", "-", "4.2", "keys"]
+    assert "read buffer" not in out  # loaded whole
+    assert cells(out, "total") == ["18.6", "49.8", "62.7", "28.0", "per", "GPU"]
+    assert "peak:   the evaluation, 62.7 GiB per GPU" in out
 
 
 def test_a_job_that_does_not_fit_exits_1_with_the_cheapest_changes(

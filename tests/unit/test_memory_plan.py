@@ -17,8 +17,9 @@ from rocmtrain.api.models import AdapterSpec, RocmTrainingJobSpec
 from rocmtrain.api.ranks import shard_group
 from rocmtrain.plan.fit import changes_that_fit, plan_job
 from rocmtrain.plan.gpu_memory import GIB, GpuMemory, job_gpu_memory, product_gib, vram_label_bytes
-from rocmtrain.plan.memory import RUNTIME_BYTES, Setup, plan_memory
+from rocmtrain.plan.memory import RUNTIME_BYTES, plan_memory
 from rocmtrain.plan.model_shapes import ModelConfigError, model_shape
+from rocmtrain.plan.setup import Setup
 from unit.samples import EXAMPLES
 
 LLAMA_70B = json.loads((EXAMPLES / "models" / "llama-3.1-70b" / "config.json").read_text())
@@ -80,14 +81,14 @@ def test_fields_a_config_leaves_out_take_the_family_s_defaults():
 
 
 def setup(**changes: Any) -> Setup:
-    base = Setup(True, "bf16", 8, 1, None, 1, 4096, True, "causal-lm")
+    base = Setup(True, "bf16", 8, 1, None, 1, 4096, True, "causal-lm", ranks_per_pod=8)
     return replace(base, **changes)
 
 
 @pytest.mark.parametrize("group", [2, 4, 8, 16])
 def test_an_fsdp_rank_holds_its_share_of_the_whole_within_a_row_per_tensor(group):
     shape = model_shape(LLAMA_70B)
-    whole, sharded = plan_memory(shape, setup()), plan_memory(shape, setup(shard_group=group, world_size=16))
+    whole, sharded = plan_memory(shape, setup()).step, plan_memory(shape, setup(shard_group=group, world_size=16)).step
     rows = sum(math.prod(t[1:]) for t in shape.tensors()) * 4  # a padding row per tensor, of float32 masters
     for part in ("parameters", "gradients"):
         assert 0 <= getattr(sharded, part) - getattr(whole, part) / group <= rows
@@ -110,12 +111,12 @@ def test_full_fine_tuning_holds_sixteen_bytes_per_parameter_whatever_dtype_the_c
     count, tensors = 8_030_261_248, 32 * 9 + 3  # per block 7 linear weights and 2 norms; embeddings, norm, head
     embeddings, norms = 128_256 * 4096, (2 * 32 + 1) * 4096
     for dtype in ("bfloat16", "float32"):
-        plan = plan_memory(model_shape({**LLAMA_8B, "torch_dtype": dtype}), setup())
+        plan = plan_memory(model_shape({**LLAMA_8B, "torch_dtype": dtype}), setup()).step
         assert (plan.parameters, plan.gradients, plan.optimizer) == (4 * count, 4 * count, 8 * count + 4 * tensors)
         assert plan.parameters + plan.gradients + plan.optimizer == 16 * count + 4 * tensors
         assert plan.working == 2 * (count - embeddings - norms)
-    assert plan_memory(model_shape(LLAMA_8B), setup(precision="fp32")).working == 0  # no autocast, no copies
-    sharded = plan_memory(model_shape(LLAMA_8B), setup(shard_group=8))  # FSDP2's bf16 policy replaces autocast
+    assert plan_memory(model_shape(LLAMA_8B), setup(precision="fp32")).step.working == 0  # no autocast, no copies
+    sharded = plan_memory(model_shape(LLAMA_8B), setup(shard_group=8)).step  # FSDP2's bf16 policy replaces autocast
     assert sharded.working < plan.working
 
 
@@ -123,8 +124,8 @@ def test_a_lora_adapter_trains_its_matrices_in_float32_and_nothing_else():
     adapter = AdapterSpec(rank=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
     plan = plan_memory(model_shape(LLAMA_70B), setup(adapter=adapter))
     assert plan.trainable_parameters == 80 * 16 * (2 * (8192 + 8192) + 2 * (8192 + 1024)) == 65_536_000
-    assert plan.gradients == 4 * plan.trainable_parameters
-    assert plan.parameters == 2 * 70_553_706_496 + 4 * plan.trainable_parameters
+    assert plan.step.gradients == 4 * plan.trainable_parameters
+    assert plan.step.parameters == 2 * 70_553_706_496 + 4 * plan.trainable_parameters
 
 
 def test_an_adapter_target_no_linear_module_has_is_refused_with_the_choices():
@@ -134,17 +135,17 @@ def test_an_adapter_target_no_linear_module_has_is_refused_with_the_choices():
 
 def test_activations_grow_with_tokens_and_shrink_with_checkpointing_and_logits_are_twelve_bytes_each():
     shape = model_shape(LLAMA_8B)
-    plain, checkpointed = plan_memory(shape, setup(checkpointing=False)), plan_memory(shape, setup())
+    plain, checkpointed = plan_memory(shape, setup(checkpointing=False)).step, plan_memory(shape, setup()).step
     assert checkpointed.activations < plain.activations / 4
-    assert plan_memory(shape, setup(batch=2)).activations > checkpointed.activations
+    assert plan_memory(shape, setup(batch=2)).step.activations > checkpointed.activations
     assert plain.logits == 12 * 4096 * 128_256
 
 
 def test_the_margin_is_a_tenth_and_the_runtime_on_gpus_only():
-    plan = plan_memory(model_shape(LLAMA_8B), setup())
-    rest = plan.total - plan.margin
-    assert plan.margin == math.ceil(rest * 0.1) + RUNTIME_BYTES
-    assert plan_memory(model_shape(LLAMA_8B), setup(on_gpu=False)).margin == 0
+    for plan in plan_memory(model_shape(LLAMA_8B), setup(evaluation=True)).phases:
+        rest = plan.total - plan.margin
+        assert plan.margin == math.ceil(rest * 0.1) + RUNTIME_BYTES
+    assert {p.margin for p in plan_memory(model_shape(LLAMA_8B), setup(on_gpu=False)).phases} == {0}
 
 
 def test_a_search_is_planned_at_its_largest_trial():
@@ -164,18 +165,42 @@ def test_a_job_too_large_for_its_gpus_is_told_the_cheapest_changes_that_fit():
     assert planned.refusal() == (
         f"needs {planned.plan.total / GIB:.1f} GiB per GPU with sharding none, full fine-tuning, but a GPU has 64.0 "
         f"GiB (MI250X, AMD's data sheet); fits with fsdp over 8 GPUs and gradientCheckpointing ({sharded} GiB) or "
-        f"with gradientCheckpointing and a LoRA adapter ({adapted} GiB)"
+        f"with gradientCheckpointing and a LoRA adapter ({adapted} GiB); the peak is the step (load "
+        f"{planned.plan.phases[0].total / GIB:.1f}, step {planned.plan.total / GIB:.1f} GiB)"
     )
     # 16 bytes per parameter alone (fp32 masters, gradients and AdamW) are 120 GiB, beyond the GPU's 64
     assert planned.plan.total > 16 * 8_030_261_248 > 64 * GIB
     assert all(c.plan.total <= 64 * GIB for c in planned.changes)
 
 
+def test_a_job_whose_evaluation_does_not_fit_is_refused_though_its_step_fits():
+    """The 8B LoRA example evaluates at 8 x 4096 tokens: 39 GiB of logits, beside 23.5 GiB in the training step."""
+    lora = {
+        "adapter": {"rank": 16, "targetModules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+        "data": {"train": {"uri": "s3://b/t"}, "eval": {"uri": "s3://b/e"}, "promptField": "p", "responseField": "r"},
+    }
+    spec = lm_spec(extra=lora, gradientCheckpointing=True, precision="bf16")
+    planned = plan_job(spec, LLAMA_8B, GpuMemory(56 * GIB, "a 56 GiB GPU"))
+    step, evaluation = planned.plan.step, planned.plan.peak
+    assert evaluation.phase.value == "evaluation" and step.total < 56 * GIB < evaluation.total == planned.plan.total
+    assert planned.fits is False
+    changes = [c.description for c in planned.changes]
+    assert changes == ["fsdp over 8 GPUs", "batchSizePerWorker 2 and 2x gradientAccumulationSteps"]
+    refusal = planned.refusal()
+    assert refusal is not None and refusal.endswith(
+        f"; the peak is the evaluation (load {planned.plan.phases[0].total / GIB:.1f}, step {step.total / GIB:.1f}, "
+        f"evaluation {evaluation.total / GIB:.1f} GiB)"
+    )
+    no_eval = lm_spec(extra={"adapter": lora["adapter"]}, gradientCheckpointing=True, precision="bf16")
+    without_eval = plan_job(no_eval, LLAMA_8B, GpuMemory(56 * GIB, "a 56 GiB GPU"))
+    assert without_eval.fits is True and without_eval.plan.peak.phase.value == "step"
+
+
 def test_one_change_is_offered_where_one_suffices_cheapest_first():
     shape, gpu = model_shape(LLAMA_8B), 64 * GIB
-    found = [c.description for c in changes_that_fit(shape, setup(batch=1, sequence=2048), gpu, 8)]
+    found = [c.description for c in changes_that_fit(shape, setup(batch=1, sequence=2048), gpu)]
     assert found == ["fsdp over 8 GPUs", "a LoRA adapter"]
-    smaller = [c.description for c in changes_that_fit(shape, setup(shard_group=8, batch=16), 40 * GIB, 8)]
+    smaller = [c.description for c in changes_that_fit(shape, setup(shard_group=8, batch=16), 40 * GIB)]
     assert smaller[0] == "batchSizePerWorker 2 and 8x gradientAccumulationSteps"
 
 
@@ -183,7 +208,7 @@ def test_a_job_that_fits_or_has_no_gpus_is_not_refused():
     fits = plan_job(lm_spec(sharding="fsdp"), LLAMA_8B, GpuMemory(192 * GIB, "MI300X"))
     assert (fits.fits, fits.refusal(), fits.changes) == (True, None, [])
     cpu = plan_job(lm_spec(resources={"workers": 2, "gpusPerWorker": 0}), LLAMA_8B, GpuMemory(GIB, "x"))
-    assert (cpu.fits, cpu.gpu, cpu.plan.margin) == (None, None, 0)
+    assert (cpu.fits, cpu.gpu, cpu.plan.peak.margin) == (None, None, 0)
     unknown = plan_job(lm_spec(resources={"workers": 1, "gpusPerWorker": 8}), LLAMA_8B, None)
     assert (unknown.fits, unknown.refusal()) == (None, None)
 
@@ -247,3 +272,17 @@ def test_the_nodes_labels_give_the_smallest_vram_where_the_job_can_run():
     assert gpu_memory(spec, [NodeInfo("unlabelled", 8, mi300x)]) is None
     anywhere = lm_spec(resources={"workers": 1, "gpusPerWorker": 8})
     assert gpu_memory(anywhere, nodes).bytes == 16 * GIB  # type: ignore[union-attr]
+
+
+def test_fsdp_over_one_gpu_is_planned_as_the_image_runs_it_sharded_load_and_fsdps_copies():
+    """`sharding: fsdp` on one GPU still loads sharded (a read buffer) and wraps the model in FSDP2 (its gathered
+    root and blocks, its bf16 policy instead of autocast): a shard group of 1 is not `sharding: none`."""
+    shape = model_shape(LLAMA_8B)
+    one = {"workers": 1, "gpusPerWorker": 1, "gpu": {"productName": "MI300X"}}
+    adapter = {"adapter": {"rank": 16}}
+    fsdp = plan_memory(shape, Setup.of(lm_spec(one, adapter, sharding="fsdp")))
+    ddp = plan_memory(shape, Setup.of(lm_spec(one, adapter)))
+    assert Setup.of(lm_spec(one, adapter, sharding="fsdp")).shard_group == 1
+    assert fsdp.load.buffer > 0 and ddp.load.buffer == 0
+    assert fsdp.step.working > ddp.step.working  # FSDP's gathered embeddings, head and blocks, not autocast's casts
+    assert fsdp.load.parameters == ddp.load.parameters  # one rank holds the whole model either way

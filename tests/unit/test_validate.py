@@ -15,7 +15,9 @@ import yaml
 from rocmtrain.api import crd
 from rocmtrain.api.job_config import JOB_CONFIG_LIMIT, job_config_json, job_config_size
 from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.api.models.chat_template_args import RESERVED_RULE
 from rocmtrain.api.models.volumes import VOLUME_SOURCES
+from rocmtrain.api.patterns import TEMPLATE_VARIABLE
 from rocmtrain.api.validate import SHARED_VOLUMES, UNSHARED_VOLUMES, FieldError, check_derived_names, validate_job
 from rocmtrain.render import ENTRYPOINT, render_rayjob, render_rayjob_yaml
 from unit.edits import Edit, both, drop, put
@@ -63,6 +65,16 @@ def lm(*edits: Edit) -> Edit:
     )
 
 
+def chat_lm(*edits: Edit) -> Edit:
+    """Make the job a causal-lm job on chats, then apply `edits` to it."""
+    return both(
+        put("spec.model", {"source": "/models/llama", "task": "causal-lm"}),
+        put("spec.data.messagesField", "messages"),
+        *edits,
+    )
+
+
+ARGS = "spec.data.chatTemplateArgs"
 # (id, edit of full_job(), path of the error, words of its message)
 # A label key whose prefix is one character over the 253 Kubernetes allows.
 LONG_PREFIX_KEY = f"{'a' * 254}/zone"
@@ -389,9 +401,17 @@ INVALID: list[tuple[str, Edit, str, str]] = [
     ),
     ("lm-template-too-long", lm(put("spec.model.chatTemplate", "x" * 16_385)), "spec.model.chatTemplate", "16384"),
     ("lm-prompt-alone", lm(drop("spec.data.responseField")), "spec.data.promptField", "go together"),
+    ("lm-template-args-on-pairs", lm(put(ARGS, {"enable_thinking": "false"})), ARGS, "for chat records"),
+    ("lm-template-args-reserved", chat_lm(put(ARGS, {"tokenize": "true"})), ARGS, "apply_chat_template sets itself"),
+    ("lm-template-args-key", chat_lm(put(ARGS, {"enable-thinking": "1"})), f'{ARGS}["enable-thinking"]', "variable"),
+    ("lm-template-args-unquoted", chat_lm(put(ARGS, {"enable_thinking": False})), f"{ARGS}.enable_thinking", "quote"),
+    ("lm-template-args-long", chat_lm(put(ARGS, {"name": "x" * 1025})), f"{ARGS}.name", "at most 1024 characters"),
+    ("lm-template-args-many", chat_lm(put(ARGS, {f"k{i}": "1" for i in range(17)})), ARGS, "at most 16"),
     ("lm-two-shapes", lm(put("spec.data.messagesField", "messages")), "spec.data.messagesField", "not both"),
     ("lm-fields-on-classifier", put("spec.data.messagesField", "m"), "spec.data", "for task causal-lm"),
     ("lm-packing-on-classifier", put("spec.training.packing", True), "spec.training", "for task causal-lm"),
+    ("lm-drop-on-classifier", put("spec.data.truncation", "drop"), "spec.data.truncation", "for task causal-lm"),
+    ("truncation-unknown", lm(put("spec.data.truncation", "keep")), "spec.data.truncation", "'cut' or 'drop'"),
     ("lm-adapter-on-classifier", put("spec.adapter", {"rank": 8}), "spec.adapter", "for task causal-lm"),
     ("lm-text-pairs", lm(put("spec.data.textPairField", "b")), "spec.data.textPairField", "classification"),
     (
@@ -973,6 +993,9 @@ CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
         lm(put("spec.data.messagesField", "messages")),
         "spec.data.messagesField",
     ),
+    ("spec.data", "!has(self.chatTemplateArgs) || has(self.messagesField)"): (put(ARGS, {"x": "1"}), ARGS),
+    ("spec.data", RESERVED_RULE): (chat_lm(put(ARGS, {"messages": "x"})), ARGS),
+    (ARGS, f"self.all(k, k.matches(r'{TEMPLATE_VARIABLE}'))"): (chat_lm(put(ARGS, {"9x": "1"})), f'{ARGS}["9x"]'),
     ("spec.adapter.targetModules", "!self.exists(m, m == 'all-linear') || self.size() == 1"): (
         lm(put("spec.adapter", {"targetModules": ["all-linear", "q_proj"]})),
         "spec.adapter.targetModules",
@@ -991,6 +1014,11 @@ CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
                 "spec.training",
             ),
             ("self.model.task == 'causal-lm' || !has(self.adapter)", put("spec.adapter", {}), "spec.adapter"),
+            (
+                "self.model.task == 'causal-lm' || !has(self.data.truncation) || self.data.truncation == 'cut'",
+                put("spec.data.truncation", "drop"),
+                "spec.data.truncation",
+            ),
             (
                 "self.model.task != 'causal-lm' || !has(self.data.textPairField)",
                 lm(put("spec.data.textPairField", "b")),

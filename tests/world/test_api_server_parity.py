@@ -71,6 +71,19 @@ def test_a_language_model_job_is_accepted_by_both_and_renders(kube: KubeCluster,
     kube.create(render_rayjob(job), dry_run=True)
 
 
+def test_chat_template_args_are_stored_as_given(kube: KubeCluster, namespace: str) -> None:
+    manifest = _in(namespace, language_model_job())
+    args = {"enable_thinking": "false", "days": "3", "persona": "a terse tutor"}
+    put(ARGS, args)(manifest)
+    job, errors = validate_job(manifest)
+    assert job is not None, errors
+    assert (
+        kube.create(manifest, dry_run=True)["spec"]["data"]["chatTemplateArgs"]
+        == args
+        == job.spec.data.dump()["chatTemplateArgs"]
+    )
+
+
 def test_full_job_is_accepted_by_both(kube: KubeCluster, namespace: str) -> None:
     manifest = _in(namespace, full_job())
     assert validate_job(manifest)[0] is not None
@@ -154,6 +167,7 @@ REFUSED: list[tuple[str, Edit, str]] = [
     ),
     ("lm-adapter-on-classifier", put("spec.adapter", {}), "adapter (LoRA) is for task causal-lm"),
     ("lm-packing-on-classifier", put("spec.training.packing", True), "lossOn and packing are for task causal-lm"),
+    ("lm-drop-on-classifier", put("spec.data.truncation", "drop"), "truncation: drop is for task causal-lm"),
     # A job's own code (spec.code): model and data optional with it only, loop-only fields refused with it.
     ("model-missing", drop("spec.model"), "model is required unless code runs your own training code"),
     ("data-missing", drop("spec.data"), "data is required unless code runs your own training code"),
@@ -177,6 +191,8 @@ REFUSED: list[tuple[str, Edit, str]] = [
     ("code-lm-fields", both(CODE, put("spec.data.messagesField", "m")), "for task causal-lm"),
     ("code-fsdp", both(CODE, put("spec.training.sharding", "fsdp")), "your code chooses its own strategy"),
 ]
+ARGS = "spec.data.chatTemplateArgs"
+PAIRS = {"train": {"uri": "/d/train.jsonl"}, "eval": {"uri": "/d/eval.jsonl"}, "promptField": "p", "responseField": "r"}
 # The same for a causal-lm job (language_model_job()).
 REFUSED_LANGUAGE_MODEL: list[tuple[str, Edit, str]] = [
     ("lm-labels", put("spec.model.numLabels", 2), "a causal-lm job predicts tokens"),
@@ -196,6 +212,12 @@ REFUSED_LANGUAGE_MODEL: list[tuple[str, Edit, str]] = [
     ("lm-all-linear-and-names", put("spec.adapter.targetModules", ["all-linear", "q_proj"]), "stands alone"),
     ("lm-module-name", put("spec.adapter.targetModules", ["q_proj;x"]), "targetModules"),
     ("lm-template-size", put("spec.model.chatTemplate", "x" * 16_385), "chatTemplate"),
+    ("lm-template-args-on-pairs", put("spec.data", {**PAIRS, "chatTemplateArgs": {"x": "1"}}), "for chat records"),
+    ("lm-template-args-reserved", put(ARGS, {"tokenize": "true"}), "apply_chat_template sets itself"),
+    ("lm-template-args-key", put(ARGS, {"enable-thinking": "false"}), "template variable name"),
+    ("lm-template-args-unquoted", put(ARGS, {"enable_thinking": False}), "enable_thinking"),
+    ("lm-template-args-long", put(ARGS, {"name": "x" * 1025}), "1024"),
+    ("lm-template-args-many", put(ARGS, {f"k{i}": "1" for i in range(17)}), "16"),
     ("lm-rank", put("spec.adapter.rank", 0), "rank"),
     (
         "lm-rank-search",

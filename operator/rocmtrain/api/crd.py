@@ -14,7 +14,7 @@ import yaml
 
 from rocmtrain.api import models
 from rocmtrain.api.contract import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from rocmtrain.api.patterns import DNS_1035_LABEL, LABEL_KEY_PREFIX_BOUND
+from rocmtrain.api.patterns import DNS_1035_LABEL, LABEL_KEY, LABEL_KEY_PREFIX_BOUND, describe_pattern
 
 CRD_FILE = f"{GROUP}_{PLURAL}.yaml"
 
@@ -134,12 +134,7 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         elif key == "patternProperties":
             ((pattern, sub),) = value.items()
             out["additionalProperties"] = _structural(sub, defs)
-            out.setdefault("x-kubernetes-validations", []).append(
-                {
-                    "rule": f"self.all(k, k.matches(r'{pattern}') && k.matches(r'{LABEL_KEY_PREFIX_BOUND}'))",
-                    "message": "keys must be label keys: [prefix/]name, the prefix at most 253 characters",
-                }
-            )
+            out.setdefault("x-kubernetes-validations", []).append(_key_rule(pattern))
         elif key == "exclusiveMinimum":
             out["minimum"], out["exclusiveMinimum"] = value, True
         elif key == "exclusiveMaximum":
@@ -154,6 +149,16 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         out["type"] = "string"
     _default_groups(out)
     return out
+
+
+def _key_rule(pattern: str) -> dict[str, str]:
+    """CEL: every key of a map matches `pattern` (a label key's prefix also within its bound)."""
+    if pattern == LABEL_KEY:
+        return {
+            "rule": f"self.all(k, k.matches(r'{pattern}') && k.matches(r'{LABEL_KEY_PREFIX_BOUND}'))",
+            "message": "keys must be label keys: [prefix/]name, the prefix at most 253 characters",
+        }
+    return {"rule": f"self.all(k, k.matches(r'{pattern}'))", "message": f"keys must be {describe_pattern(pattern)}"}
 
 
 def _default_groups(node: dict[str, Any]) -> None:

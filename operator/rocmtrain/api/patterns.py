@@ -62,6 +62,8 @@ FS_TYPE = r"^[a-z0-9]+$"
 TEXT = r"^[^\x00]*$"
 # A Python module path (`python -m team.train`): dotted identifiers.
 PYTHON_MODULE = r"^[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)*$"
+# A variable of a Jinja template (a chat template's option, such as enable_thinking): a Python identifier.
+TEMPLATE_VARIABLE = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
 # A metric's name in status.metrics.custom (as training code logs it: `grad_norm`, `eval/bleu`).
 METRIC_NAME = r"^[A-Za-z_][A-Za-z0-9_./-]*$"
 
@@ -119,6 +121,7 @@ PATTERN_DESCRIPTIONS = {
     FS_TYPE: "a filesystem type of lowercase letters and digits, such as ext4 or xfs",
     TEXT: "text without NUL characters",
     PYTHON_MODULE: "a Python module path: identifiers joined by '.', such as team.train",
+    TEMPLATE_VARIABLE: "a template variable name: up to 64 letters, digits and '_', not starting with a digit",
     METRIC_NAME: "a metric name: letters, digits, '_', '.', '/' or '-', starting with a letter or '_'",
     CURRENCY: "an ISO 4217 currency code such as USD or EUR",
     GPU_PARTITION: "an AMD GPU partition: spx, dpx, qpx or cpx, '_', then nps1, nps2 or nps4 (such as cpx_nps4)",

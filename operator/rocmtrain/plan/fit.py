@@ -1,8 +1,9 @@
 """Whether a job fits its GPUs, and if not, the cheapest changes with which it would (pure).
 
-`plan_job(spec, config, gpu)` plans the job (`memory_plan`) against the memory of one of its GPUs
-(`gpu_memory`). A job that does not fit is offered the changes that would make it fit, cheapest
-first: those that keep what it trains before an adapter, which trains something else:
+`plan_job(spec, config, gpu)` plans the job (`memory`) against the memory of one of its GPUs
+(`gpu_memory`): its peak, the largest of its phases' (load, training step, evaluation, generation), must
+fit. A job that does not fit is offered the changes that would make it fit, cheapest first: those that
+keep what it trains before an adapter, which trains something else:
 
 1. `sharding: fsdp` within each pod (the all-gathers stay on the node's xGMI links);
 2. `gradientCheckpointing` (about a third more compute);
@@ -23,8 +24,9 @@ from typing import Any
 from rocmtrain.api.models import AdapterSpec, RocmTrainingJobSpec
 from rocmtrain.api.ranks import shard_group
 from rocmtrain.plan.gpu_memory import GIB, GpuMemory
-from rocmtrain.plan.memory import MemoryPlan, Setup, plan_memory
+from rocmtrain.plan.memory import MemoryPlan, plan_memory
 from rocmtrain.plan.model_shapes import ModelShape, model_shape
+from rocmtrain.plan.setup import Setup
 
 
 @dataclass(frozen=True)
@@ -35,10 +37,10 @@ class Change:
     plan: MemoryPlan
 
 
-def _single_changes(setup: Setup, ranks_per_pod: int) -> Iterator[tuple[str, Setup]]:
+def _single_changes(setup: Setup) -> Iterator[tuple[str, Setup]]:
     """Changes to the job, the ones that keep what it trains first, cheapest first."""
     world = setup.world_size
-    pod = shard_group(world, ranks_per_pod, "pod")
+    pod = shard_group(world, setup.ranks_per_pod, "pod")
     if not setup.sharded and world > 1:
         yield f"fsdp over {pod} GPUs", replace(setup, shard_group=pod)
     if not setup.checkpointing:
@@ -61,10 +63,10 @@ def _smaller_batch(shape: ModelShape, setup: Setup, fits: int) -> Change | None:
     return None
 
 
-def changes_that_fit(shape: ModelShape, setup: Setup, gpu_bytes: int, ranks_per_pod: int) -> list[Change]:
+def changes_that_fit(shape: ModelShape, setup: Setup, gpu_bytes: int) -> list[Change]:
     """The changes with which the job fits `gpu_bytes` per GPU, cheapest first: one change where one suffices,
     else two, else all of them together."""
-    singles = list(_single_changes(setup, ranks_per_pod))
+    singles = list(_single_changes(setup))
     found = [Change(d, p) for d, s in singles if (p := plan_memory(shape, s)).total <= gpu_bytes]
     if (smaller := _smaller_batch(shape, setup, gpu_bytes)) is not None:
         found.insert(min(len(found), 2), smaller)
@@ -111,6 +113,12 @@ def describe_setup(setup: Setup) -> str:
     return f"{sharding}, {'a LoRA adapter' if setup.adapter is not None else 'full fine-tuning'}"
 
 
+def describe_phases(plan: MemoryPlan) -> str:
+    """Which phase sets the peak, and each phase's bytes per GPU."""
+    each = ", ".join(f"{p.phase.value} {p.total / GIB:.1f}" for p in plan.phases)
+    return f"the peak is the {plan.peak.phase.value} ({each} GiB)"
+
+
 def refusal(plan: MemoryPlan, gpu: GpuMemory, changes: list[Change]) -> str:
     """Why a job does not fit its GPUs, and the cheapest changes that would make it fit."""
     said = (
@@ -118,9 +126,10 @@ def refusal(plan: MemoryPlan, gpu: GpuMemory, changes: list[Change]) -> str:
         f"({gpu.source})"
     )
     if not changes:
-        return f"{said}; no change of sharding, adapter, gradient checkpointing or batch size fits: use larger GPUs"
-    options = " or with ".join(f"{c.description} ({gib(c.plan.total)})" for c in changes[:3])
-    return f"{said}; fits with {options}"
+        why = f"{said}; no change of sharding, adapter, gradient checkpointing or batch size fits: use larger GPUs"
+    else:
+        why = f"{said}; fits with " + " or with ".join(f"{c.description} ({gib(c.plan.total)})" for c in changes[:3])
+    return f"{why}; {describe_phases(plan)}"
 
 
 @dataclass(frozen=True)
@@ -139,7 +148,7 @@ class JobPlan:
 
     def summary(self) -> str:
         """One line: the bytes per GPU, how the job trains, and the GPU's memory where known."""
-        said = f"{gib(self.plan.total)} per GPU with {describe_setup(self.plan.setup)}"
+        said = f"{gib(self.plan.total)} per GPU with {describe_setup(self.plan.setup)}, {describe_phases(self.plan)}"
         return f"{said}; a GPU has {gib(self.gpu.bytes)} ({self.gpu.source})" if self.gpu else said
 
     def refusal(self) -> str | None:
@@ -157,5 +166,4 @@ def plan_job(spec: RocmTrainingJobSpec, config: Mapping[str, Any], gpu: GpuMemor
     gpu = gpu if setup.on_gpu else None
     if gpu is None or plan.total <= gpu.bytes:
         return JobPlan(plan, shape, gpu, [])
-    ranks_per_pod = max(spec.resources.gpus_per_worker, 1)
-    return JobPlan(plan, shape, gpu, changes_that_fit(shape, setup, gpu.bytes, ranks_per_pod))
+    return JobPlan(plan, shape, gpu, changes_that_fit(shape, setup, gpu.bytes))

@@ -56,6 +56,15 @@ class BatchPlan:
         """Every record rank `rank` ever trains on, sorted (what it reads and tokenises)."""
         return sorted({i for step in range(len(self.steps)) for i in self.portion(step, rank)})
 
+    def counted(self, rank: int) -> list[int]:
+        """The records of `rows(rank)` that rank `rank` counts where the ranks count the data together: each record
+        on the lowest rank that trains on it (the plan repeats a few records to give every rank as many)."""
+        ids = np.fromiter((i for step in self.steps for i in step), dtype=np.int64)
+        ranks = np.concatenate([np.arange(len(step)) % self.world_size for step in self.steps])
+        lowest = np.full(int(ids.max()) + 1, self.world_size)
+        np.minimum.at(lowest, ids, ranks)
+        return [r for r in self.rows(rank) if lowest[r] == rank]
+
     def epoch_order(self, seed: int, epoch: int) -> list[int]:
         """The steps of an epoch in training order: seeded per epoch, the longest step first."""
         order = list(range(len(self.steps)))

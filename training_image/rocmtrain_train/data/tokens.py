@@ -15,6 +15,7 @@ import os
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "voca
 log = logging.getLogger(__name__)
 
 
+class Fit(IntEnum):
+    """What the maximum length left of a record (language models: `data.truncation`)."""
+
+    WHOLE = 0
+    CUT = 1  # its tail cut off; it still carries loss
+    DROPPED = 2  # kept as its first token alone, carrying no loss: nothing of it trains
+
+
 @dataclass(frozen=True)
 class Encoded:
     """Tokenised records, unpadded: record i is ids[offsets[i]:offsets[i + 1]]."""
@@ -41,6 +50,7 @@ class Encoded:
     labels: np.ndarray  # int64, or float32 for regression; empty for a language model (its labels are its ids)
     loss_mask: np.ndarray | None = None  # int8, aligned with ids: the tokens that carry loss (language models)
     response_starts: np.ndarray | None = None  # int64 per record: where its last response begins (language models)
+    fits: np.ndarray | None = None  # int8 per record: its `Fit` (language models)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -59,6 +69,7 @@ class Encoded:
         regression: bool = False,
         masks: Sequence[Sequence[int] | np.ndarray] | None = None,
         response_starts: Sequence[int] | None = None,
+        fits: Sequence[Fit] | None = None,
     ) -> Encoded:
         offsets = np.zeros(len(ids) + 1, dtype=np.int64)
         np.cumsum([len(row) for row in ids], out=offsets[1:])
@@ -73,7 +84,20 @@ class Encoded:
             np.asarray(labels, dtype=np.float32 if regression else np.int64),
             None if masks is None else flat(masks, np.int8),
             None if response_starts is None else np.asarray(response_starts, dtype=np.int64),
+            None if fits is None else np.asarray(fits, dtype=np.int8),
         )
+
+    def dropped(self, rows: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Whether each of `rows` was dropped (False where fits are not kept)."""
+        if self.fits is None:
+            return np.zeros(len(rows), dtype=bool)
+        return self.fits[np.asarray(rows, dtype=np.int64)] == Fit.DROPPED
+
+    def fit_counts(self, rows: Sequence[int] | np.ndarray | None = None) -> list[int]:
+        """[records, cut, dropped] of `rows` (all records where None)."""
+        assert self.fits is not None
+        found = self.fits if rows is None else self.fits[np.asarray(rows, dtype=np.int64)]
+        return [len(found), int((found == Fit.CUT).sum()), int((found == Fit.DROPPED).sum())]
 
 
 def encode(tokenizer: Any, records: Records, max_length: int, *, regression: bool, token_types: bool = True) -> Encoded:
@@ -121,6 +145,7 @@ def load_cached(path: Path) -> Encoded | None:
                 saved["labels"],
                 saved.get("loss_mask"),
                 saved.get("response_starts"),
+                saved.get("fits"),
             )
     except (OSError, ValueError, KeyError):
         return None
@@ -132,6 +157,7 @@ def save_cached(path: Path, encoded: Encoded) -> None:
         "type_ids": encoded.type_ids,
         "loss_mask": encoded.loss_mask,
         "response_starts": encoded.response_starts,
+        "fits": encoded.fits,
     }
     arrays: dict[str, Any] = {"ids": encoded.ids, "offsets": encoded.offsets, "labels": encoded.labels}
     arrays.update({name: value for name, value in optional.items() if value is not None})

@@ -3,7 +3,8 @@
 `build_worker` loads the job's task and its model (attention kernels, gradient checkpointing, an
 adapter, torch.compile as the job says), plans the batches and tokenises this rank's records
 (`batch_plan`, the task's encoding), counts what each step's loss is averaged over on all ranks
-together, spreads the model over the ranks by the job's strategy (DDP, or FSDP's shards), sets up
+together, spreads the model over the ranks by the job's strategy (DDP, or FSDP's shards, each rank
+reading only its own from the model's files: `model.sharded_load`), sets up
 AdamW, the linear warmup schedule and autocast, and restores the latest checkpoint if there is one.
 The result, a `Worker`, holds no behaviour beyond that: the step loop (`loop.TrainLoop`) runs it.
 Each rank has one GPU (`ray.train.torch.get_device`).
@@ -37,6 +38,7 @@ from rocmtrain_train.data.batch_plan import BatchPlan
 from rocmtrain_train.data.tokens import Encoded
 from rocmtrain_train.loop.rank_shard import Tokenizing, TrainData, load_eval_data, load_train_data, takes_token_types
 from rocmtrain_train.model.pretrained import compile_model, parameter_counts, resolve_model
+from rocmtrain_train.model.sharded_load import is_empty, shard_and_fill
 from rocmtrain_train.reporting import rccl_log
 from rocmtrain_train.reporting.log_files import rank_logger
 from rocmtrain_train.strategy import Strategy, strategy_for
@@ -243,6 +245,25 @@ def step_passes(train: TrainData, task: Task, rank: int, batch_size: int, device
     return _over_ranks(local, dist.ReduceOp.MAX, device)
 
 
+def _place(
+    model: torch.nn.Module, path: Path, device: torch.device, strategy: Strategy, log: logging.Logger, *, sharded: bool
+) -> None:
+    """Spread the model over the ranks: a model built on the meta device is sharded, then this rank's shards are
+    read from its files; a loaded one moves to the device whole first."""
+    if is_empty(model):
+        shard_and_fill(model, path, device, strategy.prepare)
+        log.info("loaded this rank's shards of the model's weights from its safetensors files")
+        return
+    if sharded:
+        log.warning(
+            "loaded the whole model on this rank before sharding it: a sharded load reads a causal language "
+            "model's rows from safetensors files, and this one is a classifier, saved as .bin files, or has weights "
+            "transformers converts on loading"
+        )
+    model.to(device)
+    strategy.prepare(model)
+
+
 def build_worker(settings: RunSettings) -> Worker:
     """Set up this rank's worker (inside Ray Train's `train_loop_per_worker`)."""
     ctx = ray.train.get_context()
@@ -268,15 +289,14 @@ def build_worker(settings: RunSettings) -> Worker:
         raise ConfigError(f"model {spec.model.source}: not available on rank {rank}")
     task = task_for(spec)
     model, tokenizer = task.load(model_dir, gpu=device.type == "cuda")
-    model.to(device)
     how = Tokenizing(task, tokenizer, model_dir, takes_token_types(model), log)
     train = load_train_data(settings, rank, world_size, how)
     eval_data = load_eval_data(settings, rank, world_size, how)
 
     total_steps = len(train.plan.steps) * training.epochs
-    counted = parameter_counts(model)  # before sharding: the whole model's
+    counted = parameter_counts(model)  # before sharding: the whole model's (on the meta device alike)
     strategy = strategy_for(settings, device)
-    strategy.prepare(model)
+    _place(model, model_dir, device, strategy, log, sharded=training.sharding == "fsdp")
     optimizer = optimizer_for(model, training, world_size)
     on_gpu = device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=on_gpu and training.precision == "fp16")

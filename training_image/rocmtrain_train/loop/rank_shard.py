@@ -3,7 +3,9 @@
 Each rank reads the data source's fields into Arrow, plans the batches from the records' lengths
 (`data.batch_plan`), and decodes and tokenises only the rows it trains on; the tokenised rows are cached
 under `$ROCMTRAIN_CACHE/tokens` (`data.tokens`), so a restarted worker skips tokenising. Evaluation
-records are shared out every W-th to each rank.
+records are shared out every W-th to each rank. What `maxSeqLength` did to a language model's records is
+counted by each rank for its share (`local_fits`), each record on one rank, so that the counts summed over
+the ranks are those of the whole data (`file_truncations`).
 """
 
 from __future__ import annotations
@@ -13,18 +15,20 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from rocmtrain.api.models import DataSource
+from rocmtrain.api.models import DataSource, RocmTrainingJobSpec
 from rocmtrain_train.config import RunSettings
 from rocmtrain_train.data.batch_plan import BatchPlan, batch_plan
+from rocmtrain_train.data.causal_lm.chat import CHAT_TURNS
 from rocmtrain_train.data.records import fingerprint, read_table, sample_order, text_lengths
 from rocmtrain_train.data.tokens import Encoded, cache_key, load_cached, save_cached
 from rocmtrain_train.model.pretrained import cache_dir
+from rocmtrain_train.reporting.rank_report import FileTruncation
 
 if TYPE_CHECKING:
     from rocmtrain_train.tasks import Task
@@ -67,7 +71,14 @@ def _task_key(settings: RunSettings) -> dict[str, Any]:
     spec = settings.job.spec
     if spec.model.task != "causal-lm":
         return {"task": spec.model.task}
-    return {"task": spec.model.task, "lossOn": spec.loss_on, "chatTemplate": spec.model.chat_template}
+    return {
+        "task": spec.model.task,
+        "lossOn": spec.loss_on,
+        "chatTemplate": spec.model.chat_template,
+        "chatTemplateArgs": spec.data.chat_template_args,
+        "chatTurns": CHAT_TURNS,
+        "truncation": spec.data.over_length,
+    }
 
 
 @dataclass(frozen=True)
@@ -78,6 +89,7 @@ class TrainData:
     encoded: Encoded
     position: dict[int, int]  # record id -> index in `encoded`
     items: np.ndarray  # per encoded record, its weight in the loss (`Task.loss_items`)
+    counted: list[int]  # the encoded records this rank counts for the whole data (`BatchPlan.counted`)
 
 
 def load_train_data(settings: RunSettings, rank: int, world_size: int, how: Tokenizing) -> TrainData:
@@ -89,7 +101,9 @@ def load_train_data(settings: RunSettings, rank: int, world_size: int, how: Toke
     plan = batch_plan(order, text_lengths(table), world_size=world_size, step_size=step_size)
     rows = plan.rows(rank)
     encoded = encode_rows(settings, source, table, rows, how)
-    return TrainData(plan, encoded, {record: i for i, record in enumerate(rows)}, how.task.loss_items(encoded))
+    position = {record: i for i, record in enumerate(rows)}
+    counted = [position[record] for record in plan.counted(rank)]
+    return TrainData(plan, encoded, position, how.task.loss_items(encoded), counted)
 
 
 def load_eval_data(settings: RunSettings, rank: int, world_size: int, how: Tokenizing) -> Encoded | None:
@@ -101,3 +115,27 @@ def load_eval_data(settings: RunSettings, rank: int, world_size: int, how: Token
     table = read_table(source, spec.data, spec.model, settings.base_dir, check=False)
     rows = sample_order(table.num_rows, spec.data.shuffle_seed, source.max_samples)[rank::world_size]
     return encode_rows(settings, source, table, rows, how) if rows else None
+
+
+def local_fits(train: TrainData, eval_data: Encoded | None) -> list[int] | None:
+    """This rank's part of [records, cut, dropped] of the training data, then of the evaluation data (summed over
+    the ranks: the whole data's); None where the task keeps no fits (a classifier's records)."""
+    if train.encoded.fits is None:
+        return None
+    evaluated = eval_data.fit_counts() if eval_data is not None else [0, 0, 0]
+    return [*train.encoded.fit_counts(train.counted), *evaluated]
+
+
+def file_truncations(spec: RocmTrainingJobSpec, totals: Sequence[int]) -> list[FileTruncation]:
+    """Per data file, what maxSeqLength did to its records, from `local_fits` summed over the ranks."""
+    files: list[tuple[Literal["train", "eval"], DataSource | None]] = [
+        ("train", spec.data.train),
+        ("eval", spec.data.eval),
+    ]
+    found = []
+    for i, (data, source) in enumerate(files):
+        if source is not None:
+            records, cut, dropped = totals[3 * i : 3 * i + 3]
+            limit = spec.model.max_seq_length
+            found.append(FileTruncation(data, source.uri, records, cut, dropped, limit, spec.data.over_length))
+    return found

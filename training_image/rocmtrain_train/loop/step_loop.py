@@ -24,10 +24,12 @@ import torch
 import torch.distributed as dist
 from ray.train import CheckpointUploadMode
 
+from rocmtrain.plan.setup import EVAL_BATCH_FACTOR
 from rocmtrain_train.checkpoint import staging, train_state
 from rocmtrain_train.checkpoint.model_export import merged_location
 from rocmtrain_train.data.prefetch import Prefetcher
 from rocmtrain_train.loop.rank_setup import Worker, build_worker
+from rocmtrain_train.loop.rank_shard import file_truncations, local_fits
 from rocmtrain_train.loop.resource_sampling import ResourceSampler, utilization_sampler
 from rocmtrain_train.reporting.rank_report import Evaluation, RankReport
 from rocmtrain_train.tasks import MicroBatch
@@ -97,6 +99,8 @@ class TrainLoop:
         self.interval = Interval(worker.device)
         self.next_report = worker.state.step + 1  # the first report comes after one step
         self.samples: list[dict[str, str]] = []  # the last evaluation's generated samples (language models)
+        fits = local_fits(worker.train, worker.eval_data)  # the same on every rank: a collective or none
+        self.truncation = [] if fits is None else file_truncations(self.spec, sum_over_ranks(fits, worker.device))
 
     def run(self) -> None:
         """Train every remaining epoch from where the worker's state stands, then finish."""
@@ -208,7 +212,7 @@ class TrainLoop:
             w.model,
             w.tokenizer,
             w.eval_data,
-            batch_size=2 * self.spec.training.batch_size_per_worker,
+            batch_size=EVAL_BATCH_FACTOR * self.spec.training.batch_size_per_worker,
             multiple_of=w.pad_multiple,
             device=w.device,
             autocast=w.autocast,
@@ -252,6 +256,7 @@ class TrainLoop:
             total_parameters=w.parameters[1],
             resumed_from_step=w.resumed_from,
             network=w.network.dump() if w.network else None,
+            truncation=self.truncation,
             **flags,
         )
 

@@ -8,7 +8,14 @@ packed rows need it off (transformers reads their record boundaries only without
 With `spec.adapter`, peft wraps the model in a LoRA adapter: only the adapter's matrices train.
 Target modules are the job's names (matched against the ends of module paths, as peft matches
 them), `all-linear`, or peft's default for the model family; names that match no linear module
-are refused before any weight loads, with the model's linear module names listed.
+are refused before any weight loads, with the model's linear module names listed. The adapter's
+matrices start as peft initialises them, from the job's seed: the same on every rank, however the
+base loads.
+
+With `training.sharding: fsdp`, the model (and its adapter) is built on the meta device, without
+weights, for `model.sharded_load` to fill each rank's shards after sharding; a model saved as
+PyTorch .bin files or whose weights transformers converts on loading (fused experts), and every
+DDP job, loads whole.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.models import ALL_LINEAR, AdapterSpec, RocmTrainingJobSpec
 from rocmtrain.plan.model_shapes import training_dtype
 from rocmtrain_train.model.pretrained import check_model_config, set_pad_token
+from rocmtrain_train.model.sharded_load import readable_by_rows, weight_sources
 
 if TYPE_CHECKING:
     import torch
@@ -27,6 +35,7 @@ if TYPE_CHECKING:
 
 # Modules peft can put a LoRA adapter on that count as linear layers (GPT-2's projections are Conv1D).
 LINEAR_KINDS = ("Linear", "Conv1D")
+GENERATION_CONFIG = "generation_config.json"
 
 
 def linear_modules(model: torch.nn.Module) -> list[str]:
@@ -60,13 +69,40 @@ def target_modules(adapter: AdapterSpec, model_type: str, linear: list[str]) -> 
     return list(names)
 
 
-def _skeleton(config: Any) -> torch.nn.Module:
-    """The model without weights (on the meta device): its modules, in no memory."""
+def _skeleton(config: Any, **options: Any) -> torch.nn.Module:
+    """The model without weights (on the meta device): its modules, in no memory (`options`: from_config's)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+        return AutoModelForCausalLM.from_config(config, **options)
+
+
+def _empty_model(path: Path, spec: RocmTrainingJobSpec, dtype: torch.dtype) -> Any:
+    """The model as `from_pretrained` makes it (its config, generation config, attention kernels, dtype, in eval
+    mode), on the meta device: without weights, for `sharded_load.shard_and_fill` to fill after sharding."""
+    from transformers import AutoConfig, GenerationConfig
+
+    model: Any = _skeleton(
+        AutoConfig.from_pretrained(path), attn_implementation=spec.training.attention_implementation, dtype=dtype
+    )
+    if (path / GENERATION_CONFIG).is_file():
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    return model.eval()
+
+
+def _refuse_packed_with_cache(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A forward pre-hook of the decoder: a packed batch (position_ids without an attention mask) is isolated only
+    without the KV cache (transformers finds the records' boundaries from position_ids only then), so a packed batch
+    with the cache on is refused rather than letting its records silently see each other."""
+    packed = kwargs.get("position_ids") is not None and kwargs.get("attention_mask") is None
+    use_cache = kwargs.get("use_cache")
+    cached = module.config.use_cache if use_cache is None else use_cache  # type: ignore[union-attr]
+    if packed and (cached or kwargs.get("past_key_values") is not None):
+        raise ValueError(
+            "a packed batch (position_ids without an attention mask) needs the KV cache off (use_cache=False): with "
+            "a cache, transformers does not read the records' boundaries and packed records would attend to each other"
+        )
 
 
 def load_tokenizer(path: Path, spec: RocmTrainingJobSpec) -> Any:
@@ -97,6 +133,8 @@ def check_causal_lm_files(path: Path, spec: RocmTrainingJobSpec) -> Any:
     config = check_model_config(path, spec.model, spec.training)
     if spec.adapter is not None:
         target_modules(spec.adapter, config.model_type, linear_modules(_skeleton(config)))
+    if spec.training.sharding == "fsdp" and readable_by_rows(skeleton := _skeleton(config), path):
+        weight_sources(skeleton, path)  # the files hold every weight a sharded load fills
     try:
         return load_tokenizer(path, spec)
     except (OSError, ValueError, TypeError) as exc:
@@ -117,6 +155,25 @@ def with_adapter(model: PreTrainedModel, adapter: AdapterSpec) -> PreTrainedMode
     return get_peft_model(model, config)  # type: ignore[return-value]  # a PeftModel forwards like the model
 
 
+def init_adapter(model: torch.nn.Module, seed: int) -> None:
+    """Initialise the adapter's matrices as peft does (`reset_lora_parameters`: A as a linear layer's default, B
+    zero), from `seed`, on the CPU where the base is on the meta device: the same values on every rank, whether the
+    base loaded whole or is filled after sharding."""
+    import torch
+    from peft.tuners.lora import LoraLayer
+
+    torch.manual_seed(seed)
+    for module in model.modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        for parts in (getattr(module, name) for name in module.adapter_layer_names):
+            if any(p.is_meta for p in parts.parameters()):
+                parts.to_empty(device="cpu")
+        for adapter in module.active_adapters:
+            lora_config: Any = model.peft_config[adapter]  # type: ignore[index]  # a PeftModel's
+            module.reset_lora_parameters(adapter, lora_config.init_lora_weights)
+
+
 def weights_dtype(spec: RocmTrainingJobSpec, *, gpu: bool) -> torch.dtype:
     """The dtype the model's weights load in: the contract's rule, which the memory plan counts by."""
     import torch
@@ -126,20 +183,27 @@ def weights_dtype(spec: RocmTrainingJobSpec, *, gpu: bool) -> torch.dtype:
 
 
 def load_causal_lm(path: Path, spec: RocmTrainingJobSpec, *, gpu: bool) -> tuple[Any, Any]:
-    """The tokenizer and the model to train: the pretrained causal LM (in `weights_dtype`, whatever the dtype it
-    was saved in), with the job's adapter if it has one."""
+    """The tokenizer and the model to train, in training mode: the pretrained causal LM (in `weights_dtype`,
+    whatever the dtype it was saved in), with the job's adapter if it has one. With `training.sharding: fsdp` and
+    files each rank can read its rows of, on the meta device (`sharded_load.is_empty`), for the rank to fill its
+    shards after sharding."""
     from transformers import AutoModelForCausalLM
 
     training = spec.training
     tokenizer = load_tokenizer(path, spec)
-    model: Any = AutoModelForCausalLM.from_pretrained(
-        path, attn_implementation=training.attention_implementation, dtype=weights_dtype(spec, gpu=gpu)
-    )
+    dtype = weights_dtype(spec, gpu=gpu)
+    model: Any = _empty_model(path, spec, dtype) if training.sharding == "fsdp" else None
+    if model is None or not readable_by_rows(model, path):
+        model = AutoModelForCausalLM.from_pretrained(
+            path, attn_implementation=training.attention_implementation, dtype=dtype
+        )
     model.config.use_cache = False
+    model.base_model.register_forward_pre_hook(_refuse_packed_with_cache, with_kwargs=True)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     if training.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if spec.adapter is not None:
         model = with_adapter(model, spec.adapter)
-    return model, tokenizer
+        init_adapter(model, training.seed)
+    return model.train(), tokenizer  # from_pretrained's is in eval mode: no gradient checkpointing, no dropout

@@ -216,8 +216,8 @@ def compile_model(model: torch.nn.Module, max_length: int, bucket: int, backend:
 
 
 def load_model(path: Path, spec: ModelSpec, training: TrainingSpec) -> tuple[PreTrainedModel, Any]:
-    """The tokenizer and a sequence-classification (or regression) model with a fresh head, in fp32 whatever the
-    dtype it was saved in (the master weights autocast computes in bf16 from).
+    """The tokenizer and a sequence-classification (or regression) model with a fresh head, in training mode, in
+    fp32 whatever the dtype it was saved in (the master weights autocast computes in bf16 from).
 
     Attention runs on the kernels `training.attentionImplementation` names; with
     `training.gradientCheckpointing`, activations are recomputed in the backward pass.
@@ -237,7 +237,7 @@ def load_model(path: Path, spec: ModelSpec, training: TrainingSpec) -> tuple[Pre
     model.config.pad_token_id = tokenizer.pad_token_id
     if training.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model, tokenizer
+    return model.train(), tokenizer  # from_pretrained's is in eval mode: no gradient checkpointing, no dropout
 
 
 def parameter_counts(model: torch.nn.Module) -> tuple[int, int]:

@@ -5,11 +5,15 @@ Sums over ranks: throughput and CPU use. Maxima: the seconds spent (ranks run in
 Evaluation metrics are identical on every rank (all-reduced) and taken from rank 0, as is the network
 RCCL chose (`rccl_log`), which the Reporter logs once.
 The driver's own number, the memory plan's bytes per GPU, joins every report on its way to the
-sinks (`with_planned_memory`).
+sinks (`with_planned_memory`). A loss that is not a number (NaN, infinite) cannot go into the status:
+it is left out there (its previous value would mislead), written in the main log, and kept in the summary.
+What `maxSeqLength` did to each data file's records goes to the main log once, the summary per file, and
+the status in all.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -68,9 +72,17 @@ def _values(values: Iterable[float | None]) -> list[float]:
 
 
 def evaluation(ranks: list[RankReport]) -> Evaluation:
-    """The evaluation metrics in a report, if it carries any (in `EVAL_METRICS` order)."""
+    """The evaluation metrics in a report, if it carries any (in `EVAL_METRICS` order), finite or not."""
     found = ranks[0].evaluation
-    return {k: v for k in EVAL_METRICS if (v := _finite(found.get(k))) is not None}
+    return {k: float(v) for k in EVAL_METRICS if (v := found.get(k)) is not None}
+
+
+def truncation(ranks: list[RankReport]) -> dict[str, Any]:
+    """The records of all data files that maxSeqLength cut and dropped (language models; none else)."""
+    files = ranks[0].truncation
+    if not files:
+        return {}
+    return {"records_cut": sum(f.cut for f in files), "records_dropped": sum(f.dropped for f in files)}
 
 
 def network(ranks: list[RankReport]) -> NetworkTransport | None:
@@ -114,6 +126,7 @@ class Aggregator:
         self._latest: dict[str, Any] = {}
         self._pace: tuple[float, int] | None = None  # (time, step) of the first report since (re)start
         self.worker_failures = 0
+        self.not_finite: dict[str, float] = {}  # the last report's metrics that are not numbers: left out
 
     def restart(self) -> None:
         """A worker failed: the workers restart from a checkpoint (forget the pace)."""
@@ -131,7 +144,7 @@ class Aggregator:
     def _interval(ranks: list[RankReport]) -> dict[str, Any]:
         """The job's metrics from the ranks' last interval, keyed by `Metrics` field (None: not known)."""
         samples = sum(r.interval_samples for r in ranks)
-        losses = [(loss, r.interval_loss_items) for r in ranks if (loss := _finite(r.train_loss)) is not None]
+        losses = [(r.train_loss, r.interval_loss_items) for r in ranks if r.train_loss is not None]
         weight = sum(n for _, n in losses)
         memory = _values(r.gpu_memory_peak_bytes for r in ranks)
         reserved = _values(r.gpu_memory_reserved_bytes for r in ranks)
@@ -159,13 +172,18 @@ class Aggregator:
             "gpu_utilization_percent_min": min(utilization, default=None),
             "gpu_utilization_percent_max": max(utilization, default=None),
             **evaluation(ranks),
+            **truncation(ranks),
         }
 
     def add(self, ranks: list[RankReport]) -> ProgressReport:
         """The ProgressReport of one report of every rank."""
         first = ranks[0]
         step, total, final = first.step, first.total_steps, first.final
-        self._latest.update({k: v for k, v in self._interval(ranks).items() if v is not None})
+        found = self._interval(ranks)
+        self.not_finite = {k: v for k, v in found.items() if isinstance(v, float) and not math.isfinite(v)}
+        for name in self.not_finite:
+            self._latest.pop(name, None)
+        self._latest.update({k: v for k, v in found.items() if v is not None and k not in self.not_finite})
         if final:
             self._latest.update(whole_run(ranks))
         progress = Progress(
@@ -186,8 +204,10 @@ class Aggregator:
 
 
 def summary(ranks: list[RankReport], wall_seconds: float) -> dict[str, Any]:
-    """The final metrics of a run (`rocmtrain run --summary`): whole-run throughput over all workers."""
+    """The final metrics of a run (`rocmtrain run --summary`): whole-run throughput over all workers, and per data
+    file what maxSeqLength did to its records. A loss that is not a number stays one (JSON's NaN)."""
     first = ranks[0]
+    files = {f.data: {k: v for k, v in dataclasses.asdict(f).items() if k != "data"} for f in first.truncation}
     return {
         **evaluation(ranks),
         "train_seconds": max(_values(r.train_seconds for r in ranks), default=0.0),
@@ -204,6 +224,7 @@ def summary(ranks: list[RankReport], wall_seconds: float) -> dict[str, Any]:
         "total_parameters": first.total_parameters,
         **({"merged_model_path": first.merged_model_path} if first.merged_model_path else {}),
         **({"generation_samples": first.generation_samples} if first.generation_samples else {}),
+        **({"truncation": files} if files else {}),
     }
 
 
@@ -219,8 +240,18 @@ class Reporter:
         self._log = log
         self._aggregator = Aggregator()
         self._attempt_started = False
+        self._truncation_logged = False
         self._network = TransportLog(log)
         self.final_ranks: list[RankReport] | None = None
+
+    def _log_truncation(self, first: RankReport) -> None:
+        """Once a run: a line per data file of which maxSeqLength cut or dropped records."""
+        if self._truncation_logged or not first.truncation:
+            return
+        self._truncation_logged = True
+        for file in first.truncation:
+            if (line := file.line()) is not None:
+                self._log.log(logging.WARNING if file.dropped else logging.INFO, line)
 
     def on_report(self, ranks: list[RankReport], checkpoint_path: str | None) -> None:
         """Log what the report tells, aggregate it and hand it to every sink."""
@@ -232,6 +263,7 @@ class Reporter:
             self._attempt_started = True
             if first.resumed_from_step is not None:
                 self._log.info("resumed from the checkpoint at step %s", first.resumed_from_step)
+        self._log_truncation(first)
         if first.epoch_end:
             self._log.info("epoch %.0f finished at step %s", first.epoch, step)
         if (found := evaluation(ranks)) and not first.final:
@@ -243,6 +275,10 @@ class Reporter:
         except ValueError as exc:  # a value outside the API's bounds: log it, keep training
             self._log.warning("progress report at step %s not sent: %s", step, exc)
             return
+        if self._aggregator.not_finite:
+            self._log.warning(
+                "step %s: %s: not a number, left out of the status", step, _fmt(self._aggregator.not_finite)
+            )
         self._network.seen(report.network)
         for sink in self._sinks:
             try:

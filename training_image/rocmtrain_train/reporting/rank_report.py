@@ -4,7 +4,8 @@ Workers report it as a flat dict (`to_metrics`), because Ray Train keeps reporte
 metrics as JSON; the driver turns each rank's dict back into a RankReport
 (`from_metrics`) before `driver_report` aggregates them. Fields that mean per rank what a
 status `Metrics` field means for the job carry that field's name, so nothing is renamed
-on the way; evaluation results are keyed by `EVAL_METRICS`.
+on the way; evaluation results are keyed by `EVAL_METRICS`. What `model.maxSeqLength` did to each data
+file's records (`FileTruncation`, language models) travels in every report.
 """
 
 from __future__ import annotations
@@ -12,12 +13,35 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from rocmtrain.api.models import EVAL_METRICS
+from rocmtrain.api.models import EVAL_METRICS, Truncation
 
 # Evaluation results by `EVAL_METRICS` name (eval_loss, eval_accuracy, ...).
 Evaluation = dict[str, float]
+
+
+@dataclass(frozen=True)
+class FileTruncation:
+    """What `model.maxSeqLength` did to one data file's records, counted over every rank (`data.truncation`)."""
+
+    data: Literal["train", "eval"]
+    uri: str
+    records: int
+    cut: int  # their tail cut off; each still carries loss
+    dropped: int  # none of their tokens that carry loss fit (with `drop`: not all of them)
+    max_length: int
+    truncation: Truncation
+
+    def line(self) -> str | None:
+        """One line for the driver's log (None where every record fits whole)."""
+        if not (self.cut or self.dropped):
+            return None
+        limit = f"maxSeqLength {self.max_length}"
+        why = f"nothing to learn within {limit}" if self.truncation == "cut" else f"tokens to learn past {limit}"
+        parts = [f"{self.dropped} dropped ({why}, data.truncation: {self.truncation})"] if self.dropped else []
+        parts += [f"{self.cut} cut at the end to {limit}"] if self.cut else []
+        return f"{self.data} data {self.uri}: of {self.records} records, {', '.join(parts)}"
 
 
 @dataclass(frozen=True)
@@ -60,6 +84,7 @@ class RankReport:
     merged_model_path: str | None = None  # where an adapter's merged model went (final report, adapter.merge)
     weights_checksum: float | None = None  # sum of all weights (final report): equal on every rank
     network: dict[str, Any] | None = None  # rank 0: the network RCCL chose (a NetworkTransport's wire form)
+    truncation: list[FileTruncation] = field(default_factory=list)  # per data file (language models)
 
     def __post_init__(self) -> None:
         if unknown := sorted(set(self.evaluation) - set(EVAL_METRICS)):
@@ -73,4 +98,6 @@ class RankReport:
     def from_metrics(cls, metrics: Mapping[str, Any]) -> RankReport:
         """The report of one rank from what Ray Train hands the driver (keys Ray may add are ignored)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in metrics.items() if key in names})
+        found = {key: value for key, value in metrics.items() if key in names}
+        found["truncation"] = [FileTruncation(**f) for f in found.get("truncation", [])]
+        return cls(**found)

@@ -11,10 +11,12 @@
   starts with it.
 - **Checkpoints.** Every rank writes its shards with `torch.distributed.checkpoint` (an adapter's only,
   where the base is frozen); they load at any world size (DCP reshards).
+- **Loading.** The model comes built on the meta device; `prepare` shards it, and `model.sharded_load` fills each
+  rank's shards from the safetensors files: no rank ever holds the whole model.
 - **Export.** A consolidated Hugging Face folder (safetensors files of at most `EXPORT_SHARD_BYTES`, with an
-  index where there are several, and the config), gathered one tensor at a time and written as each file
-  fills: no rank ever holds the whole model. An adapter is
-  exported in peft's format, and with `merge` the base with the adapter merged in, the same way.
+  index where there are several, the config and the generation config), gathered one tensor at a time and
+  written as each file fills: no rank ever holds the whole model. An adapter is exported in peft's format, and
+  with `merge` the base with the adapter merged in, the same way.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch.distributed as dist
 from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.ranks import shard_group
 from rocmtrain_train.checkpoint.model_export import is_adapter, merged_location, save_folder
+from rocmtrain_train.model.sharded_load import WEIGHTS_FILE, WEIGHTS_INDEX
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -42,7 +45,6 @@ if TYPE_CHECKING:
 SHARDED_DIR = "sharded"
 # Largest safetensors file of an export (Hugging Face's own default shard size).
 EXPORT_SHARD_BYTES = 5 * 1024**3
-WEIGHTS_FILE, WEIGHTS_INDEX = "model.safetensors", "model.safetensors.index.json"
 
 
 def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -57,6 +59,17 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
             "names none (_no_split_modules); use sharding: none"
         )
     return blocks
+
+
+def _resharded(model: torch.nn.Module) -> torch.nn.Module:
+    """The model with every unit's parameters sharded again: the root keeps its gathered (compute-dtype) copies
+    after a forward pass without a backward one (an evaluation's), and they would stand in for its shards."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+    return model
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
@@ -152,14 +165,15 @@ class Sharded:
     def checksum(self, model: torch.nn.Module) -> float:
         with torch.no_grad():
             total = sum(
-                (_full(p.detach()).double().sum() for p in model.parameters()), torch.zeros((), dtype=torch.float64)
+                (_full(p.detach()).double().sum() for p in _resharded(model).parameters()),
+                torch.zeros((), dtype=torch.float64),
             )
         return float(total.item())
 
     def export(self, model: torch.nn.Module, tokenizer: Any, destination: str, *, rank: int, merge: bool) -> None:
         adapter = is_adapter(model)
         if adapter:
-            trained = {n: _full(p.detach()).cpu() for n, p in model.named_parameters() if p.requires_grad}
+            trained = {n: _full(p.detach()).cpu() for n, p in _resharded(model).named_parameters() if p.requires_grad}
             if rank == 0:
 
                 def write_adapter(path: str) -> None:
@@ -172,12 +186,12 @@ class Sharded:
         base = model.get_base_model() if adapter else model  # type: ignore[operator]  # peft's
         target = merged_location(destination) if adapter else destination
         tensors = _merged_tensors(model) if adapter else _tensors(model)
-        _write_consolidated(tensors, base.config, tokenizer, target, rank=rank)
+        _write_consolidated(tensors, base, tokenizer, target, rank=rank)
 
 
 def _tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """Every weight the model saves by name (a tied one once), whole, one at a time (every rank iterates)."""
-    kept = dict(model.named_parameters())  # a tied weight once, under its first name
+    kept = dict(_resharded(model).named_parameters())  # a tied weight once, under its first name
     for name, value in model.state_dict(keep_vars=True).items():
         if name in kept or not isinstance(value, torch.nn.Parameter):
             yield name, _full(value.detach())
@@ -205,10 +219,11 @@ def _merged_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
 
 
 def _write_consolidated(
-    tensors: Iterator[tuple[str, torch.Tensor]], config: Any, tokenizer: Any, destination: str, *, rank: int
+    tensors: Iterator[tuple[str, torch.Tensor]], model: Any, tokenizer: Any, destination: str, *, rank: int
 ) -> None:
-    """Safetensors files of at most `EXPORT_SHARD_BYTES` and their index, the config and the tokenizer, written by
-    rank 0 as the tensors arrive (every rank takes part in gathering them)."""
+    """Safetensors files of at most `EXPORT_SHARD_BYTES` and their index, the model's config (and generation config,
+    as `save_pretrained` writes them) and the tokenizer, written by rank 0 as the tensors arrive (every rank takes
+    part in gathering them)."""
     from safetensors.torch import save_file
 
     def write(path: str) -> None:
@@ -243,7 +258,9 @@ def _write_consolidated(
         if len(files) > 1:
             index = {"metadata": {}, "weight_map": weight_map}
             (folder / WEIGHTS_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-        config.save_pretrained(folder)
+        model.config.save_pretrained(folder)
+        if model.can_generate():
+            model.generation_config.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
 
     if rank == 0:

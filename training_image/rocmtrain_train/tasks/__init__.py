@@ -48,7 +48,8 @@ class Task(Protocol):
         """Raise ConfigError where the model's config or tokenizer does not fit the job; return the tokenizer."""
 
     def load(self, path: Path, *, gpu: bool) -> tuple[Any, Any]:
-        """The model to train (in the precision of its weights' role, on GPUs or not) and its tokenizer."""
+        """The model to train (in the precision of its weights' role, on GPUs or not) and its tokenizer; a causal LM
+        that FSDP shards comes on the meta device, for the rank to fill its shards (`model.sharded_load`)."""
 
     def encode(self, tokenizer: Any, table: pa.Table, rows: Sequence[int], where: str, token_types: bool) -> Encoded:
         """The given rows of a read table, tokenised."""
@@ -58,7 +59,8 @@ class Task(Protocol):
         or its tokens that carry loss (a language model)."""
 
     def micro_batches(self, rows: Sequence[int], encoded: Encoded, batch_size: int) -> list[MicroBatch]:
-        """A rank's records of one step (indices into `encoded`), cut into forward passes."""
+        """A rank's records of one step (indices into `encoded`), cut into forward passes (at least one); records
+        that train on nothing may be left out."""
 
     def collate(
         self, encoded: Encoded, micro: MicroBatch, pad_id: int, *, multiple_of: int, pin: bool = False

@@ -3,7 +3,8 @@
 A micro-batch weighs in by its tokens that carry loss (`loss_items`), so the step's loss is the mean
 over every such token of the step, across ranks and micro-batches: no mean of per-batch means. With
 `training.packing`, a rank's records of a step are packed into rows of `maxSeqLength` tokens
-(`data.causal_lm.tokens.pack`), `batchSizePerWorker` rows to a forward pass.
+(`data.causal_lm.tokens.pack`), `batchSizePerWorker` rows to a forward pass. Records that
+`data.truncation` dropped train in no forward pass, nor give a generation's prompt.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.distributed as dist
 
 from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.models import RocmTrainingJobSpec
+from rocmtrain.api.models.chat_template_args import template_args
 from rocmtrain_train.data.batch_plan import micro_batches
 from rocmtrain_train.data.causal_lm.tokens import LmFormat, collate_lm, collate_packed, encode_lm, loss_counts, pack
 from rocmtrain_train.data.tokens import Encoded
@@ -45,7 +47,14 @@ class LanguageModel:
     @property
     def format(self) -> LmFormat:
         spec = self.spec
-        return LmFormat(spec.data.record_shape, spec.loss_on, spec.model.max_seq_length, spec.model.chat_template)
+        return LmFormat(
+            spec.data.record_shape,
+            spec.loss_on,
+            spec.model.max_seq_length,
+            spec.model.chat_template,
+            chat_template_args=template_args(spec.data.chat_template_args),
+            truncation=spec.data.over_length,
+        )
 
     def check_model(self, path: Path) -> Any:
         return check_causal_lm_files(path, self.spec)
@@ -56,9 +65,14 @@ class LanguageModel:
     def encode(self, tokenizer: Any, table: pa.Table, rows: Sequence[int], where: str, token_types: bool) -> Encoded:
         encoded = encode_lm(tokenizer, table, rows, self.format)
         if len(encoded) and not loss_counts(encoded).any():
+            why = (
+                "the prompts fill it; raise maxSeqLength"
+                if self.spec.data.over_length == "cut"
+                else "with data.truncation drop, none keeps all of them; raise maxSeqLength, or cut them"
+            )
             raise ConfigError(
                 f"{where}: no record keeps a token to learn within spec.model.maxSeqLength "
-                f"({self.spec.model.max_seq_length} tokens): the prompts fill it; raise maxSeqLength"
+                f"({self.spec.model.max_seq_length} tokens): {why}"
             )
         return encoded
 
@@ -66,6 +80,9 @@ class LanguageModel:
         return loss_counts(encoded)
 
     def micro_batches(self, rows: Sequence[int], encoded: Encoded, batch_size: int) -> list[MicroBatch]:
+        """The records not dropped, cut into forward passes; where all are, the first alone: every rank runs a
+        pass in each step, and a dropped record adds 0 to it."""
+        rows = [r for r, dropped in zip(rows, encoded.dropped(rows), strict=True) if not dropped] or list(rows[:1])
         if not self.spec.training.packing:
             return list(micro_batches(rows, encoded.lengths, batch_size))
         packed = pack(rows, encoded.lengths, self.spec.model.max_seq_length)
@@ -79,11 +96,13 @@ class LanguageModel:
         return collate_lm(encoded, micro, pad_id, multiple_of=multiple_of, pin=pin)  # type: ignore[arg-type]
 
     def _generation_rows(self, data: Encoded) -> list[int]:
-        """This rank's share of the first `evaluation.generate.records` evaluation records (shared out every W-th)."""
+        """This rank's share of the first `evaluation.generate.records` evaluation records (shared out every W-th),
+        those dropped left out."""
         spec = self.spec.evaluation.generate
         assert spec is not None
         rank, world_size = _rank()
-        return list(range(min(len(range(rank, spec.records, world_size)), len(data))))
+        first = range(min(len(range(rank, spec.records, world_size)), len(data)))
+        return [r for r, dropped in zip(first, data.dropped(first), strict=True) if not dropped]
 
     def evaluate(
         self,

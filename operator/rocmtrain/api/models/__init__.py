@@ -16,7 +16,7 @@ operator observes; this package re-exports the names the rest of the code import
 from rocmtrain.api.models.adapter import ALL_LINEAR, AdapterSpec, GenerateSpec
 from rocmtrain.api.models.base import ApiModel
 from rocmtrain.api.models.code import MAX_CODE_CHARS, CodeSpec
-from rocmtrain.api.models.data import DataSource, DataSpec, RecordShape
+from rocmtrain.api.models.data import DataSource, DataSpec, RecordShape, Truncation
 from rocmtrain.api.models.job import (
     CATEGORIES,
     DEFAULT_IMAGE,
@@ -118,6 +118,7 @@ __all__ = [
     "Trial",
     "TrialConfig",
     "TrialState",
+    "Truncation",
     "TuningSpec",
     "TuningStatus",
     "metric_rows",

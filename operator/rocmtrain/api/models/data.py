@@ -7,6 +7,14 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from rocmtrain.api.models.base import ApiModel, _cel
+from rocmtrain.api.models.chat_template_args import (
+    ARGS_FOR_CHATS,
+    ARGS_RESERVED,
+    CHAT_TEMPLATE_ARGS,
+    RESERVED_RULE,
+    ChatTemplateArgs,
+    reserved_args,
+)
 from rocmtrain.api.types import DnsLabel, FieldName, Location
 
 
@@ -33,6 +41,7 @@ class DataSource(ApiModel):
 
 
 RecordShape = Literal["pairs", "chat", "text"]
+Truncation = Literal["cut", "drop"]
 PAIR_FIELDS_TOGETHER = "promptField and responseField go together"
 ONE_RECORD_SHAPE = "set either messagesField or promptField and responseField, not both"
 
@@ -49,6 +58,12 @@ class DataSpec(ApiModel):
                 _cel(
                     "!has(self.messagesField) || !has(self.promptField)", ONE_RECORD_SHAPE, fieldPath=".messagesField"
                 ),
+                _cel(
+                    "!has(self.chatTemplateArgs) || has(self.messagesField)",
+                    ARGS_FOR_CHATS,
+                    fieldPath=".chatTemplateArgs",
+                ),
+                _cel(RESERVED_RULE, ARGS_RESERVED, fieldPath=".chatTemplateArgs"),
             ]
         }
     )
@@ -79,7 +94,34 @@ class DataSpec(ApiModel):
             "assistant, tool), rendered by the tokenizer's chat template or model.chatTemplate."
         ),
     )
+    chat_template_args: ChatTemplateArgs | None = Field(
+        default=None,
+        max_length=CHAT_TEMPLATE_ARGS,
+        description=(
+            "causal-lm chats: options the chat template reads, passed to it in training and in evaluation's "
+            'generation prompts, such as {enable_thinking: "false"} for Qwen3. Each value is text of at most 1024 '
+            'characters: a JSON boolean, number or string in double quotes (false, 3, 0.5, "on") reaches the '
+            "template as that value, other text as itself."
+        ),
+    )
+    truncation: Truncation | None = Field(
+        default=None,
+        description=(
+            "Records longer than model.maxSeqLength tokens: cut (the default: keep each, its tail cut off) or drop "
+            "(causal-lm: "
+            "drop a record whose tokens that carry loss would be cut). Either way a record left with no token that "
+            "carries loss is dropped: it has nothing to teach. cut, as TRL truncates, keeps every record that still "
+            "teaches something; drop trains on whole responses only. The run's log and summary count the records "
+            "cut and dropped per file, the status in all."
+        ),
+    )
     shuffle_seed: int = Field(default=42, ge=0, le=2**31 - 1, description="Seed for shuffling records before sharding.")
+
+    @property
+    def over_length(self) -> Truncation:
+        """What happens to a record longer than maxSeqLength: `truncation`, else cut (as every job did before the
+        field existed: unset, a stored job renders as it did)."""
+        return self.truncation or "cut"
 
     @model_validator(mode="after")
     def _one_shape(self) -> DataSpec:
@@ -87,6 +129,14 @@ class DataSpec(ApiModel):
             raise ValueError(PAIR_FIELDS_TOGETHER)
         if self.messages_field is not None and self.prompt_field is not None:
             raise ValueError(ONE_RECORD_SHAPE)
+        return self
+
+    @model_validator(mode="after")
+    def _chat_template_args(self) -> DataSpec:
+        if self.chat_template_args is not None and self.messages_field is None:
+            raise ValueError(ARGS_FOR_CHATS)
+        if self.chat_template_args is not None and reserved_args(self.chat_template_args):
+            raise ValueError(ARGS_RESERVED)
         return self
 
     @property

@@ -46,6 +46,7 @@ LM_FIELDS = "promptField, responseField and messagesField are for task causal-lm
 LM_TRAINING = "lossOn and packing are for task causal-lm"
 ADAPTER_LM = "adapter (LoRA) is for task causal-lm"
 TEXT_PAIRS_NOT_LM = "textPairField is for sequence-classification and regression"
+DROP_LM = "truncation: drop is for task causal-lm (a classifier's texts are cut)"
 RESPONSE_LOSS_NEEDS_RESPONSES = (
     "lossOn: response needs responses: data.promptField and data.responseField, or data.messagesField "
     "(plain-text records have none; use all)"
@@ -114,6 +115,11 @@ class RocmTrainingJobSpec(ApiModel):
                 ),
                 _cel_with_model_and_data(
                     "self.model.task == 'causal-lm' || !has(self.adapter)", ADAPTER_LM, fieldPath=".adapter"
+                ),
+                _cel_with_model_and_data(
+                    "self.model.task == 'causal-lm' || !has(self.data.truncation) || self.data.truncation == 'cut'",
+                    DROP_LM,
+                    fieldPath=".data.truncation",
                 ),
                 _cel_with_model_and_data(
                     "self.model.task != 'causal-lm' || !has(self.data.textPairField)",
@@ -323,6 +329,8 @@ class RocmTrainingJobSpec(ApiModel):
             raise ValueError(LM_TRAINING)
         if not language_model and self.adapter is not None:
             raise ValueError(ADAPTER_LM)
+        if not language_model and data.over_length == "drop":
+            raise ValueError(DROP_LM)
         if language_model and data.text_pair_field is not None:
             raise ValueError(TEXT_PAIRS_NOT_LM)
         if training.loss_on == "response" and data.record_shape == "text":

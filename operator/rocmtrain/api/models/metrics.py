@@ -100,6 +100,21 @@ class Metrics(ApiModel):
     total_parameters: Annotated[int | None, Shown("parameters", ",")] = Field(
         default=None, ge=0, le=10**15, description="Parameters of the model, adapter included."
     )
+    records_cut: Annotated[int | None, Shown("records cut", ",")] = Field(
+        default=None,
+        ge=0,
+        le=10**12,
+        description="causal-lm: training and evaluation records whose tail model.maxSeqLength cut off "
+        "(data.truncation); per data file in the run's log and summary.",
+    )
+    records_dropped: Annotated[int | None, Shown("records dropped", ",")] = Field(
+        default=None,
+        ge=0,
+        le=10**12,
+        description="causal-lm: training and evaluation records dropped: no token that carries loss fits "
+        "model.maxSeqLength (with data.truncation drop, not all of them do); per data file in the run's log and "
+        "summary.",
+    )
     cpu_utilization_percent: Annotated[float | None, Shown("CPU use", ".0f", "% of a core")] = Field(
         default=None, ge=0, le=100_000, description="CPU use of the training processes, in percent of one core."
     )

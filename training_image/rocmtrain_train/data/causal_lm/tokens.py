@@ -4,29 +4,37 @@ Each record becomes one sequence that ends with the tokenizer's end-of-sequence 
 
 - pairs: the prompt (with the tokenizer's special tokens, a BOS for Llama), then the response, then EOS;
 - chats: the conversation rendered by the chat template (the job's `model.chatTemplate`, else the
-  tokenizer's), tokenised once; each assistant message, up to the end of its turn, is a response;
+  tokenizer's) with the job's `data.chatTemplateArgs`, tokenised once; each assistant turn (its text and
+  end-of-turn mark, `data.causal_lm.chat`) is a response;
 - text: the text, then EOS.
 
 `lossOn: response` puts loss on the responses only, `all` on every token. The first token of a
 record never carries loss (nothing predicts it), so a packed row's records never predict each
 other. `Encoded.response_starts` marks where each record's last response begins: the prompt of a
 generation is everything before it, the reference everything after.
+
+A record longer than `maxSeqLength` tokens is cut at the end (`data.truncation: cut`), or dropped where
+that cuts a token that carries loss (`drop`); one left with no token that carries loss is dropped either
+way. A dropped record keeps its place (the batch plan counts it) as its first token alone, without loss
+(`Encoded.fits`). A batch tells the model the count of its tokens that carry loss, at least 1
+(`num_items_in_batch`, which transformers divides the batch's summed loss by): a batch with none has loss
+0, not 0/0.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from rocmtrain.api.errors import ConfigError
-from rocmtrain.api.models import RecordShape
-from rocmtrain_train.data.causal_lm.records import ASSISTANT, MESSAGES, PROMPT, RESPONSE, TEXT
-from rocmtrain_train.data.tokens import ENCODE_CHUNK, Encoded
+from rocmtrain.api.models import RecordShape, Truncation
+from rocmtrain_train.data.causal_lm.chat import ChatArgs, Message, encode_chats
+from rocmtrain_train.data.causal_lm.records import MESSAGES, PROMPT, RESPONSE, TEXT
+from rocmtrain_train.data.tokens import ENCODE_CHUNK, Encoded, Fit
 
 # Label of a token that carries no loss (torch's cross-entropy ignore_index, as transformers uses it).
 IGNORE = -100
@@ -40,6 +48,8 @@ class LmFormat:
     loss_on: Literal["response", "all"]
     max_length: int
     chat_template: str | None = None  # the job's, replacing the tokenizer's
+    chat_template_args: ChatArgs = field(default_factory=dict)  # the job's options of the template
+    truncation: Truncation = "cut"
 
 
 @dataclass
@@ -75,52 +85,9 @@ def _texts(tokenizer: Any, texts: list[str], eos: int) -> list[_Sequence]:
     return found
 
 
-def render(tokenizer: Any, messages: list[dict[str, str]], template: str | None, **options: Any) -> str:
-    """A conversation as the chat template writes it."""
-    text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, **options)
-    return str(text)
-
-
-def _chat_spans(
-    tokenizer: Any, messages: list[dict[str, str]], template: str | None
-) -> tuple[str, list[tuple[int, int]]]:
-    """The rendered conversation and the character ranges of its assistant turns.
-
-    A turn runs from the end of the conversation before it, as rendered with the generation prompt, to the
-    end of the conversation up to it: the template's own end-of-turn marks belong to the response.
-    """
-    full = render(tokenizer, messages, template)
-    spans = []
-    for k, message in enumerate(messages):
-        if message["role"] != ASSISTANT:
-            continue
-        before = render(tokenizer, messages[:k], template, add_generation_prompt=True)
-        through = render(tokenizer, messages[: k + 1], template)
-        if not (full.startswith(before) and full.startswith(through) and len(before) <= len(through)):
-            raise ConfigError(
-                "the chat template does not render a conversation as the conversations before it followed by "
-                "the next message, so the assistant's turns cannot be told apart; use a template that does"
-            )
-        spans.append((len(before), len(through)))
-    return full, spans
-
-
-def _chats(tokenizer: Any, chats: list[list[dict[str, str]]], template: str | None, eos: int) -> list[_Sequence]:
-    found = []
-    for start in range(0, len(chats), ENCODE_CHUNK):
-        rendered = [_chat_spans(tokenizer, chat, template) for chat in chats[start : start + ENCODE_CHUNK]]
-        out = tokenizer(
-            [text for text, _ in rendered], add_special_tokens=False, return_offsets_mapping=True, truncation=False
-        )
-        for (_, chars), ids, offsets in zip(rendered, out["input_ids"], out["offset_mapping"], strict=True):
-            begins = np.asarray([b for b, _ in offsets] or [0], dtype=np.int64)
-            spans = [(int(np.searchsorted(begins, a)), int(np.searchsorted(begins, b))) for a, b in chars]
-            ends_with_answer = bool(spans) and spans[-1][1] == len(ids)
-            ids = _end(list(ids), eos)
-            if ends_with_answer:  # the added EOS ends the last answer
-                spans[-1] = (spans[-1][0], len(ids))
-            found.append(_Sequence(ids, spans, spans[-1][0] if spans else len(ids)))
-    return found
+def _chats(tokenizer: Any, chats: list[list[Message]], fmt: LmFormat, eos: int) -> list[_Sequence]:
+    found = encode_chats(tokenizer, chats, fmt.chat_template, fmt.chat_template_args, eos)
+    return [_Sequence(ids, spans, spans[-1][0] if spans else len(ids)) for ids, spans in found]
 
 
 def _sequences(tokenizer: Any, taken: pa.Table, fmt: LmFormat) -> list[_Sequence]:
@@ -128,16 +95,24 @@ def _sequences(tokenizer: Any, taken: pa.Table, fmt: LmFormat) -> list[_Sequence
     if fmt.shape == "pairs":
         return _pairs(tokenizer, taken.column(PROMPT).to_pylist(), taken.column(RESPONSE).to_pylist(), eos)
     if fmt.shape == "chat":
-        return _chats(tokenizer, taken.column(MESSAGES).to_pylist(), fmt.chat_template, eos)
+        return _chats(tokenizer, taken.column(MESSAGES).to_pylist(), fmt, eos)
     return _texts(tokenizer, taken.column(TEXT).to_pylist(), eos)
 
 
+def _fit(mask: np.ndarray, fmt: LmFormat) -> Fit:
+    """What `max_length` leaves of a record whose tokens that carry loss are `mask`."""
+    kept, lost = mask[: fmt.max_length].any(), mask[fmt.max_length :].any()
+    if not kept or (lost and fmt.truncation == "drop"):
+        return Fit.DROPPED
+    return Fit.CUT if len(mask) > fmt.max_length else Fit.WHOLE
+
+
 def encode_lm(tokenizer: Any, table: pa.Table, rows: Sequence[int], fmt: LmFormat) -> Encoded:
-    """The given rows of a causal-lm table as sequences of at most `max_length` tokens (longer ones are cut at
-    the end), with the tokens that carry loss marked."""
+    """The given rows of a causal-lm table as sequences of at most `max_length` tokens, with the tokens that carry
+    loss marked, and what the length left of each (`Fit`): longer ones cut at the end or dropped."""
     taken = table.take(pa.array(rows, type=pa.int64()))
     sequences = _sequences(tokenizer, taken, fmt)
-    ids, masks, starts = [], [], []
+    ids, masks, starts, fits = [], [], [], []
     for seq in sequences:
         mask = np.zeros(len(seq.ids), dtype=np.int8)
         if fmt.loss_on == "all":
@@ -145,11 +120,13 @@ def encode_lm(tokenizer: Any, table: pa.Table, rows: Sequence[int], fmt: LmForma
         for a, b in seq.spans:
             mask[a:b] = 1
         mask[0] = 0
-        ids.append(seq.ids[: fmt.max_length])
-        masks.append(mask[: fmt.max_length])
-        starts.append(min(seq.response_start, fmt.max_length))
-    encoded = Encoded.from_lists(ids, None, [], masks=masks, response_starts=starts)
-    return encoded
+        fit = _fit(mask, fmt)
+        length = 1 if fit is Fit.DROPPED else fmt.max_length
+        ids.append(seq.ids[:length])
+        masks.append(mask[:length])
+        starts.append(min(seq.response_start, length))
+        fits.append(fit)
+    return Encoded.from_lists(ids, None, [], masks=masks, response_starts=starts, fits=fits)
 
 
 def loss_counts(encoded: Encoded) -> np.ndarray:
@@ -164,6 +141,12 @@ def _labels(encoded: Encoded, row: int) -> np.ndarray:
     return np.where(encoded.loss_mask[start:end] > 0, encoded.ids[start:end], IGNORE)
 
 
+def _loss_divisor(labels: np.ndarray) -> torch.Tensor:
+    """What transformers divides a batch's summed loss by (`num_items_in_batch`): the tokens it predicts that carry
+    loss (each label predicted from the token before), at least 1, so that a batch with none has loss 0."""
+    return torch.tensor(max(int((labels[:, 1:] != IGNORE).sum()), 1))
+
+
 def _width(length: int, multiple_of: int) -> int:
     return int(-(-length // multiple_of) * multiple_of)
 
@@ -171,7 +154,8 @@ def _width(length: int, multiple_of: int) -> int:
 def collate_lm(
     encoded: Encoded, rows: Sequence[int], pad_id: int, *, multiple_of: int = 1, pin: bool = False
 ) -> dict[str, torch.Tensor]:
-    """Records padded to the batch's longest (rounded up to `multiple_of`); padding carries no loss."""
+    """Records padded to the batch's longest (rounded up to `multiple_of`); padding carries no loss. The model's
+    loss is the mean over the batch's tokens that carry loss (0 where it has none)."""
     lengths = encoded.lengths[list(rows)]
     width = _width(int(lengths.max()), multiple_of)
     ids = np.full((len(rows), width), pad_id, dtype=np.int64)
@@ -185,6 +169,7 @@ def collate_lm(
         "input_ids": torch.from_numpy(ids),
         "attention_mask": torch.from_numpy(mask),
         "labels": torch.from_numpy(labels),
+        "num_items_in_batch": _loss_divisor(labels),
     }
     return {k: v.pin_memory() for k, v in batch.items()} if pin else batch
 
@@ -251,5 +236,6 @@ def collate_packed(
         "input_ids": torch.from_numpy(ids),
         "position_ids": torch.from_numpy(positions),
         "labels": torch.from_numpy(labels),
+        "num_items_in_batch": _loss_divisor(labels),
     }
     return {k: v.pin_memory() for k, v in batch.items()} if pin else batch
