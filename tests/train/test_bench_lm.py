@@ -88,5 +88,7 @@ def test_our_loop_runs_in_each_sharding_and_checkpointing_variant_against_its_me
         training = gpu_lm.lm_gpu_job(str(model), "full", varied, "v").spec.training
         assert (training.sharding, training.gradient_checkpointing) == (variant[:4], variant.endswith("+gc"))
         plans[variant] = gpu_lm.planned(str(model), "full", varied)
-    # on a CPU one rank shards nothing, and checkpointing keeps less of the blocks' activations
-    assert plans["fsdp"] == plans["none"] and plans["none+gc"]["planned_bytes"] < plans["none"]["planned_bytes"]
+    # FSDP2 over one rank shards nothing yet holds its gathered copies (the root and two blocks), which the plan
+    # counts; checkpointing keeps less of the blocks' activations
+    assert plans["fsdp"]["planned_bytes"] > plans["none"]["planned_bytes"]
+    assert plans["none+gc"]["planned_bytes"] < plans["none"]["planned_bytes"]
