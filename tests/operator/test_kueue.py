@@ -167,11 +167,19 @@ def test_jobs_beyond_the_quota_wait_with_kueues_reason_and_start_as_others_finis
         (waiting,) = set(names) - set(started)
         api.wait_status(ns, waiting, "Queued", queued)
         # Kueue's own reason, word for word: what is missing, in which flavor.
-        reserved = wait_until(lambda: kueue_condition(api, ns, waiting, "QuotaReserved").get("message"), what="Kueue")
+        reserved = wait_until(
+            lambda: kueue_condition(api, ns, waiting, "QuotaReserved").get("message"),
+            timeout=WORLD_TIMEOUT,
+            what="Kueue",
+        )
         assert f"insufficient unused quota for {GPU} in flavor mi300x, 8 more needed" in reserved, reserved
         expected = f"waiting in Kueue queue team-a: {reserved}"
         for kind in ("Admitted", "Ready"):
-            wait_until(lambda k=kind: api.condition(ns, waiting, k).get("message") == expected, what=f"{kind} message")
+            wait_until(
+                lambda k=kind: api.condition(ns, waiting, k).get("message") == expected,
+                timeout=WORLD_TIMEOUT,
+                what=f"{kind} message",
+            )
             assert api.condition(ns, waiting, kind)["reason"] == Reason.QUEUED_BY_KUEUE
         assert api.rayjob(ns, waiting)["spec"]["suspend"] is True
 
@@ -345,7 +353,11 @@ def test_partitions_by_their_own_resource_are_placed_counted_as_ray_gpus_and_adm
             job_manifest("more", ns, resources={"workers": 1, "gpusPerWorker": 8, "gpu": gpu}, scheduling=queue)
         )
         api.wait_status(ns, "more", "Queued", queued)
-        reason = wait_until(lambda: kueue_condition(api, ns, "more", "QuotaReserved").get("message"), what="Kueue")
+        reason = wait_until(
+            lambda: kueue_condition(api, ns, "more", "QuotaReserved").get("message"),
+            timeout=WORLD_TIMEOUT,
+            what="Kueue",
+        )
         assert f"insufficient unused quota for {CPX} in flavor {flavor}, 8 more needed" in reason, reason
     finally:
         remove_jobs_then_nodes(world, ns, ("more", "cpx"), CPX_NODES)
@@ -411,12 +423,17 @@ def test_workers_that_fit_in_one_rack_land_in_one_and_a_job_that_cannot_waits_wi
         # 24 GPUs: the pool's 32 are free, but no rack holds more than 16.
         api.kube.create(job_manifest("too-big", ns, resources={"workers": 3, "gpusPerWorker": 8}, scheduling=in_a_rack))
         api.wait_status(ns, "too-big", "Queued", queued)
-        reason = wait_until(lambda: kueue_condition(api, ns, "too-big", "QuotaReserved").get("message"), what="Kueue")
+        reason = wait_until(
+            lambda: kueue_condition(api, ns, "too-big", "QuotaReserved").get("message"),
+            timeout=WORLD_TIMEOUT,
+            what="Kueue",
+        )
         assert "topology" in reason.lower(), reason
         wait_until(
             lambda: (
                 api.condition(ns, "too-big", "Admitted").get("message") == f"waiting in Kueue queue racked: {reason}"
             ),
+            timeout=WORLD_TIMEOUT,
             what="Kueue's reason in the job's status",
         )
 
@@ -492,7 +509,11 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_later(
     )
     api.wait_status(ns, "low", "preempted", queued)
     api.wait_status(ns, "high", "admitted and started", submitting)
-    preempted = wait_until(lambda: kueue_condition(api, ns, "low", "Preempted").get("status") == "True", what="Kueue")
+    preempted = wait_until(
+        lambda: kueue_condition(api, ns, "low", "Preempted").get("status") == "True",
+        timeout=WORLD_TIMEOUT,
+        what="Kueue",
+    )
     assert preempted
     kueue_says = kueue_condition(api, ns, "low", "Evicted")["message"]
     assert kueue_says.startswith("Preempted to accommodate a workload") and "prioritization" in kueue_says
