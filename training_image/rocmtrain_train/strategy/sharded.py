@@ -172,8 +172,9 @@ class Sharded:
 
     def export(self, model: torch.nn.Module, tokenizer: Any, destination: str, *, rank: int, merge: bool) -> None:
         adapter = is_adapter(model)
+        _resharded(model)
         if adapter:
-            trained = {n: _full(p.detach()).cpu() for n, p in _resharded(model).named_parameters() if p.requires_grad}
+            trained = {n: _full(p.detach()).cpu() for n, p in model.named_parameters() if p.requires_grad}
             if rank == 0:
 
                 def write_adapter(path: str) -> None:
@@ -190,8 +191,9 @@ class Sharded:
 
 
 def _tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every weight the model saves by name (a tied one once), whole, one at a time (every rank iterates)."""
-    kept = dict(_resharded(model).named_parameters())  # a tied weight once, under its first name
+    """Every weight the model saves by name (a tied one once), whole, one at a time (every rank iterates; the model
+    resharded)."""
+    kept = dict(model.named_parameters())  # a tied weight once, under its first name
     for name, value in model.state_dict(keep_vars=True).items():
         if name in kept or not isinstance(value, torch.nn.Parameter):
             yield name, _full(value.detach())
