@@ -81,7 +81,7 @@ def test_the_counts_are_of_the_whole_data_over_every_rank_and_kept_with_the_cach
     data["eval"] = {"uri": write_jsonl(tmp_path / "eval.jsonl", rows[:4] + rows[120:130])}
     run = settings(lm_job(tiny_lm, "cut", data), tmp_path)
     how = Tokenizing(task_for(run.job.spec), tokenizer, tiny_lm, False, logging.getLogger("test.long"))
-    shares = [load_train_data(run, rank, 2, how) for rank in (0, 1)]
+    shares = [load_train_data(run, rank, 2, how, torch.device("cpu")) for rank in (0, 1)]
     assert set(shares[0].plan.rows(0)) & set(shares[1].plan.rows(1)), "a record trains on both ranks"
     parts = [local_fits(share, load_eval_data(run, rank, 2, how)) for rank, share in enumerate(shares)]
     assert all(part is not None for part in parts)
@@ -95,7 +95,7 @@ def test_the_counts_are_of_the_whole_data_over_every_rank_and_kept_with_the_cach
         f"train data {data['train']['uri']}: of 131 records, 8 dropped (nothing to learn within maxSeqLength 64, "
         "data.truncation: cut), 3 cut at the end to maxSeqLength 64"
     )
-    again = load_train_data(run, 0, 2, how)  # from the cache this time
+    again = load_train_data(run, 0, 2, how, torch.device("cpu"))  # from the cache this time
     assert np.array_equal(again.encoded.fits, shares[0].encoded.fits)
 
 

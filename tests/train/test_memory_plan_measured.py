@@ -34,6 +34,7 @@ from rocmtrain.plan.memory import Phase, plan_memory
 from rocmtrain.plan.model_shapes import model_shape, training_dtype
 from rocmtrain.plan.setup import DEFAULT_TARGETS, Generation, Setup
 from rocmtrain_train.loop.rank_setup import optimizer_for
+from rocmtrain_train.model.linear_loss import LossKernel, use_loss_kernel
 from rocmtrain_train.tasks import task_for
 from train.jobs import job
 from train.test_lm_families import FAMILIES
@@ -41,6 +42,8 @@ from train.test_lm_families import FAMILIES
 # Odd sizes, so that FSDP's shards need padding: 36 rows split evenly over 4 ranks, 18, 90 and the vocabulary not.
 SIZE = {"hidden_size": 36, "intermediate_size": 90, "num_hidden_layers": 2, "num_attention_heads": 2}
 LORA = {"rank": 4, "dropout": 0.0, "targetModules": ["q_proj", "v_proj", "down_proj"]}
+# The activation cases' vocabulary: small, so that the model's own loss's logits do not outweigh the blocks.
+VOCABULARY = 256
 
 
 def lm_job(world: int, sharding: str, adapter: dict[str, Any] | None, precision: str = "fp32") -> Any:
@@ -188,16 +191,19 @@ def peak_activations(
     rows: int = 2,
     tokens: int = 128,
     attention: str = "sdpa",
+    loss: LossKernel = LossKernel.MODEL,
+    vocabulary: int = VOCABULARY,
 ) -> int:
     """The most bytes a forward and backward pass hold at once, besides the weights (one batch of `rows` rows of
     `tokens` tokens, the first of them padded, as padded batches are), as a GPU job with bf16 autocast trains: the
     weights as the training image loads them there (`training_dtype`), the pass under autocast to bf16 (the CPU's,
-    made to cast what CUDA's does)."""
-    model = gpu_like_model(family, size, adapter, attention)
+    made to cast what CUDA's does), with the `loss` kernel."""
+    model = gpu_like_model(family, size, adapter, attention, vocabulary)
+    use_loss_kernel(model, loss)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    ids = torch.randint(0, VOCABULARY, (rows, tokens))
+    ids = torch.randint(0, vocabulary, (rows, tokens))
     mask = torch.ones_like(ids)
     mask[0, -3:] = 0
     live = LiveBytes({p.untyped_storage().data_ptr() for p in model.parameters()})
@@ -208,10 +214,12 @@ def peak_activations(
     return live.peak
 
 
-def gpu_like_model(family: str, size: dict[str, int], adapter: AdapterSpec | None, attention: str) -> Any:
+def gpu_like_model(
+    family: str, size: dict[str, int], adapter: AdapterSpec | None, attention: str, vocabulary: int = VOCABULARY
+) -> Any:
     """A tiny model with random weights, in the dtype the training image loads it in on a bf16 GPU, the KV cache off
     (as the training image sets it), with a LoRA adapter where given."""
-    config = AutoConfig.for_model(family, vocab_size=VOCABULARY, **size)
+    config = AutoConfig.for_model(family, vocab_size=vocabulary, **size)
     torch.manual_seed(0)
     dtype = getattr(torch, training_dtype(adapter=adapter is not None, on_gpu=True, precision="bf16"))
     model: Any = AutoModelForCausalLM.from_config(config, attn_implementation=attention).to(dtype)
@@ -224,14 +232,23 @@ def gpu_like_model(family: str, size: dict[str, int], adapter: AdapterSpec | Non
 
 
 def peak_forward(
-    size: dict[str, int], adapter: AdapterSpec | None, attention: str, rows: int, tokens: int, new: int
+    size: dict[str, int],
+    adapter: AdapterSpec | None,
+    attention: str,
+    rows: int,
+    tokens: int,
+    new: int,
+    loss: LossKernel = LossKernel.MODEL,
+    vocabulary: int = VOCABULARY,
 ) -> int:
     """The most bytes evaluation's forward pass (`new` 0: the loss over every position) or a greedy `generate` call
     (`new` tokens, with the KV cache) holds at once, besides the weights, under bf16 autocast as on a GPU: `rows`
-    rows of `tokens` tokens, the first left-padded, as the training image's evaluation runs them."""
-    model = gpu_like_model("llama", size, adapter, attention)
+    rows of `tokens` tokens, the first left-padded, as the training image's evaluation runs them, with the `loss`
+    kernel."""
+    model = gpu_like_model("llama", size, adapter, attention, vocabulary)
+    use_loss_kernel(model, loss)
     model.eval()
-    ids = torch.randint(1, VOCABULARY, (rows, tokens))
+    ids = torch.randint(1, vocabulary, (rows, tokens))
     mask = torch.ones_like(ids)
     mask[0, :3] = 0
     live = LiveBytes({p.untyped_storage().data_ptr() for p in model.parameters()})
@@ -251,9 +268,8 @@ def peak_forward(
     return live.peak
 
 
-# A small vocabulary and MLP, and few key/value heads (one, for Qwen3) for their query heads, so that the blocks'
-# parts (attention's keys and values among them) weigh against the logits.
-VOCABULARY = 256
+# A small MLP, and few key/value heads (one, for Qwen3) for their query heads, so that the blocks' parts
+# (attention's keys and values among them) weigh against the logits (of VOCABULARY).
 WIDE = {"hidden_size": 128, "num_hidden_layers": 2}
 # Per family: its sizes, the plan's tolerance, and the cases measured (the Llama family's in full; the others less
 # exactly counted, and slower to run).
@@ -298,7 +314,9 @@ def test_the_activations_are_what_autograd_keeps(family, adapter, checkpointing,
     size, tolerance = ACTIVATION_CASES[family]
     measured = peak_activations(family, size, adapter, checkpointing, attention=attention)
     config = json.loads(AutoConfig.for_model(family, vocab_size=VOCABULARY, **size).to_json_string())
-    setup = Setup(True, "bf16", 1, 1, adapter, 2, 128, checkpointing, "causal-lm", eager=attention == "eager")
+    setup = Setup(
+        True, "bf16", 1, 1, adapter, 2, 128, checkpointing, "causal-lm", eager=attention == "eager", loss="model"
+    )
     plan = plan_memory(model_shape(config), setup).step
     planned = plan.activations + plan.working  # autocast's bf16 copies of the fp32 weights are made in the pass too
     assert abs(planned - measured) <= tolerance * measured, (planned, measured)
@@ -310,7 +328,7 @@ def test_with_full_fine_tuning_and_checkpointing_the_gradients_grow_as_activatio
     size, _ = ACTIVATION_CASES["llama"]
     measured = peak_activations("llama", size, None, True, rows=1, tokens=64)
     config = json.loads(AutoConfig.for_model("llama", vocab_size=VOCABULARY, **size).to_json_string())
-    setup = Setup(True, "bf16", 1, 1, None, 1, 64, True, "causal-lm")
+    setup = Setup(True, "bf16", 1, 1, None, 1, 64, True, "causal-lm", loss="model")
     plan = plan_memory(model_shape(config), setup).step
     assert plan.activations + plan.working < measured <= plan.activations + plan.working + plan.gradients
 
@@ -332,9 +350,34 @@ def test_evaluation_and_generation_hold_what_the_plan_says(adapter, attention, n
     size = GENERATION_SIZE if new else ACTIVATION_CASES["llama"][0]
     measured = peak_forward(size, adapter, attention, rows, tokens, new)
     config = json.loads(AutoConfig.for_model("llama", vocab_size=VOCABULARY, **size).to_json_string())
-    base = Setup(True, "bf16", 1, 1, adapter, rows // 2, tokens, False, "causal-lm", eager=attention == "eager")
+    base = Setup(
+        True, "bf16", 1, 1, adapter, rows // 2, tokens, False, "causal-lm", eager=attention == "eager", loss="model"
+    )
     setup = replace(base, evaluation=True, generation=Generation(rows, new) if new else None)
     phase = plan_memory(model_shape(config), setup).phases[-1]
     assert phase.phase is (Phase.GENERATION if new else Phase.EVALUATION)
     planned = phase.activations + phase.working + phase.kv_cache
+    assert 0.98 * measured <= planned <= 1.10 * measured, (planned, measured)
+
+
+# The chunked loss's cases: a vocabulary 32 times the hidden size, as Llama 3's 128k is to its 4k, so that the loss
+# runs in 32 chunks of 8 tokens.
+CHUNKED_VOCABULARY = 4096
+
+
+@pytest.mark.parametrize("adapter", [None, LORA_ONLY[0]], ids=["full", "lora"])
+def test_the_chunked_loss_holds_what_the_plan_says(adapter):
+    """With the chunked loss the step's peak is within 3% of the plan's activations and working copies, and of the
+    head's gradient under full fine-tuning (the loss makes it in its forward pass, at the step's peak; the plan has it
+    among the gradients); evaluation's is held by the plan, and over it by at most 10%."""
+    size, tolerance = ACTIVATION_CASES["llama"]
+    config = json.loads(AutoConfig.for_model("llama", vocab_size=CHUNKED_VOCABULARY, **size).to_json_string())
+    setup = Setup(True, "bf16", 1, 1, adapter, 2, 128, False, "causal-lm", evaluation=True, loss="chunked")
+    step, evaluation = plan_memory(model_shape(config), setup).phases[1:]
+    measured = peak_activations("llama", size, adapter, False, loss=LossKernel.CHUNKED, vocabulary=CHUNKED_VOCABULARY)
+    head = CHUNKED_VOCABULARY * size["hidden_size"] * 4 if adapter is None else 0
+    planned = step.activations + step.working + head
+    assert abs(planned - measured) <= tolerance * measured, (planned, measured)
+    measured = peak_forward(size, adapter, "sdpa", 4, 128, 0, LossKernel.CHUNKED, CHUNKED_VOCABULARY)
+    planned = evaluation.activations + evaluation.working
     assert 0.98 * measured <= planned <= 1.10 * measured, (planned, measured)

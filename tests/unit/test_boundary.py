@@ -51,7 +51,7 @@ LAYERS = {
         ("chart", "cli", "controller", "__init__"),
     ),
     "rocmtrain_train": (
-        ("config",),
+        ("config", "collectives"),
         ("storage",),
         ("data", "model", "checkpoint", "reporting"),
         ("evaluation",),

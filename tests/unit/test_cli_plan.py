@@ -72,34 +72,35 @@ def cells(out: str, term: str) -> list[str]:
     return line.removeprefix(term).split()
 
 
-@pytest.mark.parametrize(("gpu", "spare"), [("MI250X", "11.7"), ("MI300X", "139.7")])
+@pytest.mark.parametrize(("gpu", "spare"), [("MI250X", "19.8"), ("MI300X", "147.8")])
 def test_the_70b_example_prints_each_term_of_each_phase(
     capsys: pytest.CaptureFixture[str], gpu: str, spare: str
 ) -> None:
-    """Loaded sharded, the 70B example's peak is its training step, 52.3 GiB: it fits an MI250X's 64 GiB too."""
+    """Loaded sharded, the 70B example's peak is its training step, 44.2 GiB: it fits an MI250X's 64 GiB too."""
     code, out, _ = run(capsys, str(EXAMPLE), "--config", str(CONFIG_70B), "--gpu", gpu)
     assert code == 0
     assert "per GPU, GiB      load   step   evaluation   what" in out
     assert "load         each rank fills its 1/8 shard (bfloat16) from the safetensors files; the pod's host " in out
-    assert "evaluation   micro-batches of 2 x 8192 tokens (twice the training's, not packed): forward only" in out
+    assert "step         micro-batches of 1 x 8192 tokens, packed rows: forward, backward, AdamW's update" in out
+    assert "evaluation   micro-batches of 2 x 8192 tokens (twice batchSizePerWorker, padded): forward only" in out
     assert cells(out, "parameters")[:3] == ["16.5", "16.5", "16.5"]
     assert cells(out, "read buffer")[:3] == ["0.2", "-", "-"]
     assert cells(out, "gradients")[:3] == ["-", "0.0", "-"]  # FSDP2's sharded gradients are freed after each step
     assert cells(out, "optimizer state")[:3] == ["-", "0.1", "0.1"]
     assert cells(out, "working copies")[:3] == ["-", "7.1", "7.1"]
-    assert cells(out, "activations")[:3] == ["-", "22.1", "20.0"]
-    assert cells(out, "  logits")[:3] == ["-", "11.7", "19.6"]
-    assert cells(out, "margin")[:3] == ["3.7", "6.6", "6.4"]
-    assert cells(out, "total") == ["20.4", "52.3", "49.9", "per", "GPU"]
+    assert cells(out, "activations")[:3] == ["-", "14.7", "3.8"]
+    assert cells(out, "  logits")[:3] == ["-", "0.5", "0.7"]  # the chunked loss's
+    assert cells(out, "margin")[:3] == ["3.7", "5.8", "4.7"]
+    assert cells(out, "total") == ["20.4", "44.2", "32.1", "per", "GPU"]
     assert "KV cache" not in out  # no generation
-    assert out.splitlines()[-3:-1] == ["peak:   the step, 52.3 GiB per GPU", f"GPU:    {INSTINCT[gpu]}"]
+    assert out.splitlines()[-3:-1] == ["peak:   the step, 44.2 GiB per GPU", f"GPU:    {INSTINCT[gpu]}"]
     assert out.splitlines()[-1] == f"fits:   yes, {spare} GiB to spare"
 
 
 INSTINCT = {"MI250X": "64.0 GiB (MI250X, AMD's data sheet)", "MI300X": "192.0 GiB (MI300X, AMD's data sheet)"}
 
 
-def test_the_8b_example_peaks_in_evaluation_and_prints_generation_s_kv_cache(
+def test_the_8b_example_peaks_in_the_step_and_prints_generation_s_kv_cache(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     code, out, _ = run(capsys, str(EXAMPLES / "cluster-llama-lora-mi300x.yaml"), "--config", str(CONFIG_8B))
@@ -108,11 +109,11 @@ def test_the_8b_example_peaks_in_evaluation_and_prints_generation_s_kv_cache(
     assert "generation   8 prompts of up to 4096 tokens a call, 256 new tokens each: greedy, with a KV cache" in out
     assert "the pod's host holds 120.9 GiB (8 whole models), of its 1024Gi memoryPerWorker" in out
     assert cells(out, "gradients")[:4] == ["-", "0.2", "0.2", "0.2"]  # DDP's buckets stay
-    assert cells(out, "  logits")[:4] == ["-", "23.5", "39.1", "0.0"]
+    assert cells(out, "  logits")[:4] == ["-", "0.5", "0.7", "0.0"]  # the chunked loss's
     assert cells(out, "KV cache")[:5] == ["-", "-", "-", "4.2", "keys"]
     assert "read buffer" not in out  # loaded whole
-    assert cells(out, "total") == ["18.6", "49.8", "62.7", "28.0", "per", "GPU"]
-    assert "peak:   the evaluation, 62.7 GiB per GPU" in out
+    assert cells(out, "total") == ["18.6", "29.9", "23.4", "28.0", "per", "GPU"]
+    assert "peak:   the step, 29.9 GiB per GPU" in out
 
 
 def test_a_job_that_does_not_fit_exits_1_with_the_cheapest_changes(
@@ -216,3 +217,24 @@ def test_plan_imports_no_heavy_modules() -> None:
         [sys.executable, "-c", code, str(EXAMPLE), str(CONFIG_70B)], capture_output=True, text=True, check=True
     )
     assert result.stdout.splitlines()[-1] == "[]"
+
+
+def test_a_flat_row_of_a_token_budget_is_planned_as_its_tokens_without_a_mask_on_gpus(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The 70B example padding-free (`varlen`) in rows of 16,384 tokens: the step is one row of the budget's tokens,
+    flash-attention's kernel holds no mask, and evaluation still runs padded records of maxSeqLength."""
+    raw = yaml.safe_load(EXAMPLE.read_text())["spec"]["training"]
+    flat = {**raw, "packing": False, "attentionImplementation": "varlen", "tokensPerWorker": 16384}
+    code, out, _ = run(capsys, str(edited(tmp_path, training=flat)), "--config", str(CONFIG_70B))
+    assert code == 0
+    step = (
+        "one flat row of up to 16384 tokens (a token budget), padding-free (flash-attention's variable-length kernel)"
+    )
+    assert f"step         {step}: forward, backward, AdamW's update" in out
+    assert "evaluation   micro-batches of 2 x 8192 tokens (twice batchSizePerWorker, padded): forward only" in out
+    plan = json.loads(run(capsys, str(edited(tmp_path, training=flat)), "--config", str(CONFIG_70B), "-o", "json")[1])
+    packed = json.loads(run(capsys, str(EXAMPLE), "--config", str(CONFIG_70B), "-o", "json")[1])
+    # twice the tokens of the example's packed row, without its 8192² mask per block: less than twice its activations
+    assert packed["phases"]["step"]["activations"] < plan["phases"]["step"]["activations"]
+    assert plan["phases"]["step"]["activations"] < 2 * packed["phases"]["step"]["activations"]

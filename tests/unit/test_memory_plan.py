@@ -107,14 +107,17 @@ def test_the_shard_group_is_a_pod_s_ranks_or_the_job_s(workers, gpus, scope, gro
 
 def test_full_fine_tuning_holds_sixteen_bytes_per_parameter_whatever_dtype_the_config_saved():
     """fp32 master weights (4 bytes), fp32 gradients (4) and AdamW's two fp32 moments (8), and a 4-byte step per
-    tensor; under autocast, a bf16 copy of every linear weight (the head's too, not the embeddings' or the norms')."""
+    tensor; under autocast, a bf16 copy of every linear weight kept for the pass (not the embeddings' or the norms',
+    nor the head's, which the chunked loss casts for its own time; the model's loss keeps the head's too)."""
     count, tensors = 8_030_261_248, 32 * 9 + 3  # per block 7 linear weights and 2 norms; embeddings, norm, head
-    embeddings, norms = 128_256 * 4096, (2 * 32 + 1) * 4096
+    embeddings, norms, head = 128_256 * 4096, (2 * 32 + 1) * 4096, 128_256 * 4096
     for dtype in ("bfloat16", "float32"):
         plan = plan_memory(model_shape({**LLAMA_8B, "torch_dtype": dtype}), setup()).step
         assert (plan.parameters, plan.gradients, plan.optimizer) == (4 * count, 4 * count, 8 * count + 4 * tensors)
         assert plan.parameters + plan.gradients + plan.optimizer == 16 * count + 4 * tensors
-        assert plan.working == 2 * (count - embeddings - norms)
+        assert plan.working == 2 * (count - embeddings - norms - head)
+    model_loss = plan_memory(model_shape(LLAMA_8B), setup(loss="model")).step
+    assert model_loss.working == 2 * (count - embeddings - norms)
     assert plan_memory(model_shape(LLAMA_8B), setup(precision="fp32")).step.working == 0  # no autocast, no copies
     sharded = plan_memory(model_shape(LLAMA_8B), setup(shard_group=8)).step  # FSDP2's bf16 policy replaces autocast
     assert sharded.working < plan.working
@@ -133,12 +136,18 @@ def test_an_adapter_target_no_linear_module_has_is_refused_with_the_choices():
         plan_memory(model_shape(LLAMA_8B), setup(adapter=AdapterSpec(target_modules=["c_attn"])))
 
 
-def test_activations_grow_with_tokens_and_shrink_with_checkpointing_and_logits_are_twelve_bytes_each():
+def test_activations_grow_with_tokens_and_shrink_with_checkpointing_and_the_loss_holds_a_chunk_of_logits():
+    """The model's loss holds 12 bytes per token and vocabulary entry; the chunked one, the hidden states' gradient
+    (fp32 masters: an fp32 stream), one chunk's logits (bf16 and fp32) of 4096 tokens cut into ceil(128_256 / 4096) =
+    32 chunks, and the bf16 cast of the fp32 head and each chunk's bf16 share of its gradient."""
     shape = model_shape(LLAMA_8B)
     plain, checkpointed = plan_memory(shape, setup(checkpointing=False)).step, plan_memory(shape, setup()).step
     assert checkpointed.activations < plain.activations / 4
     assert plan_memory(shape, setup(batch=2)).step.activations > checkpointed.activations
-    assert plain.logits == 12 * 4096 * 128_256
+    assert plain.logits == 4096 * 4096 * 4 + 4096 // 32 * 128_256 * (2 + 4) + 2 * 128_256 * 4096 * 2
+    model_loss = plan_memory(shape, setup(checkpointing=False, loss="model")).step
+    assert model_loss.logits == 12 * 4096 * 128_256
+    assert model_loss.activations - plain.activations > 0.9 * (model_loss.logits - plain.logits)
 
 
 def test_the_margin_is_a_tenth_and_the_runtime_on_gpus_only():
@@ -174,12 +183,13 @@ def test_a_job_too_large_for_its_gpus_is_told_the_cheapest_changes_that_fit():
 
 
 def test_a_job_whose_evaluation_does_not_fit_is_refused_though_its_step_fits():
-    """The 8B LoRA example evaluates at 8 x 4096 tokens: 39 GiB of logits, beside 23.5 GiB in the training step."""
+    """The 8B LoRA example with the model's own loss evaluates at 8 x 4096 tokens: 39 GiB of logits, beside 23.5 GiB
+    in the training step."""
     lora = {
         "adapter": {"rank": 16, "targetModules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
         "data": {"train": {"uri": "s3://b/t"}, "eval": {"uri": "s3://b/e"}, "promptField": "p", "responseField": "r"},
     }
-    spec = lm_spec(extra=lora, gradientCheckpointing=True, precision="bf16")
+    spec = lm_spec(extra=lora, gradientCheckpointing=True, precision="bf16", lossImplementation="model")
     planned = plan_job(spec, LLAMA_8B, GpuMemory(56 * GIB, "a 56 GiB GPU"))
     step, evaluation = planned.plan.step, planned.plan.peak
     assert evaluation.phase.value == "evaluation" and step.total < 56 * GIB < evaluation.total == planned.plan.total
@@ -191,7 +201,9 @@ def test_a_job_whose_evaluation_does_not_fit_is_refused_though_its_step_fits():
         f"; the peak is the evaluation (load {planned.plan.phases[0].total / GIB:.1f}, step {step.total / GIB:.1f}, "
         f"evaluation {evaluation.total / GIB:.1f} GiB)"
     )
-    no_eval = lm_spec(extra={"adapter": lora["adapter"]}, gradientCheckpointing=True, precision="bf16")
+    no_eval = lm_spec(
+        extra={"adapter": lora["adapter"]}, gradientCheckpointing=True, precision="bf16", lossImplementation="model"
+    )
     without_eval = plan_job(no_eval, LLAMA_8B, GpuMemory(56 * GIB, "a 56 GiB GPU"))
     assert without_eval.fits is True and without_eval.plan.peak.phase.value == "step"
 
@@ -201,7 +213,9 @@ def test_one_change_is_offered_where_one_suffices_cheapest_first():
     found = [c.description for c in changes_that_fit(shape, setup(batch=1, sequence=2048), gpu)]
     assert found == ["fsdp over 8 GPUs", "a LoRA adapter"]
     smaller = [c.description for c in changes_that_fit(shape, setup(shard_group=8, batch=16), 40 * GIB)]
-    assert smaller[0] == "batchSizePerWorker 2 and 8x gradientAccumulationSteps"
+    assert smaller[0] == "batchSizePerWorker 4 and 4x gradientAccumulationSteps"  # 2 with the model's loss
+    with_model_loss = changes_that_fit(shape, setup(shard_group=8, batch=16, loss="model"), 40 * GIB)
+    assert with_model_loss[0].description == "batchSizePerWorker 2 and 8x gradientAccumulationSteps"
 
 
 def test_a_job_that_fits_or_has_no_gpus_is_not_refused():

@@ -58,7 +58,7 @@ def test_the_configs_parameters_by_hand():
     assert llama_parameters(config("llama-3.1-70b"))[0] == 70_553_706_496
 
 
-def test_the_8b_lora_example_on_mi300x_peaks_in_evaluation():
+def test_the_8b_lora_example_on_mi300x_peaks_in_the_step():
     """DDP over 8 GPUs, a rank-16 adapter on every linear layer of a bf16 base, micro-batches of 4 x 4096 tokens,
     evaluation at 8 x 4096, generation of 64 records' answers (8 per rank) of up to 256 new tokens."""
     c = config("llama-3.1-8b")
@@ -88,13 +88,18 @@ def test_the_8b_lora_example_on_mi300x_peaks_in_evaluation():
         optimizer,
         working,
     )
-    assert step.logits == 12 * 4 * 4096 * vocab
+    # the chunked loss: the hidden states' gradient (bf16), and one chunk's logits (bf16, and their fp32 upcast) of
+    # 512 tokens: 4 x 4096 tokens cut into ceil(vocab / h) = 32 chunks
+    assert step.logits == 4 * 4096 * h * 2 + 512 * vocab * (2 + 4)
 
     tokens = 8 * 4096  # evaluation's micro-batch: twice the training's, never packed
     held = tokens * (16 + 4096 + 2 * head_dim * 2)  # ids and labels, the boolean mask, rotary's cos and sin (bf16)
     evaluation = phases[Phase.EVALUATION]
-    assert evaluation.logits == tokens * vocab * (2 + 4 + 4) == 42_026_926_080  # bf16 head, fp32 upcast, log-softmax
-    assert evaluation.activations == held + tokens * 2 * h + evaluation.logits  # the final hidden states (bf16)
+    assert evaluation.logits == tokens // 32 * vocab * (2 + 4) == 788_004_864  # one chunk: bf16 head, fp32 upcast
+    # a block's MLP at a time: the embeddings' output, the block's input, the sum after attention, the norm's output
+    # (bf16 each), and the MLP's gate, SiLU and up projection; more than the final hidden states and the loss's chunk
+    mlp = 4 * 2 * h + 3 * 2 * inter
+    assert evaluation.activations == held + tokens * mlp > held + tokens * 2 * h + evaluation.logits
     assert (evaluation.parameters, evaluation.gradients, evaluation.optimizer) == (parameters, gradients, optimizer)
     rest = parameters + gradients + optimizer + working + evaluation.activations
     assert (evaluation.working, evaluation.margin, evaluation.total) == (working, margin(rest), rest + margin(rest))
@@ -103,16 +108,13 @@ def test_the_8b_lora_example_on_mi300x_peaks_in_evaluation():
     prompts = min(8, math.ceil(64 / 8))
     assert generation.kv_cache == 2 * layers * kv * head_dim * (4096 + 256) * prompts * 2 == 4_563_402_752
     assert generation.logits == prompts * vocab * (2 + 4)  # the last position's, and its fp32 copy
-    # a block's MLP at a time: the embeddings' output, the block's input, the sum after attention, the norm's output
-    # (bf16 each), and the MLP's gate, SiLU and up projection
-    mlp = 4 * 2 * h + 3 * 2 * inter
     assert generation.activations == held + tokens * mlp
     rest = parameters + gradients + optimizer + working + generation.kv_cache + generation.activations
     assert generation.total == rest + margin(rest)
 
-    assert plan.peak is evaluation and plan.total == evaluation.total
-    assert f"{plan.total / GIB:.1f}" == "62.7" and planned.fits is True
-    assert evaluation.total > step.total > generation.total > load.total
+    assert plan.peak is step and plan.total == step.total
+    assert f"{plan.total / GIB:.1f}" == "29.9" and planned.fits is True
+    assert step.total > generation.total > evaluation.total > load.total
 
 
 def test_the_70b_lora_example_is_sharded_from_the_load_and_fits_mi250x_and_mi300x():
@@ -141,20 +143,23 @@ def test_the_70b_lora_example_is_sharded_from_the_load_and_fits_mi250x_and_mi300
     optimizer = 8 * adapter // 8 + 4 * layers * 4 * 2
     step = phases[Phase.STEP]
     assert (step.parameters, step.gradients, step.optimizer) == (parameters, 4 * adapter // 8, optimizer)
-    assert step.logits == 12 * 8192 * vocab
+    # the chunked loss: the hidden states' gradient (bf16), and one chunk's logits (bf16, and their fp32 upcast) of
+    # 512 tokens: 8192 tokens cut into ceil(vocab / h) = 16 chunks
+    assert step.logits == 8192 * h * 2 + 512 * vocab * (2 + 4)
 
     tokens = 2 * 8192
     evaluation = phases[Phase.EVALUATION]
     # FSDP2 gathers the root (embeddings, final norm, head) and two blocks at a time, in bf16 (its policy)
     gathered = 2 * (2 * vocab * h + h) + 2 * 2 * (block + per_block_adapter)
     assert (evaluation.working, evaluation.gradients) == (gathered, 0)  # no gradients: freed after each step
-    assert evaluation.logits == tokens * vocab * 10 == 21_013_463_040
+    assert evaluation.logits == tokens // 16 * vocab * (2 + 4) == 788_004_864
     held = tokens * (16 + 8192 + 2 * head_dim * 2)
-    assert evaluation.activations == held + tokens * 2 * h + evaluation.logits
+    mlp = 4 * 2 * h + 3 * 2 * c["intermediate_size"]  # a block's MLP at a time, as the 8B's
+    assert evaluation.activations == held + tokens * mlp > held + tokens * 2 * h + evaluation.logits
     rest = parameters + optimizer + gathered + evaluation.activations
     assert evaluation.total == rest + margin(rest)
 
-    assert plan.peak is step and f"{plan.total / GIB:.1f}" == "52.3"
+    assert plan.peak is step and f"{plan.total / GIB:.1f}" == "44.2"
     assert step.total > evaluation.total > load.total
     assert plans["MI250X"].fits is True and 64 * GIB - plan.total > 11 * GIB
     assert plans["MI300X"].fits is True and plans["MI300X"].plan == plan
@@ -175,5 +180,6 @@ def test_the_70b_example_loaded_whole_would_not_fit_mi250x_and_the_plan_says_so(
 def test_evaluation_and_generation_scale_with_the_training_micro_batch(batch):
     c = config("llama-3.1-8b")
     phases = by_phase(plan_job(spec(LORA_8B, batchSizePerWorker=batch), c, None).plan)
-    assert phases[Phase.EVALUATION].logits == 2 * batch * 4096 * 128_256 * 10
+    # one chunk of the chunked loss: a 32nd of the tokens (ceil(128_256 / 4096) chunks), in bf16 and fp32
+    assert phases[Phase.EVALUATION].logits == 2 * batch * 4096 // 32 * 128_256 * (2 + 4)
     assert phases[Phase.GENERATION].kv_cache == 2 * 32 * 8 * 128 * (4096 + 256) * min(2 * batch, 8) * 2

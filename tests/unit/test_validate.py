@@ -75,6 +75,7 @@ def chat_lm(*edits: Edit) -> Edit:
 
 
 ARGS = "spec.data.chatTemplateArgs"
+ATTENTION = "spec.training.attentionImplementation"
 # (id, edit of full_job(), path of the error, words of its message)
 # A label key whose prefix is one character over the 253 Kubernetes allows.
 LONG_PREFIX_KEY = f"{'a' * 254}/zone"
@@ -410,6 +411,23 @@ INVALID: list[tuple[str, Edit, str, str]] = [
     ("lm-two-shapes", lm(put("spec.data.messagesField", "messages")), "spec.data.messagesField", "not both"),
     ("lm-fields-on-classifier", put("spec.data.messagesField", "m"), "spec.data", "for task causal-lm"),
     ("lm-packing-on-classifier", put("spec.training.packing", True), "spec.training", "for task causal-lm"),
+    ("lm-budget-on-classifier", put("spec.training.tokensPerWorker", 512), "spec.training", "for task causal-lm"),
+    ("lm-varlen-on-classifier", put(ATTENTION, "varlen"), "spec.training", "for task causal-lm"),
+    ("lm-loss-on-classifier", put("spec.training.lossImplementation", "chunked"), "spec.training", "causal-lm"),
+    ("lm-budget-small", lm(put("spec.training.tokensPerWorker", 64)), "spec.training.tokensPerWorker", "maxSeqLength"),
+    ("lm-budget-huge", lm(put("spec.training.tokensPerWorker", 2**21)), "spec.training.tokensPerWorker", "1048576"),
+    (
+        "lm-loss-unknown",
+        lm(put("spec.training.lossImplementation", "liger")),
+        "spec.training.lossImplementation",
+        "fused",
+    ),
+    (
+        "lm-varlen-packing",
+        lm(put(ATTENTION, "varlen"), put("spec.training.packing", True)),
+        "spec.training.packing",
+        "two layouts",
+    ),
     ("lm-drop-on-classifier", put("spec.data.truncation", "drop"), "spec.data.truncation", "for task causal-lm"),
     ("truncation-unknown", lm(put("spec.data.truncation", "keep")), "spec.data.truncation", "'cut' or 'drop'"),
     ("lm-adapter-on-classifier", put("spec.adapter", {"rank": 8}), "spec.adapter", "for task causal-lm"),
@@ -489,6 +507,13 @@ INVALID: list[tuple[str, Edit, str, str]] = [
     ("code-adapter", both(CODE, lm(put("spec.adapter", {}))), "spec.adapter", "adapter is the built-in loop's"),
     ("code-packing", both(CODE, lm(put("spec.training.packing", True))), "spec.training.packing", "built-in loop's"),
     ("code-loss-on", both(CODE, lm(put("spec.training.lossOn", "all"))), "spec.training.lossOn", "built-in loop's"),
+    ("code-budget", both(CODE, lm(put("spec.training.tokensPerWorker", 512))), "spec.training.packing", "batches"),
+    (
+        "code-loss-kernel",
+        both(CODE, lm(put("spec.training.lossImplementation", "model"))),
+        "spec.training.lossImplementation",
+        "built-in loop's",
+    ),
     (
         "code-generate",
         both(CODE, lm(put("spec.evaluation.generate", {}))),
@@ -1009,9 +1034,16 @@ CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
                 "spec.data",
             ),
             (
-                "self.model.task == 'causal-lm' || (!has(self.training.lossOn) && !self.training.packing)",
+                "self.model.task == 'causal-lm' || (!has(self.training.lossOn) && !self.training.packing "
+                "&& !has(self.training.tokensPerWorker) && !has(self.training.lossImplementation) "
+                "&& self.training.attentionImplementation != 'varlen')",
                 put("spec.training.lossOn", "all"),
                 "spec.training",
+            ),
+            (
+                "!has(self.training.tokensPerWorker) || self.training.tokensPerWorker >= self.model.maxSeqLength",
+                lm(put("spec.training.tokensPerWorker", 64)),
+                "spec.training.tokensPerWorker",
             ),
             ("self.model.task == 'causal-lm' || !has(self.adapter)", put("spec.adapter", {}), "spec.adapter"),
             (
@@ -1058,8 +1090,19 @@ CEL_CASES: dict[tuple[str, str], tuple[Edit, str]] = {
         "spec.checkpoint.resume",
     ),
     ("spec", "!has(self.code) || !has(self.adapter)"): (both(CODE, lm(put("spec.adapter", {}))), "spec.adapter"),
-    ("spec", "!has(self.code) || !self.training.packing"): (
+    ("spec", "!has(self.code) || (!self.training.packing && !has(self.training.tokensPerWorker))"): (
         both(CODE, lm(put("spec.training.packing", True))),
+        "spec.training.packing",
+    ),
+    ("spec", "!has(self.code) || !has(self.training.lossImplementation)"): (
+        both(CODE, lm(put("spec.training.lossImplementation", "chunked"))),
+        "spec.training.lossImplementation",
+    ),
+    (
+        "spec.training",
+        "!self.packing || !has(self.attentionImplementation) || self.attentionImplementation != 'varlen'",
+    ): (
+        lm(put(ATTENTION, "varlen"), put("spec.training.packing", True)),
         "spec.training.packing",
     ),
     ("spec", "!has(self.code) || !has(self.training.lossOn)"): (

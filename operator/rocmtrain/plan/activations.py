@@ -8,18 +8,22 @@ tests/train/test_memory_plan_measured.py), and in the same way, less exactly, fo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from rocmtrain.plan.model_shapes import Linear, ModelShape
 from rocmtrain.plan.setup import Precision, Setup, adapted
 
-# The loss: float32 logits' log-softmax (kept), the gradient of the loss and of the log-softmax (backward).
+# The model's own loss: float32 logits' log-softmax (kept), the gradient of the loss and of the log-softmax (backward).
 LOGIT_BYTES = 12
 # Gradients of a block's MLP activations alive at once in its backward pass (of the down projection's input,
 # and from it of both of its factors), in intermediate_size units per token.
 BACKWARD_GRADIENTS = 3
 # Token ids and labels (int64), per token.
 IDS_BYTES = 16
+# Float32 temporaries of an RMSNorm's backward pass alive at once, in hidden_size units per token: beside a loss
+# kernel (which keeps no logits) the final norm's backward can be the step's peak.
+NORM_BACKWARD = 4
 
 
 @dataclass(frozen=True)
@@ -103,8 +107,8 @@ def _block_activations(
     per_token += shape.attention_saved * e * q - views
     if setup.eager:  # the softmax's float32 weights (and their half-precision cast), not SDPA's log-sum-exp and mask
         per_token += shape.heads * setup.sequence * (4 + e % 4)
-    else:  # a log-sum-exp per head, and the additive mask SDPA makes of the boolean one (per row, in every block)
-        per_token += 4 * shape.heads + setup.sequence * e
+    else:  # a log-sum-exp per head, and (not for flash's varlen kernel) SDPA's additive mask (per row, in every block)
+        per_token += 4 * shape.heads + (0 if setup.flash else setup.sequence * e)
     if shape.qk_norm:
         per_token += 4 * q + 4 * shape.heads + 4 * k + 4 * shape.kv_heads + (e * (q + k) if full else 0)
     per_token += read(groups[1], e, kept=True)
@@ -134,10 +138,19 @@ def _activations(shape: ModelShape, setup: Setup) -> _Activations:
         tokens * 16  # token ids and labels
         + rows * setup.sequence * 2 * shape.rotary * p.stream  # rotary's cos and sin
         + (tokens * shape.hidden if shape.dropout else 0)  # the embeddings' dropout mask
-        + (setup.batch * setup.sequence**2 if setup.checkpointing else 0)  # the boolean mask every checkpoint holds
+        + (setup.batch * setup.sequence**2 if setup.checkpointing and not setup.flash else 0)  # each checkpoint's mask
     )
-    head = tokens * (norm + shape.hidden * _readers(p, out, int(full), 0, kept=False, dropout=False))
-    return _Activations(blocks, recomputed, model, head, LOGIT_BYTES * tokens * outputs)
+    if not setup.loss_kernel:
+        head = tokens * (norm + shape.hidden * _readers(p, out, int(full), 0, kept=False, dropout=False))
+        return _Activations(blocks, recomputed, model, head, LOGIT_BYTES * tokens * outputs)
+    # the chunked or fused loss keeps nothing for its backward: it makes the hidden states' gradient (in their dtype)
+    # in its forward pass, and under autocast each chunk's share of a trained head's gradient in the compute dtype
+    # before adding it to the float32 one (the head's gradient itself is among the gradients)
+    product = shape.vocabulary * shape.hidden * p.compute if p.autocast and full else 0
+    head = tokens * (norm + shape.hidden * out)  # the final hidden states, the loss's input
+    return _Activations(
+        blocks, recomputed, model, head, tokens * shape.hidden * out + product + _chunk(shape, setup, tokens)
+    )
 
 
 def step_activations(shape: ModelShape, setup: Setup) -> tuple[int, int]:
@@ -147,11 +160,34 @@ def step_activations(shape: ModelShape, setup: Setup) -> tuple[int, int]:
     # in a block's backward: the gradient of its output, and its MLP's gradients (in float32 where the MLP computes so)
     mlp = 4 if p.autocast and shape.mlp_float32 else p.compute
     backward = tokens * (shape.hidden * p.stream + BACKWARD_GRADIENTS * shape.intermediate * mlp)
-    # the peak: the loss's backward (the final norm's and the head's kept), or a block's (both freed)
+    # the peak: the loss's backward (the final norm's and the head's kept), or a block's (both freed); with a loss
+    # kernel, the loss's forward pass (it makes its gradients there) or the final norm's backward
+    loss = kept.head + kept.logits
+    if setup.loss_kernel and shape.norm == "rms":
+        loss = max(loss, kept.head + tokens * shape.hidden * 4 * NORM_BACKWARD)
     if setup.checkpointing:  # each block's input, held by its checkpoint; one block recomputed at a time
         inputs = shape.layers * tokens * shape.hidden * p.stream
-        return inputs + kept.model + max(kept.head + kept.logits, kept.recomputed + backward), kept.logits
-    return sum(kept.block) + kept.model + max(kept.head + kept.logits, backward), kept.logits
+        return inputs + kept.model + max(loss, kept.recomputed + backward), kept.logits
+    return sum(kept.block) + kept.model + max(loss, backward), kept.logits
+
+
+def loss_chunk(tokens: int, vocabulary: int, hidden: int) -> int:
+    """Tokens per chunk of the chunked loss, by Liger's rule (its fused kernel's too): the tokens cut into
+    ceil(vocabulary / hidden) chunks, rounded up to a power of two, so that a chunk's logits are about as large as the
+    hidden states."""
+    per_chunk = math.ceil(tokens / math.ceil(vocabulary / hidden))
+    return 1 << max(per_chunk - 1, 0).bit_length()
+
+
+def _chunk(shape: ModelShape, setup: Setup, tokens: int) -> int:
+    """What the chunked or fused loss holds of the logits, of `tokens` tokens: one chunk's, chunked in float32 (their
+    softmax and gradient made in their place) beside the head's output in the compute dtype, or their gradient's cast
+    to it; fused in the compute dtype (Liger's kernel overwrites them with their gradient). And under autocast the
+    head's cast of float32 weights to the compute dtype, for the loss's time (not autocast's, kept for the pass)."""
+    p = Precision.of(setup)
+    per_logit = p.compute if setup.loss == "fused" else p.compute + (4 if p.compute != 4 else 0)
+    cast = shape.vocabulary * shape.hidden * p.compute if p.autocast and setup.weights_bytes == 4 else 0
+    return min(tokens, loss_chunk(tokens, shape.vocabulary, shape.hidden)) * shape.vocabulary * per_logit + cast
 
 
 def eval_logit_bytes(p: Precision) -> int:
@@ -177,5 +213,10 @@ def forward_activations(shape: ModelShape, setup: Setup, rows: int, *, prefill: 
     block = 2 * hidden + max(attention, 2 * hidden + mlp_bytes(shape, p))
     held = tokens * (IDS_BYTES + mask + 2 * shape.rotary * p.stream)  # ids, labels, mask, rotary's cos and sin
     outputs = shape.vocabulary if setup.task == "causal-lm" else shape.head[0][0]
-    logits = rows * outputs * (p.compute + 4 if prefill else sequence * eval_logit_bytes(p))
+    if prefill:
+        logits = rows * outputs * (p.compute + 4)
+    elif not setup.loss_kernel:
+        logits = tokens * outputs * eval_logit_bytes(p)
+    else:
+        logits = _chunk(shape, setup, tokens)
     return held + max(tokens * block, tokens * hidden + logits), logits

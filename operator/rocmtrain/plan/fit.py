@@ -52,14 +52,23 @@ def _single_changes(setup: Setup) -> Iterator[tuple[str, Setup]]:
 
 
 def _smaller_batch(shape: ModelShape, setup: Setup, fits: int) -> Change | None:
-    """The largest smaller micro-batch that fits (gradient accumulation keeps the global batch)."""
-    batch = setup.batch // 2
-    while batch >= 1:
-        plan = plan_memory(shape, replace(setup, batch=batch))
+    """The largest smaller micro-batch that fits (gradient accumulation keeps the global batch): half the records
+    or rows, or of a flat row half its tokens (it still holds a record of maxSeqLength)."""
+    if setup.varlen:
+        sizes = [replace(setup, budget=True, sequence=setup.sequence >> i) for i in range(1, 64)]
+        smaller = [s for s in sizes if s.sequence >= (setup.max_length or s.sequence + 1)]
+    else:
+        smaller = [replace(setup, batch=setup.batch >> i) for i in range(1, setup.batch.bit_length())]
+    for changed in smaller:
+        plan = plan_memory(shape, changed)
         if plan.total <= fits:
-            factor = math.ceil(setup.batch / batch)
-            return Change(f"batchSizePerWorker {batch} and {factor}x gradientAccumulationSteps", plan)
-        batch //= 2
+            factor = math.ceil(setup.batch * setup.sequence / (changed.batch * changed.sequence))
+            size = (
+                f"tokensPerWorker {changed.batch * changed.sequence}"
+                if changed.budget
+                else f"batchSizePerWorker {changed.batch}"
+            )
+            return Change(f"{size} and {factor}x gradientAccumulationSteps", plan)
     return None
 
 

@@ -10,7 +10,10 @@ largest phase's, and that is what must fit a GPU:
   **read buffer** of one tensor's shard (the largest). With `sharding: none` each rank loads the whole model
   on its host and moves it to its GPU: all the **parameters**, before DDP's buckets exist. A worker pod's
   host holds a read buffer per rank, or a whole model per rank, at once (`MemoryPlan.host_load`).
-- **step**, one micro-batch's forward and backward pass and AdamW's update:
+- **step**, one micro-batch's forward and backward pass and AdamW's update. A micro-batch is
+  batchSizePerWorker sequences of maxSeqLength tokens (padded records, or packed rows), or with
+  `tokensPerWorker` as many as its tokens hold; a flat row (`varlen`) is one sequence of those records'
+  tokens (batchSizePerWorker x maxSeqLength, or `tokensPerWorker`):
   - **parameters**: every weight, in the dtype the training image loads it in (`training_dtype`): float32
     master weights where they train, a LoRA adapter's frozen base in bfloat16 on GPUs with precision bf16;
     the adapter's matrices in float32 (peft upcasts them);
@@ -27,7 +30,9 @@ largest phase's, and that is what must fit a GPU:
     tests/train/test_memory_plan_measured.py), and in the same way, less exactly, for GPT-NeoX and GPT-2.
     SDPA keeps no sequence x sequence attention matrix (flash or memory-efficient kernels keep the output
     and a log-sum-exp per row); eager attention (`attentionImplementation: eager`) keeps its softmax's
-    weights, heads x sequence² per row. Keys and values count at the full head count: with padding or
+    weights, heads x sequence² per row. SDPA's additive mask is sequence² per row, for a flat row of
+    records (`attentionImplementation: varlen`) too, but on GPUs, where flash-attention's variable-length
+    kernel needs none. Keys and values count at the full head count: with padding or
     packing transformers repeats them before SDPA (copies, but views of a single key/value head). Autocast
     casts as on GPUs: ops on CUDA's float32 list run in float32 (GPT-2's gelu_new from its pow on). Under
     an adapter the first block's input needs no gradient (the embeddings are frozen), so its first norm
@@ -35,15 +40,28 @@ largest phase's, and that is what must fit a GPU:
     targets no attention projection. With gradient checkpointing each block keeps only its input, and one
     block is recomputed at a time. The peak is the loss's backward (the final norm's and the head's inputs
     kept) or a block's (its output's gradient and its MLP's), whichever is larger;
-  - **logits**, of the activations: the loss upcasts the logits to float32 and keeps its log-softmax; in the
-    backward pass its gradient and the log-softmax's make 12 bytes per token and vocabulary entry;
+  - **logits**, of the activations, by the loss kernel a causal LM gets (`training.lossImplementation`,
+    `setup.planned_loss`: unset counts as chunked, the training image's pick without Liger):
+    - model (the model's own head and loss): the loss upcasts the logits to float32 and keeps its
+      log-softmax; in the backward pass its gradient and the log-softmax's make 12 bytes per token and
+      vocabulary entry; the head keeps its input (autocast's cast of it) for its backward pass;
+    - chunked: the head and the cross-entropy a chunk of tokens at a time (`activations.loss_chunk`, Liger's
+      rule: about the hidden states' size of logits), gradients made in the forward pass: one chunk's float32
+      logits (their softmax and gradient in their place) beside their compute-dtype copy, the hidden states'
+      gradient, under autocast the head's cast (the loss's own, not autocast's: not among the working copies)
+      and each chunk's compute-dtype share of a trained head's gradient; nothing kept for the backward
+      pass but the final hidden states' gradient, so the peak may be the final RMSNorm's backward instead
+      (`NORM_BACKWARD` float32 temporaries). The head's own gradient, made in the loss's forward pass here,
+      is among the gradients;
+    - fused (Liger's kernel, on GPUs with liger-kernel): the same, its chunk's logits in the compute dtype;
 - **evaluation** (with `data.eval`): forward passes without autograd at twice the training micro-batch
   (`EVAL_BATCH_FACTOR`), never packed. The parameters and AdamW's state stay (and DDP's gradient buckets;
   FSDP2's sharded gradients are freed after each step); the **working copies** are a forward pass's (FSDP2's
   gathered root and two blocks, no gradients; autocast's cached casts of the float32 weights that train, and
   one frozen weight's cast at a time); the **activations** are one block's tensors at a time, or the final
-  hidden states and the **logits**: the head's output, the loss's float32 upcast and its log-softmax, 10
-  bytes per token and vocabulary entry in bf16 (8 in fp32) (`activations.forward_activations`);
+  hidden states and the **logits**: with the model's loss the head's output, the loss's float32 upcast and
+  its log-softmax, 10 bytes per token and vocabulary entry in bf16 (8 in fp32); with a loss kernel one
+  chunk's, and the head's cast under autocast (`activations.forward_activations`);
 - **generation** (with `evaluation.generate`): greedy `generate` calls with up to the evaluation's
   micro-batch of prompts (a rank's share of the records where that is fewer), holding what evaluation holds
   but for the logits, and a **KV cache** of 2 (keys and values) x layers x key/value heads x head_dim x
@@ -159,10 +177,11 @@ def _autocast_copies(setup: Setup, found: list[Weight], forward_only: bool) -> i
     """Autocast's half-precision casts of float32 linear weights. In the step the linear layers keep them for the
     backward pass: a trained weight's once (autocast caches it), a frozen one's at each use (with gradient
     checkpointing, those of the root and the block being recomputed). In a `forward_only` pass autocast still caches
-    the trained weights' casts (they require a gradient); a frozen one's lives for its use."""
+    the trained weights' casts (they require a gradient); a frozen one's lives for its use. A loss kernel casts the
+    head's weights itself, for the loss's time only (`activations`)."""
     if not Precision.of(setup).autocast:
         return 0
-    cast = [w for w in found if w.linear and w.size == 4]
+    cast = [w for w in found if w.linear and w.size == 4 and not (setup.loss_kernel and w.block is None)]
     if forward_only:
         frozen = max((w.numel for w in cast if not w.trainable), default=0)
         return 2 * (sum(w.numel for w in cast if w.trainable) + frozen)
@@ -217,7 +236,7 @@ def _between_steps(shape: ModelShape, setup: Setup, found: list[Weight], step: P
 
 def _evaluation(shape: ModelShape, setup: Setup, found: list[Weight], step: PhasePlan) -> PhasePlan:
     """Evaluation: forward passes of `eval_batch` sequences, with the loss over all their logits."""
-    activations, logits = forward_activations(shape, setup, setup.eval_batch, prefill=False)
+    activations, logits = forward_activations(shape, setup.forward_pass, setup.eval_batch, prefill=False)
     return replace(_between_steps(shape, setup, found, step, Phase.EVALUATION), activations=activations, logits=logits)
 
 
@@ -226,9 +245,9 @@ def _generation(
 ) -> PhasePlan:
     """Generation: the KV cache of `generation_batch` prompts of up to `sequence` tokens and their new tokens,
     beside the prompts' prefill."""
-    rows, tokens = setup.generation_batch, setup.sequence + generation.new_tokens
+    rows, tokens = setup.generation_batch, setup.forward_pass.sequence + generation.new_tokens
     kv_cache = 2 * shape.layers * shape.kv_heads * shape.head_dim * tokens * rows * kv_cache_bytes(shape, setup)
-    activations, logits = forward_activations(shape, setup, rows, prefill=True)
+    activations, logits = forward_activations(shape, setup.forward_pass, rows, prefill=True)
     resident = _between_steps(shape, setup, found, step, Phase.GENERATION)
     return replace(resident, kv_cache=kv_cache, activations=activations, logits=logits)
 

@@ -8,7 +8,7 @@ The memory plan (`memory`) adds up the bytes from these; they follow the trainin
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rocmtrain.api.models import AdapterSpec, RocmTrainingJobSpec
 from rocmtrain.api.ranks import shard_group
@@ -39,6 +39,14 @@ class Generation:
     new_tokens: int
 
 
+def planned_loss(spec: RocmTrainingJobSpec) -> str:
+    """The loss kernel the training image picks for a causal LM (`training.lossImplementation`), as the plan counts
+    it: the one asked for, else chunked. Unset, the image runs Liger's fused kernel on GPUs where liger-kernel is
+    installed; the plan cannot see the image's packages and assumes it is not (chunked holds a little more than
+    fused). A head that is not one plain linear layer gets the model's own loss: no family the plan counts has one."""
+    return spec.training.loss_implementation or "chunked"
+
+
 @dataclass(frozen=True)
 class Setup:
     """How a job trains, as far as memory goes: one rank's view."""
@@ -48,8 +56,8 @@ class Setup:
     world_size: int
     shard_group: int  # ranks sharing one copy of the model: 1 without sharding
     adapter: AdapterSpec | None
-    batch: int  # sequences per micro-batch per rank
-    sequence: int  # tokens per sequence (maxSeqLength: the longest a batch pads to)
+    batch: int  # sequences per training micro-batch per rank (1 for a flat row)
+    sequence: int  # tokens per training sequence (maxSeqLength: the longest a batch pads to; a flat row's tokens)
     checkpointing: bool
     task: str
     eager: bool = False  # attention in the model's own code, not SDPA: it keeps its sequence x sequence weights
@@ -58,11 +66,33 @@ class Setup:
     evaluation: bool = False  # the job evaluates (`data.eval`): forward passes at `eval_batch`
     generation: Generation | None = None  # and generates, with a KV cache
     fsdp: bool = False  # `sharding: fsdp`, over a shard group of any size (of 1 too: loaded sharded, FSDP2's copies)
+    varlen: bool = False  # one flat row of records a pass (`attentionImplementation: varlen`)
+    records: int = 0  # batchSizePerWorker, where it differs from `batch` (a flat row, a token budget)
+    max_length: int = 0  # maxSeqLength, where it differs from `sequence` (a flat row)
+    budget: bool = False  # micro-batches of a token budget (`tokensPerWorker`), not of records
+    loss: str = "chunked"  # a causal LM's loss kernel (`planned_loss`): chunked, fused or model
+
+    @property
+    def flash(self) -> bool:
+        """Attention in flash-attention's variable-length kernel, which needs no mask: a flat row on GPUs (the
+        training image installs flash-attn)."""
+        return self.varlen and self.on_gpu
+
+    @property
+    def loss_kernel(self) -> bool:
+        """A causal LM's loss in a kernel of its own on the head's weights (chunked or fused), not the model's head
+        and loss: it never holds every token's logits."""
+        return self.task == "causal-lm" and self.loss != "model"
 
     @property
     def eval_batch(self) -> int:
-        """Sequences per evaluation micro-batch (of up to `sequence` tokens each, never packed)."""
-        return EVAL_BATCH_FACTOR * self.batch
+        """Sequences per evaluation micro-batch (of up to maxSeqLength tokens each, padded, never packed)."""
+        return EVAL_BATCH_FACTOR * (self.records or self.batch)
+
+    @property
+    def forward_pass(self) -> Setup:
+        """The setup of evaluation's and generation's forward passes: padded records of up to maxSeqLength tokens."""
+        return replace(self, sequence=self.max_length or self.sequence, packed=False, varlen=False)
 
     @property
     def generation_batch(self) -> int:
@@ -100,6 +130,12 @@ class Setup:
         if generate is not None and evaluation is not None:
             records = min(generate.records, evaluation.max_samples or generate.records)
             generation = Generation(records, generate.max_new_tokens)
+        length, budget = spec.model.max_seq_length, training.tokens_per_worker
+        records = max([training.batch_size_per_worker, *batches])
+        if training.varlen:  # one flat row: the budget's tokens, or the records' at their longest
+            batch, sequence = 1, budget or records * length
+        else:  # padded records or packed rows, at their longest: the budget's worth, or the records'
+            batch, sequence = (max(1, budget // length) if budget else records), length
         return cls(
             on_gpu=resources.gpus_per_worker > 0,
             precision=training.precision,
@@ -108,16 +144,21 @@ class Setup:
             if training.sharding == "fsdp"
             else 1,
             adapter=adapter,
-            batch=max([training.batch_size_per_worker, *batches]),
-            sequence=spec.model.max_seq_length,
+            batch=batch,
+            sequence=sequence,
             checkpointing=training.gradient_checkpointing,
             task=spec.model.task,
             eager=training.attention_implementation == "eager",
-            packed=training.packing,
+            packed=training.packing or training.varlen,
             ranks_per_pod=ranks_per_pod,
             evaluation=evaluation is not None,
             generation=generation,
             fsdp=training.sharding == "fsdp",
+            varlen=training.varlen,
+            records=records if records != batch else 0,
+            max_length=length if length != sequence else 0,
+            budget=budget is not None,
+            loss=planned_loss(spec),
         )
 
 

@@ -8,7 +8,7 @@ from rocmtrain.api.models import RocmTrainingJob
 from rocmtrain.api.quantity import parse_quantity
 from rocmtrain.plan.fit import JobPlan, describe_setup, gib
 from rocmtrain.plan.memory import FRAGMENTATION, RUNTIME_BYTES, MemoryPlan, Phase, PhasePlan, kv_cache_bytes
-from rocmtrain.plan.setup import Precision, mixed_precision
+from rocmtrain.plan.setup import Precision, Setup, mixed_precision
 from rocmtrain.views.table import table
 
 DTYPES = {2: "bf16", 4: "fp32"}
@@ -18,10 +18,19 @@ def _gib(count: int) -> str:
     return gib(count).removesuffix(" GiB")
 
 
+def _layout(setup: Setup) -> str:
+    """A training micro-batch, in the job's layout (docs/guides/language-models.md#layouts-the-loss-and-compiling)."""
+    budget = " (a token budget)" if setup.budget else ""
+    if setup.varlen:
+        kernel = "flash-attention's variable-length kernel" if setup.flash else "SDPA with a block-diagonal mask"
+        return f"one flat row of up to {setup.sequence} tokens{budget}, padding-free ({kernel})"
+    kind = "packed rows" if setup.packed else "padded records"
+    return f"micro-batches of {setup.batch} x {setup.sequence} tokens{budget}, {kind}"
+
+
 def _phases(job: RocmTrainingJob, plan: MemoryPlan) -> list[tuple[str, str]]:
     """What each phase runs, and the host's memory at load."""
     setup = plan.setup
-    tokens = f"{setup.sequence} tokens"
     if setup.sharded:
         load = f"each rank fills its 1/{setup.shard_group} shard ({setup.weights_dtype}) from the safetensors files"
         held = "a read buffer per rank"
@@ -32,17 +41,14 @@ def _phases(job: RocmTrainingJob, plan: MemoryPlan) -> list[tuple[str, str]]:
     memory = job.spec.resources.memory_per_worker
     over = "more than" if plan.host_load > parse_quantity(memory) else "of"
     host = f"the pod's host holds {gib(plan.host_load)} ({held}), {over} its {memory} memoryPerWorker"
-    unpacked = ", not packed" if setup.packed else ""
+    records = f"{setup.forward_pass.sequence} tokens"
+    unpacked = ", padded" if setup.packed else ""
     rows = [
         (Phase.LOAD, f"{load}; {host}"),
-        (
-            Phase.STEP,
-            f"micro-batches of {setup.batch} x {tokens}{' (packed)' if setup.packed else ''}: forward, backward, "
-            "AdamW's update",
-        ),
+        (Phase.STEP, f"{_layout(setup)}: forward, backward, AdamW's update"),
         (
             Phase.EVALUATION,
-            f"micro-batches of {setup.eval_batch} x {tokens} (twice the training's{unpacked}): forward only",
+            f"micro-batches of {setup.eval_batch} x {records} (twice batchSizePerWorker{unpacked}): forward only",
         ),
     ]
     if setup.generation is not None:
@@ -50,7 +56,7 @@ def _phases(job: RocmTrainingJob, plan: MemoryPlan) -> list[tuple[str, str]]:
         rows.append(
             (
                 Phase.GENERATION,
-                f"{setup.generation_batch} prompts of up to {tokens} a call, {new} new tokens each: greedy, with a "
+                f"{setup.generation_batch} prompts of up to {records} a call, {new} new tokens each: greedy, with a "
                 "KV cache",
             )
         )
@@ -88,7 +94,10 @@ def _descriptions(planned: JobPlan) -> dict[str, str]:
         "optimizer": f"AdamW's two moments: {share}{trains}",
         "working": working,
         "activations": f"the step's kept for its backward pass ({compute}{checkpointing}); else a block's at a time",
-        "logits": "of the activations: the loss's fp32 logits, 12 bytes per token and vocabulary entry in the step, 10 "
+        "logits": f"of the activations: the {setup.loss} loss's logits, a chunk of tokens' at a time, and in the step "
+        f"the hidden states' gradient{generation}"
+        if setup.loss_kernel
+        else "of the activations: the loss's fp32 logits, 12 bytes per token and vocabulary entry in the step, 10 "
         f"in evaluation{generation}",
         "kvCache": f"keys and values: {cache}",
         "margin": f"{FRAGMENTATION:.0%} fragmentation, {gib(RUNTIME_BYTES)} runtime",

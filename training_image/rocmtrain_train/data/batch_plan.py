@@ -12,6 +12,13 @@ longest one first, so that running out of memory shows up at the first step.
 So the same global batch gives the same plan at any W: 2 ranks x 16 train exactly what 1 x 32 does
 (and 1 x 16 with two accumulation steps), and a run resumes at another world size where it
 stopped. With another global batch, a resumed run continues after as many samples of the epoch.
+
+With a token budget (`training.tokensPerWorker`, `token_plan`), steps are cut by tokens instead: the
+records' token lengths (all ranks', gathered) are sorted within groups of about `GROUP_STEPS` steps'
+tokens, cut into lines of W records of similar length (one per rank), and each step takes lines while a
+rank's share stays within tokensPerWorker x gradientAccumulationSteps tokens (at least one line): a W-th of
+the lines' tokens, or where records are padded, as many records as there are lines at the step's longest.
+Every step carries about the same tokens.
 """
 
 from __future__ import annotations
@@ -39,7 +46,8 @@ class BatchPlan:
 
     @property
     def step_size(self) -> int:
-        """The global batch: records per optimiser step (the last step may hold fewer)."""
+        """The global batch: records per optimiser step (the first step's: the last may hold fewer, and steps of a
+        token budget as many as their tokens allow)."""
         return len(self.steps[0])
 
     @property
@@ -98,10 +106,63 @@ def batch_plan(order: Sequence[int], lengths: Lengths, *, world_size: int, step_
     return BatchPlan(steps=tuple(steps), world_size=world_size, longest=longest)
 
 
+def token_plan(order: Sequence[int], lengths: Lengths, *, world_size: int, rank_tokens: int, padded: bool) -> BatchPlan:
+    """The plan for sampled records `order` (record ids) of the given token lengths, in steps where each rank's
+    share holds at most `rank_tokens` tokens (`padded`: counting the padding to the step's longest record), but
+    where one line of `world_size` records holds more."""
+    if not order or rank_tokens < 1:
+        raise ValueError(f"cannot plan {len(order)} records in steps of {rank_tokens} tokens a rank")
+    repeated = list(order) + [order[i % len(order)] for i in range(-len(order) % world_size)]
+
+    def share(records: list[int]) -> float:
+        sizes = [int(lengths[i]) for i in records]
+        return len(records) // world_size * max(sizes) if padded else sum(sizes) / world_size
+
+    steps: list[tuple[int, ...]] = []
+    for group in _token_groups(repeated, lengths, rank_tokens * world_size * GROUP_STEPS, world_size):
+        ordered = sorted(group, key=lambda i: lengths[i], reverse=True)
+        step: list[int] = []
+        for at in range(0, len(ordered), world_size):
+            line = ordered[at : at + world_size]
+            if step and share(step + line) > rank_tokens:
+                steps.append(tuple(step))
+                step = []
+            step += line
+        steps.append(tuple(step))
+    longest = tuple(max(int(lengths[i]) for i in step) for step in steps)
+    return BatchPlan(steps=tuple(steps), world_size=world_size, longest=longest)
+
+
+def _token_groups(padded: list[int], lengths: Lengths, span: int, world_size: int) -> list[list[int]]:
+    """`padded` cut, in order, into groups of about `span` tokens, each of whole lines of `world_size` records."""
+    groups: list[list[int]] = [[]]
+    tokens = 0
+    for at in range(0, len(padded), world_size):
+        if tokens >= span:
+            groups.append([])
+            tokens = 0
+        line = padded[at : at + world_size]
+        groups[-1] += line
+        tokens += sum(int(lengths[i]) for i in line)
+    return groups
+
+
 def micro_batches(rows: Sequence[int], token_lengths: Lengths, batch_size: int) -> list[list[int]]:
     """A rank's share of a step cut into micro-batches, longest first (least padding; same gradient)."""
     ordered = sorted(rows, key=lambda i: token_lengths[i], reverse=True)
     return [ordered[j : j + batch_size] for j in range(0, len(ordered), batch_size)]
+
+
+def token_batches(rows: Sequence[int], token_lengths: Lengths, budget: int) -> list[list[int]]:
+    """A rank's share of a step cut into padded micro-batches of at most `budget` tokens, padding counted (records x
+    the longest of them), longest first; a record longer than the budget alone."""
+    found: list[list[int]] = []
+    for row in sorted(rows, key=lambda i: token_lengths[i], reverse=True):
+        if found and (len(found[-1]) + 1) * int(token_lengths[found[-1][0]]) <= budget:
+            found[-1].append(row)
+        else:
+            found.append([row])
+    return found
 
 
 def sorted_batches(lengths: Lengths, batch_size: int) -> list[list[int]]:

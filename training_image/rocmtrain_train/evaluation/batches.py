@@ -9,23 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import torch
-import torch.distributed as dist
 
+from rocmtrain_train.collectives import MAX, over_ranks
 from rocmtrain_train.data.batch_plan import sorted_batches
 from rocmtrain_train.data.tokens import Encoded
 
 Batch = dict[str, torch.Tensor]
 # A batch to evaluate, and whether it counts (a filler pass that keeps the ranks in step does not).
 Counted = tuple[Batch, bool]
-
-
-def most_over_ranks(count: int, device: torch.device) -> int:
-    """The largest of every rank's `count`."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return count
-    tensor = torch.tensor([count], dtype=torch.int64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return int(tensor.item())
 
 
 def eval_batches(
@@ -42,7 +33,7 @@ def eval_batches(
     then, where the ranks go in `lockstep`, uncounted one-token fillers until this rank has run as many passes as
     the rank with the most."""
     rows = [] if data is None else sorted_batches(data.lengths, batch_size)
-    total = most_over_ranks(len(rows), device) if lockstep else len(rows)
+    total = int(over_ranks([len(rows)], MAX, device)[0]) if lockstep else len(rows)
     filler = {"input_ids": torch.full((1, 1), pad_id), "attention_mask": torch.ones((1, 1), dtype=torch.int64)}
     for i in range(total):
         yield (collate(data, rows[i], pad_id, multiple_of=multiple_of), True) if i < len(rows) else (filler, False)

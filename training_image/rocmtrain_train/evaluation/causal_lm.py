@@ -18,9 +18,10 @@ import torch
 import torch.distributed as dist
 
 from rocmtrain.api.models import GenerateSpec
+from rocmtrain_train.collectives import MAX, over_ranks
 from rocmtrain_train.data.causal_lm.tokens import IGNORE
 from rocmtrain_train.data.tokens import Encoded
-from rocmtrain_train.evaluation.batches import Counted, most_over_ranks
+from rocmtrain_train.evaluation.batches import Counted
 from rocmtrain_train.reporting.rank_report import Evaluation
 
 # Samples kept per evaluation, and the characters kept of each text in them.
@@ -113,7 +114,7 @@ def generate(
     hits, samples = 0, list[Sample]()
     pad = tokenizer.pad_token_id
     starts = range(0, len(prompts), batch_size)
-    calls = most_over_ranks(len(starts), device) if lockstep else len(starts)
+    calls = int(over_ranks([len(starts)], MAX, device)[0]) if lockstep else len(starts)
     for call in range(calls):
         start = call * batch_size
         chunk = prompts[start : start + batch_size] or [[tokenizer.eos_token_id]]

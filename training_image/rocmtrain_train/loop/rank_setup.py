@@ -26,17 +26,18 @@ import numpy as np
 import ray.train
 import ray.train.torch
 import torch
-import torch.distributed as dist
 from transformers import PreTrainedModel, get_linear_schedule_with_warmup
 
 from rocmtrain.api.errors import ConfigError
-from rocmtrain.api.models import NetworkTransport, TrainingSpec
+from rocmtrain.api.models import NetworkTransport, RocmTrainingJobSpec, TrainingSpec
 from rocmtrain_train.checkpoint import train_state
 from rocmtrain_train.checkpoint.train_state import TrainState
+from rocmtrain_train.collectives import MAX, SUM, over_ranks
 from rocmtrain_train.config import RunSettings
 from rocmtrain_train.data.batch_plan import BatchPlan
 from rocmtrain_train.data.tokens import Encoded
 from rocmtrain_train.loop.rank_shard import Tokenizing, TrainData, load_eval_data, load_train_data, takes_token_types
+from rocmtrain_train.model.linear_loss import kernel_of
 from rocmtrain_train.model.pretrained import compile_model, parameter_counts, resolve_model
 from rocmtrain_train.model.sharded_load import is_empty, shard_and_fill
 from rocmtrain_train.reporting import rccl_log
@@ -218,13 +219,6 @@ def _restore(
     return state.share(rank, world_size), resumed_from
 
 
-def _over_ranks(local: list[int], op: dist.ReduceOp.RedOpType, device: torch.device) -> np.ndarray:
-    counts = torch.tensor(local, dtype=torch.int64, device=device)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(counts, op=op)
-    return counts.cpu().numpy()
-
-
 def _portions(train: TrainData, rank: int) -> list[list[int]]:
     """This rank's records of each step of the plan, as indices into its encoded records."""
     plan = train.plan
@@ -235,14 +229,22 @@ def step_items(train: TrainData, rank: int, device: torch.device) -> np.ndarray:
     """Per step of the plan, the records (classifiers) or tokens that carry loss (language models) of every rank
     together: one all-reduce for the whole run, none per step."""
     local = [int(train.items[rows].sum()) for rows in _portions(train, rank)]
-    return _over_ranks(local, dist.ReduceOp.SUM, device)
+    return over_ranks(local, SUM, device)
 
 
 def step_passes(train: TrainData, task: Task, rank: int, batch_size: int, device: torch.device) -> np.ndarray:
     """Per step of the plan, the most micro-batches any rank runs (one all-reduce for the whole run): ranks in
     lockstep all run that many."""
     local = [len(task.micro_batches(rows, train.encoded, batch_size)) for rows in _portions(train, rank)]
-    return _over_ranks(local, dist.ReduceOp.MAX, device)
+    return over_ranks(local, MAX, device)
+
+
+def longest_row(spec: RocmTrainingJobSpec) -> int:
+    """The most tokens a row of a forward pass holds: maxSeqLength, but a flat row's (`varlen`) records together."""
+    training, length = spec.training, spec.model.max_seq_length
+    if training.varlen:
+        return training.tokens_per_worker or training.batch_size_per_worker * length
+    return length
 
 
 def _place(
@@ -289,8 +291,10 @@ def build_worker(settings: RunSettings) -> Worker:
         raise ConfigError(f"model {spec.model.source}: not available on rank {rank}")
     task = task_for(spec)
     model, tokenizer = task.load(model_dir, gpu=device.type == "cuda")
+    if (kernel := kernel_of(model)) is not None:
+        log.info("the loss: %s (training.lossImplementation)", kernel.value)
     how = Tokenizing(task, tokenizer, model_dir, takes_token_types(model), log)
-    train = load_train_data(settings, rank, world_size, how)
+    train = load_train_data(settings, rank, world_size, how, device)
     eval_data = load_eval_data(settings, rank, world_size, how)
 
     total_steps = len(train.plan.steps) * training.epochs
@@ -303,7 +307,7 @@ def build_worker(settings: RunSettings) -> Worker:
     parts = Parts(model, optimizer, scaler, device, strategy)
     state, resumed_from = _restore(settings, rank, world_size, train.plan, parts, log)
     if training.compile:
-        compile_model(model, spec.model.max_seq_length, COMPILE_BUCKET)
+        compile_model(model, longest_row(spec), COMPILE_BUCKET)
     items = step_items(train, rank, device)  # the first collective: RCCL has chosen its network
     worker = Worker(
         settings=settings,

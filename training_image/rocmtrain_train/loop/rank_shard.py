@@ -1,7 +1,9 @@
 """This rank's records: the batch plan every rank shares, and its own rows, read and tokenised.
 
 Each rank reads the data source's fields into Arrow, plans the batches from the records' lengths
-(`data.batch_plan`), and decodes and tokenises only the rows it trains on; the tokenised rows are cached
+(`data.batch_plan`), and decodes and tokenises only the rows it trains on. Steps of a token budget
+(`training.tokensPerWorker`) are planned from the records' token lengths: each rank tokenises every W-th
+record, and one all-reduce gives every rank all the lengths; the tokenised rows are cached
 under `$ROCMTRAIN_CACHE/tokens` (`data.tokens`), so a restarted worker skips tokenising. Evaluation
 records are shared out every W-th to each rank. What `maxSeqLength` did to a language model's records is
 counted by each rank for its share (`local_fits`), each record on one rank, so that the counts summed over
@@ -20,10 +22,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pyarrow as pa
 import torch
+import torch.distributed as dist
 
 from rocmtrain.api.models import DataSource, RocmTrainingJobSpec
+from rocmtrain_train.collectives import SUM, over_ranks
 from rocmtrain_train.config import RunSettings
-from rocmtrain_train.data.batch_plan import BatchPlan, batch_plan
+from rocmtrain_train.data.batch_plan import BatchPlan, batch_plan, token_plan
 from rocmtrain_train.data.causal_lm.chat import CHAT_TURNS
 from rocmtrain_train.data.records import fingerprint, read_table, sample_order, text_lengths
 from rocmtrain_train.data.tokens import Encoded, cache_key, load_cached, save_cached
@@ -92,13 +96,40 @@ class TrainData:
     counted: list[int]  # the encoded records this rank counts for the whole data (`BatchPlan.counted`)
 
 
-def load_train_data(settings: RunSettings, rank: int, world_size: int, how: Tokenizing) -> TrainData:
+def token_lengths(
+    settings: RunSettings, table: pa.Table, order: Sequence[int], how: Tokenizing, device: torch.device
+) -> np.ndarray:
+    """Every sampled record's token length (0 for those not sampled): this rank tokenises every W-th of them (from
+    the cache when it did before), and one all-reduce sums the ranks' shares."""
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    share = sorted(set(order))[rank::world_size]
+    lengths = np.zeros(table.num_rows, dtype=np.int64)
+    if share:
+        lengths[share] = encode_rows(settings, settings.job.spec.data.train, table, share, how).lengths
+    return over_ranks(lengths, SUM, device)
+
+
+def _plan(settings: RunSettings, table: pa.Table, world_size: int, how: Tokenizing, device: torch.device) -> BatchPlan:
+    """The batch plan: steps of records, or of a token budget."""
     spec = settings.job.spec
-    source, training = spec.data.train, spec.training
+    training = spec.training
+    order = sample_order(table.num_rows, spec.data.shuffle_seed, spec.data.train.max_samples)
+    budget, accumulation = training.tokens_per_worker, training.gradient_accumulation_steps
+    if budget is not None:
+        lengths = token_lengths(settings, table, order, how, device)
+        padded = not (training.packing or training.varlen)
+        return token_plan(order, lengths, world_size=world_size, rank_tokens=budget * accumulation, padded=padded)
+    step_size = world_size * training.batch_size_per_worker * accumulation
+    return batch_plan(order, text_lengths(table), world_size=world_size, step_size=step_size)
+
+
+def load_train_data(
+    settings: RunSettings, rank: int, world_size: int, how: Tokenizing, device: torch.device
+) -> TrainData:
+    spec = settings.job.spec
+    source = spec.data.train
     table = read_table(source, spec.data, spec.model, settings.base_dir, check=False)
-    order = sample_order(table.num_rows, spec.data.shuffle_seed, source.max_samples)
-    step_size = world_size * training.batch_size_per_worker * training.gradient_accumulation_steps
-    plan = batch_plan(order, text_lengths(table), world_size=world_size, step_size=step_size)
+    plan = _plan(settings, table, world_size, how, device)
     rows = plan.rows(rank)
     encoded = encode_rows(settings, source, table, rows, how)
     position = {record: i for i, record in enumerate(rows)}

@@ -21,12 +21,12 @@ from typing import Any
 
 import ray.train
 import torch
-import torch.distributed as dist
 from ray.train import CheckpointUploadMode
 
 from rocmtrain.plan.setup import EVAL_BATCH_FACTOR
 from rocmtrain_train.checkpoint import staging, train_state
 from rocmtrain_train.checkpoint.model_export import merged_location
+from rocmtrain_train.collectives import MIN, SUM, over_ranks
 from rocmtrain_train.data.prefetch import Prefetcher
 from rocmtrain_train.loop.rank_setup import Worker, build_worker
 from rocmtrain_train.loop.rank_shard import file_truncations, local_fits
@@ -39,23 +39,6 @@ def synchronize(device: torch.device) -> None:
     """Wait until the device has finished the work queued so far."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def agree(value: int, device: torch.device) -> int:
-    """The smallest of every rank's `value` (the one collective of a report, none per step)."""
-    if not dist.is_initialized():
-        return value
-    tensor = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
-    return int(tensor.item())
-
-
-def sum_over_ranks(values: list[int], device: torch.device) -> list[int]:
-    if not dist.is_initialized():
-        return values
-    tensor = torch.tensor(values, dtype=torch.int64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return [int(v) for v in tensor.tolist()]
 
 
 def steps_until_report(steps: int, seconds: float, interval_s: float) -> int:
@@ -100,7 +83,9 @@ class TrainLoop:
         self.next_report = worker.state.step + 1  # the first report comes after one step
         self.samples: list[dict[str, str]] = []  # the last evaluation's generated samples (language models)
         fits = local_fits(worker.train, worker.eval_data)  # the same on every rank: a collective or none
-        self.truncation = [] if fits is None else file_truncations(self.spec, sum_over_ranks(fits, worker.device))
+        self.truncation = (
+            [] if fits is None else file_truncations(self.spec, over_ranks(fits, SUM, worker.device).tolist())
+        )
 
     def run(self) -> None:
         """Train every remaining epoch from where the worker's state stands, then finish."""
@@ -265,7 +250,11 @@ class TrainLoop:
         removes one whose upload never completed)."""
         w = self.w
         totals: dict[str, Any] = dict(
-            zip(w.state.TOTALS, sum_over_ranks([getattr(w.state, n) for n in w.state.TOTALS], w.device), strict=True)
+            zip(
+                w.state.TOTALS,
+                over_ranks([getattr(w.state, n) for n in w.state.TOTALS], SUM, w.device).tolist(),
+                strict=True,
+            )
         )
         directory = staging.new_folder(w.settings.run_id)
         train_state.save(
@@ -302,7 +291,7 @@ class TrainLoop:
         if final:
             flags.update(self._export())
         proposal = steps_until_report(interval.steps, interval.train_seconds, w.settings.report_interval_s)
-        self.next_report = agree(state.step + proposal, w.device)
+        self.next_report = int(over_ranks([state.step + proposal], MIN, w.device)[0])  # the report's one collective
         report = self._rank_report(evaluated or carried or {}, final=final, **flags)
         w.log.info("step %d/%d epoch %.2f: %s", report.step, w.total_steps, report.epoch, _format(report.to_metrics()))
         found = self._checkpoint() if save else None

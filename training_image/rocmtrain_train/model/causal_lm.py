@@ -1,9 +1,13 @@
 """Causal language models: loading one for training (optionally with a LoRA adapter) and checking it fits the job.
 
 Any architecture transformers loads with `AutoModelForCausalLM` trains (Llama, Qwen2/3, Mistral,
-GPT-NeoX, GPT-2, ...), with the attention kernels `training.attentionImplementation` names, and
+GPT-NeoX, GPT-2, ...), with the attention kernels `training.attentionImplementation` names
+(`pretrained.attention_kernels`: varlen is flash-attention's variable-length kernel on GPUs), and
 gradient checkpointing on request. The KV cache is off during training: it is of no use there, and
-packed rows need it off (transformers reads their record boundaries only without one).
+packed rows need it off (transformers reads their record boundaries only without one). The loss is
+the kernel `training.lossImplementation` picks (`linear_loss.loss_kernel`): by default the head and the
+cross-entropy a chunk of tokens at a time (Liger's fused kernel on GPUs where it is installed), never
+every token's logits at once.
 
 With `spec.adapter`, peft wraps the model in a LoRA adapter: only the adapter's matrices train.
 Target modules are the job's names (matched against the ends of module paths, as peft matches
@@ -26,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.models import ALL_LINEAR, AdapterSpec, RocmTrainingJobSpec
 from rocmtrain.plan.model_shapes import training_dtype
-from rocmtrain_train.model.pretrained import check_model_config, set_pad_token
+from rocmtrain_train.model.linear_loss import liger_installed, loss_kernel, plain_head, use_loss_kernel
+from rocmtrain_train.model.pretrained import attention_kernels, check_model_config, set_pad_token
 from rocmtrain_train.model.sharded_load import readable_by_rows, weight_sources
 
 if TYPE_CHECKING:
@@ -78,14 +83,12 @@ def _skeleton(config: Any, **options: Any) -> torch.nn.Module:
         return AutoModelForCausalLM.from_config(config, **options)
 
 
-def _empty_model(path: Path, spec: RocmTrainingJobSpec, dtype: torch.dtype) -> Any:
+def _empty_model(path: Path, spec: RocmTrainingJobSpec, dtype: torch.dtype, attention: str) -> Any:
     """The model as `from_pretrained` makes it (its config, generation config, attention kernels, dtype, in eval
     mode), on the meta device: without weights, for `sharded_load.shard_and_fill` to fill after sharding."""
     from transformers import AutoConfig, GenerationConfig
 
-    model: Any = _skeleton(
-        AutoConfig.from_pretrained(path), attn_implementation=spec.training.attention_implementation, dtype=dtype
-    )
+    model: Any = _skeleton(AutoConfig.from_pretrained(path), attn_implementation=attention, dtype=dtype)
     if (path / GENERATION_CONFIG).is_file():
         model.generation_config = GenerationConfig.from_pretrained(path)
     return model.eval()
@@ -191,12 +194,10 @@ def load_causal_lm(path: Path, spec: RocmTrainingJobSpec, *, gpu: bool) -> tuple
 
     training = spec.training
     tokenizer = load_tokenizer(path, spec)
-    dtype = weights_dtype(spec, gpu=gpu)
-    model: Any = _empty_model(path, spec, dtype) if training.sharding == "fsdp" else None
+    dtype, attention = weights_dtype(spec, gpu=gpu), attention_kernels(training, gpu=gpu)
+    model: Any = _empty_model(path, spec, dtype, attention) if training.sharding == "fsdp" else None
     if model is None or not readable_by_rows(model, path):
-        model = AutoModelForCausalLM.from_pretrained(
-            path, attn_implementation=training.attention_implementation, dtype=dtype
-        )
+        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attention, dtype=dtype)
     model.config.use_cache = False
     model.base_model.register_forward_pre_hook(_refuse_packed_with_cache, with_kwargs=True)
     if model.config.pad_token_id is None:
@@ -206,4 +207,8 @@ def load_causal_lm(path: Path, spec: RocmTrainingJobSpec, *, gpu: bool) -> tuple
     if spec.adapter is not None:
         model = with_adapter(model, spec.adapter)
         init_adapter(model, training.seed)
+    kernel = loss_kernel(
+        training.loss_implementation, gpu=gpu, liger_installed=liger_installed(), plain_head=plain_head(model)
+    )
+    use_loss_kernel(model, kernel)
     return model.train(), tokenizer  # from_pretrained's is in eval mode: no gradient checkpointing, no dropout

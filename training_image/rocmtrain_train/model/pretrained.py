@@ -165,6 +165,16 @@ def set_pad_token(tokenizer: Any, name: str) -> None:
     tokenizer.pad_token = tokenizer.eos_token
 
 
+def attention_kernels(training: TrainingSpec, *, gpu: bool) -> str:
+    """transformers' `attn_implementation` for the job: the one it names, but for varlen (one flat row of records a
+    pass): flash-attention's variable-length kernel (`flash_attention_2`, which finds the records from the restarting
+    positions) on GPUs where the flash-attn package is installed, else SDPA, which isolates the records with a
+    block-diagonal mask (`masking_utils.find_packed_sequence_indices`): the same result, with a tokens² mask."""
+    if training.attention_implementation != "varlen":
+        return training.attention_implementation
+    return "flash_attention_2" if gpu and importlib.util.find_spec("flash_attn") is not None else "sdpa"
+
+
 def check_model_config(path: Path, spec: ModelSpec, training: TrainingSpec) -> Any:
     """The model's config loads, transformers has a model of the job's task for it, and that model fits the job's
     options (attention kernels, gradient checkpointing, maxSeqLength within its positions); returns the config."""
@@ -176,7 +186,7 @@ def check_model_config(path: Path, spec: ModelSpec, training: TrainingSpec) -> A
     except (OSError, ValueError) as exc:
         raise ConfigError(f"model {name}: cannot load its config: {exc}") from exc
     found = model_class(config, name, spec.task)
-    if training.attention_implementation == "sdpa" and not found._supports_sdpa:
+    if training.attention_implementation in ("sdpa", "varlen") and not found._supports_sdpa:
         raise ConfigError(f"spec.training.attentionImplementation: {found.__name__} has no SDPA attention; set eager")
     if training.gradient_checkpointing and not found.supports_gradient_checkpointing:
         raise ConfigError(f"spec.training.gradientCheckpointing: {found.__name__} does not support it")

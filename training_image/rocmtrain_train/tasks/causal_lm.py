@@ -1,10 +1,19 @@
 """Causal language models: next-token loss on the tokens that carry it, averaged over the whole global batch.
 
 A micro-batch weighs in by its tokens that carry loss (`loss_items`), so the step's loss is the mean
-over every such token of the step, across ranks and micro-batches: no mean of per-batch means. With
-`training.packing`, a rank's records of a step are packed into rows of `maxSeqLength` tokens
-(`data.causal_lm.tokens.pack`), `batchSizePerWorker` rows to a forward pass. Records that
-`data.truncation` dropped train in no forward pass, nor give a generation's prompt.
+over every such token of the step, across ranks and micro-batches: no mean of per-batch means. A rank's
+records of a step go into forward passes in one of three layouts:
+
+- padded (the default): `batchSizePerWorker` records a pass, longest first, padded to the longest;
+- packed (`training.packing`): packed into rows of `maxSeqLength` tokens (`data.causal_lm.tokens.pack`),
+  `batchSizePerWorker` rows a pass;
+- flat (`attentionImplementation: varlen`, padding-free): `batchSizePerWorker` records a pass as one
+  row, back to back, positions restarting at each record.
+
+With `training.tokensPerWorker`, a pass holds records up to that many tokens instead, padding counted:
+padded records while their count times the longest fits, packed rows while their count times
+`maxSeqLength` fits, or one flat row of up to that many (records shared out evenly over the passes).
+Records that `data.truncation` dropped train in no forward pass, nor give a generation's prompt.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import torch.distributed as dist
 from rocmtrain.api.errors import ConfigError
 from rocmtrain.api.models import RocmTrainingJobSpec
 from rocmtrain.api.models.chat_template_args import template_args
-from rocmtrain_train.data.batch_plan import micro_batches
+from rocmtrain_train.data.batch_plan import micro_batches, token_batches
 from rocmtrain_train.data.causal_lm.tokens import LmFormat, collate_lm, collate_packed, encode_lm, loss_counts, pack
 from rocmtrain_train.data.tokens import Encoded
 from rocmtrain_train.evaluation.batches import eval_batches
@@ -83,15 +92,21 @@ class LanguageModel:
         """The records not dropped, cut into forward passes; where all are, the first alone: every rank runs a
         pass in each step, and a dropped record adds 0 to it."""
         rows = [r for r, dropped in zip(rows, encoded.dropped(rows), strict=True) if not dropped] or list(rows[:1])
-        if not self.spec.training.packing:
-            return list(micro_batches(rows, encoded.lengths, batch_size))
-        packed = pack(rows, encoded.lengths, self.spec.model.max_seq_length)
-        return [packed[i : i + batch_size] for i in range(0, len(packed), batch_size)]
+        training, lengths = self.spec.training, encoded.lengths
+        budget, row_length = training.tokens_per_worker, self.spec.model.max_seq_length
+        if training.varlen:
+            flat = pack(rows, lengths, budget) if budget else micro_batches(rows, lengths, batch_size)
+            return [[row] for row in flat]
+        if training.packing:
+            packed = pack(rows, lengths, row_length)
+            per_pass = budget // row_length if budget else batch_size
+            return [packed[i : i + per_pass] for i in range(0, len(packed), per_pass)]
+        return list(token_batches(rows, lengths, budget) if budget else micro_batches(rows, lengths, batch_size))
 
     def collate(
         self, encoded: Encoded, micro: MicroBatch, pad_id: int, *, multiple_of: int, pin: bool = False
     ) -> dict[str, torch.Tensor]:
-        if self.spec.training.packing:
+        if self.spec.training.packing or self.spec.training.varlen:
             return collate_packed(encoded, micro, pad_id, multiple_of=multiple_of, pin=pin)  # type: ignore[arg-type]
         return collate_lm(encoded, micro, pad_id, multiple_of=multiple_of, pin=pin)  # type: ignore[arg-type]
 

@@ -43,7 +43,12 @@ SUSPEND_QUEUED = (
     "unsuspends it on admission; delete the job to stop it, and create it again to resume from its checkpoints"
 )
 LM_FIELDS = "promptField, responseField and messagesField are for task causal-lm"
-LM_TRAINING = "lossOn and packing are for task causal-lm"
+LM_TRAINING = (
+    "lossOn, packing, tokensPerWorker, lossImplementation and attentionImplementation: varlen are for task causal-lm"
+)
+TOKENS_BELOW_LENGTH = (
+    "tokensPerWorker must be at least model.maxSeqLength: a micro-batch holds at least one whole record"
+)
 ADAPTER_LM = "adapter (LoRA) is for task causal-lm"
 TEXT_PAIRS_NOT_LM = "textPairField is for sequence-classification and regression"
 DROP_LM = "truncation: drop is for task causal-lm (a classifier's texts are cut)"
@@ -66,7 +71,10 @@ RESUME_WITH_CODE = (
     "from its checkpoints"
 )
 ADAPTER_WITH_CODE = "adapter is the built-in loop's: with code, your code builds its own model (peft for LoRA)"
-PACKING_WITH_CODE = "training.packing is the built-in loop's: with code, your code makes its own batches"
+PACKING_WITH_CODE = (
+    "training.packing and tokensPerWorker are the built-in loop's: with code, your code makes its own batches"
+)
+LOSS_KERNEL_WITH_CODE = "training.lossImplementation is the built-in loop's: with code, your code computes its own loss"
 LOSS_ON_WITH_CODE = "training.lossOn is the built-in loop's: with code, your code computes its own loss"
 GENERATE_WITH_CODE = "evaluation.generate is the built-in loop's: with code, your code evaluates its own model"
 SHARDING_WITH_CODE = (
@@ -109,9 +117,16 @@ class RocmTrainingJobSpec(ApiModel):
                     fieldPath=".data",
                 ),
                 _cel_with_model_and_data(
-                    "self.model.task == 'causal-lm' || (!has(self.training.lossOn) && !self.training.packing)",
+                    "self.model.task == 'causal-lm' || (!has(self.training.lossOn) && !self.training.packing "
+                    "&& !has(self.training.tokensPerWorker) && !has(self.training.lossImplementation) "
+                    "&& self.training.attentionImplementation != 'varlen')",
                     LM_TRAINING,
                     fieldPath=".training",
+                ),
+                _cel_with_model_and_data(
+                    "!has(self.training.tokensPerWorker) || self.training.tokensPerWorker >= self.model.maxSeqLength",
+                    TOKENS_BELOW_LENGTH,
+                    fieldPath=".training.tokensPerWorker",
                 ),
                 _cel_with_model_and_data(
                     "self.model.task == 'causal-lm' || !has(self.adapter)", ADAPTER_LM, fieldPath=".adapter"
@@ -160,7 +175,16 @@ class RocmTrainingJobSpec(ApiModel):
                     fieldPath=".checkpoint.resume",
                 ),
                 _cel("!has(self.code) || !has(self.adapter)", ADAPTER_WITH_CODE, fieldPath=".adapter"),
-                _cel("!has(self.code) || !self.training.packing", PACKING_WITH_CODE, fieldPath=".training.packing"),
+                _cel(
+                    "!has(self.code) || (!self.training.packing && !has(self.training.tokensPerWorker))",
+                    PACKING_WITH_CODE,
+                    fieldPath=".training.packing",
+                ),
+                _cel(
+                    "!has(self.code) || !has(self.training.lossImplementation)",
+                    LOSS_KERNEL_WITH_CODE,
+                    fieldPath=".training.lossImplementation",
+                ),
                 _cel("!has(self.code) || !has(self.training.lossOn)", LOSS_ON_WITH_CODE, fieldPath=".training.lossOn"),
                 _cel(
                     "!has(self.code) || !has(self.evaluation.generate)",
@@ -302,8 +326,10 @@ class RocmTrainingJobSpec(ApiModel):
             raise ValueError(RESUME_WITH_CODE)
         if self.adapter is not None:
             raise ValueError(ADAPTER_WITH_CODE)
-        if training.packing:
+        if training.packing or training.tokens_per_worker is not None:
             raise ValueError(PACKING_WITH_CODE)
+        if training.loss_implementation is not None:
+            raise ValueError(LOSS_KERNEL_WITH_CODE)
         if training.loss_on is not None:
             raise ValueError(LOSS_ON_WITH_CODE)
         if self.evaluation.generate is not None:
@@ -325,8 +351,11 @@ class RocmTrainingJobSpec(ApiModel):
         language_model = model.task == "causal-lm"
         if not language_model and (data.prompt_field or data.messages_field):
             raise ValueError(LM_FIELDS)
-        if not language_model and (training.loss_on is not None or training.packing):
+        lm_training = (training.loss_on, training.tokens_per_worker, training.loss_implementation)
+        if not language_model and (training.packing or training.varlen or any(v is not None for v in lm_training)):
             raise ValueError(LM_TRAINING)
+        if training.tokens_per_worker is not None and training.tokens_per_worker < model.max_seq_length:
+            raise ValueError(TOKENS_BELOW_LENGTH)
         if not language_model and self.adapter is not None:
             raise ValueError(ADAPTER_LM)
         if not language_model and data.over_length == "drop":

@@ -9,6 +9,10 @@ from pydantic import ConfigDict, Field, model_validator
 from rocmtrain.api.models.base import ApiModel, _cel
 
 FSDP_FP16 = "sharding: fsdp computes in bf16 or fp32: fp16 would need a sharded gradient scaler; use bf16"
+VARLEN_PACKING = (
+    "packing and attentionImplementation: varlen are two layouts: varlen puts each micro-batch's records in one "
+    "row already (padding-free); packing cuts them into rows of maxSeqLength; choose one"
+)
 
 
 class TrainingSpec(ApiModel):
@@ -22,7 +26,12 @@ class TrainingSpec(ApiModel):
                     "|| self.precision != 'fp16'",
                     FSDP_FP16,
                     fieldPath=".precision",
-                )
+                ),
+                _cel(
+                    "!self.packing || !has(self.attentionImplementation) || self.attentionImplementation != 'varlen'",
+                    VARLEN_PACKING,
+                    fieldPath=".packing",
+                ),
             ]
         }
     )
@@ -58,12 +67,36 @@ class TrainingSpec(ApiModel):
         description="Evaluate every N optimiser steps; 0 evaluates at the end of each epoch only.",
     )
     seed: int = Field(default=42, ge=0, le=2**31 - 1, description="Seed for weights, dropout and sampling.")
-    attention_implementation: Literal["sdpa", "eager"] = Field(
+    attention_implementation: Literal["sdpa", "eager", "varlen"] = Field(
         default="sdpa",
         description=(
             "Attention kernels: sdpa (PyTorch scaled-dot-product attention, which runs flash and "
-            "memory-efficient kernels on ROCm) or eager (the model's own implementation, for models without "
-            "SDPA support)."
+            "memory-efficient kernels on ROCm), eager (the model's own implementation, for models without "
+            "SDPA support), or varlen (causal-lm, padding-free: each micro-batch is one row of its records back "
+            "to back, positions restarting at each record, no attention across records; on GPUs "
+            "flash-attention's variable-length kernel where the flash-attn package is installed, as in the "
+            "training image, else SDPA with a block-diagonal mask, as on CPUs)."
+        ),
+    )
+    tokens_per_worker: int | None = Field(
+        default=None,
+        ge=64,
+        le=1_048_576,
+        description=(
+            "causal-lm: fill each micro-batch with records up to this many tokens (padding counted) instead of "
+            "batchSizePerWorker records, and each optimiser step with about workers x gpusPerWorker x "
+            "gradientAccumulationSteps micro-batches' worth: every step carries about the same work. At least "
+            "maxSeqLength. batchSizePerWorker then sizes evaluation's batches only. Unset: steps of records."
+        ),
+    )
+    loss_implementation: Literal["chunked", "fused", "model"] | None = Field(
+        default=None,
+        description=(
+            "causal-lm: how the next-token loss meets the vocabulary. chunked: the output head and the "
+            "cross-entropy a few hundred tokens at a time (PyTorch; the logits of the whole batch are never held); "
+            "fused: Liger's fused linear cross-entropy kernel (GPUs, with the liger-kernel package); model: the "
+            "model's own head and loss (every token's float32 logits). Unset: fused where Liger is installed on "
+            "GPUs, else chunked; model for heads that are not one plain linear layer (soft-capped logits)."
         ),
     )
     compile: bool = Field(
@@ -114,7 +147,14 @@ class TrainingSpec(ApiModel):
     )
 
     @model_validator(mode="after")
-    def _sharded_precision(self) -> TrainingSpec:
+    def _cross_field(self) -> TrainingSpec:
         if self.sharding == "fsdp" and self.precision == "fp16":
             raise ValueError(FSDP_FP16)
+        if self.packing and self.varlen:
+            raise ValueError(VARLEN_PACKING)
         return self
+
+    @property
+    def varlen(self) -> bool:
+        """Padding-free micro-batches: one row of records, positions restarting at each (`attentionImplementation`)."""
+        return self.attention_implementation == "varlen"
