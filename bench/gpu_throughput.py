@@ -17,12 +17,15 @@ vocabulary is 5% smaller), accuracy means nothing then.
 
 With `--lm`, the language-model case instead (`gpu_lm.py` says what it measures): Llama 3.2 1B- and
 3B-shaped models with random weights, bf16, full fine-tuning and LoRA, our loop next to a minimal
-PyTorch loop, on one GPU; `--lm --smoke` runs it on a tiny model, on a CPU too.
+PyTorch loop and TRL's SFTTrainer, in layouts, batchings and loss kernels, on one GPU; `--lm --smoke` runs it on a
+tiny model, on a CPU too.
 
     python bench/gpu_throughput.py                                # 1 GPU and all GPUs, 3 runs each
     python bench/gpu_throughput.py --model /models/bert-base-cased --runs 1 --arms recipe,ours
     python bench/gpu_throughput.py --lm                           # the language-model case, one GPU
     python bench/gpu_throughput.py --lm --smoke                   # the same, tiny, on any device
+    python bench/gpu_throughput.py --lm --sizes 3b --modes full --references "" --trl varlen \\
+        --variants varlen+chunked,varlen+tokens16k+fused+gc          # the issue's goals alone
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import ray
 import torch
 from transformers import AutoConfig, AutoTokenizer, BertConfig, BertModel
 
-from gpu_lm import GPU, MODES, SIZES, SMOKE, VARIANTS, run_lm_case
+from gpu_lm import GPU, MODES, SIZES, SMOKE, run_lm_case
 from rocmtrain_train.model.pretrained import resolve_model
 from train_throughput import (
     ARMS,
@@ -124,10 +127,10 @@ def language_model(args: argparse.Namespace) -> int:
     if not found and not args.smoke:
         raise SystemExit("no GPU: torch.cuda (ROCm's HIP or CUDA) sees none; --smoke runs the case on a CPU")
     plan = SMOKE if args.smoke else GPU
-    changes: dict[str, Any] = {
-        "modes": tuple(m for m in args.modes.split(",") if m in MODES),
-        "variants": tuple(v for v in args.variants.split(",") if v in VARIANTS),
-    }
+    changes: dict[str, Any] = {"modes": tuple(m for m in args.modes.split(",") if m in MODES)}
+    for name in ("variants", "references", "trl"):  # parsed (and refused where unknown) by the plan's `arms`
+        if (given := getattr(args, name)) is not None:
+            changes[name] = tuple(v for v in given.split(",") if v)
     if args.sizes:
         changes["sizes"] = tuple(s for s in args.sizes.split(",") if s in SIZES)
     if args.budget_s is not None:
@@ -151,9 +154,10 @@ def main() -> int:
     lm.add_argument("--smoke", action="store_true", help="tiny model and records, on whatever device there is")
     lm.add_argument("--sizes", help="comma-separated model sizes (default: 1b,3b; with --smoke: smoke)")
     lm.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
-    lm.add_argument(
-        "--variants", default=",".join(VARIANTS), help="our loop's, comma-separated subset of " + ", ".join(VARIANTS)
-    )
+    variants = "comma-separated variants (gpu_lm.Variant: parts joined by +, e.g. varlen+tokens16k+fused)"
+    lm.add_argument("--variants", help=f"our loop's {variants}; default: the plan's")
+    lm.add_argument("--references", help=f"the minimal loop's {variants}; '' for none; default: the plan's")
+    lm.add_argument("--trl", help=f"TRL's {variants}; '' for none; default: the plan's")
     lm.add_argument("--budget-s", type=float, help="start no case after this many seconds (default: 400)")
     args = parser.parse_args()
     if args.lm:
