@@ -13,7 +13,7 @@ weight, 1 GiB at the full size). Both arms' losses and gradients are compared, a
 differ by more than float32's rounding. Linux only (/proc).
 
     python bench/lm_loss_memory.py            # vocabulary 128,256, hidden 2,048, 8,192 tokens (~15 GB free)
-    python bench/lm_loss_memory.py --smoke    # tiny sizes, seconds (tests/train/test_linear_loss.py runs it)
+    python bench/lm_loss_memory.py --smoke    # tiny sizes, seconds (tests/bench/test_lm_loss_memory.py runs it)
 """
 
 from __future__ import annotations

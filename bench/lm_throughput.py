@@ -63,7 +63,7 @@ The benchmark (5 interleaved rounds of every arm; about an hour on 2 cores), and
     python bench/lm_throughput.py --runs 5 --arms trl-padding-free,ours-varlen
 
 `--smoke` runs every arm once for a few steps on a tiny model (hidden 32, 2 layers) and 32 records,
-on one rank, and exits 1 if a check fails (tests/train/test_bench_lm_smoke.py runs it in-process).
+on one rank, and exits 1 if a check fails (tests/bench/test_lm_throughput_smoke.py runs it in-process).
 It is the same path as these flags:
 
     python bench/lm_throughput.py --model tiny --repeat 1 --context 4 --records 32 --eval-records 16 \\

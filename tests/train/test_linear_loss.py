@@ -1,6 +1,6 @@
 """The causal-LM loss that never holds the whole vocabulary's logits (`model.linear_loss`): the same loss and
 gradients as transformers' `ForCausalLMLoss`, chunk by chunk; in a whole model, with and without an adapter; the
-kernel each job gets; and the bench of its memory (bench/lm_loss_memory.py) in its smoke mode."""
+kernel each job gets (the bench of its memory runs in tests/bench/test_lm_loss_memory.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 from transformers.loss.loss_utils import ForCausalLMLoss
 
-import lm_loss_memory
 from rocmtrain.api.errors import ConfigError
 from rocmtrain.plan.activations import loss_chunk
 from rocmtrain_train.model.causal_lm import load_causal_lm
@@ -202,10 +201,3 @@ def test_soft_capped_or_scaled_logits_are_not_a_plain_head(tiny_lm):
     assert plain_head(model)
     model.config.final_logit_softcapping = 30.0
     assert not plain_head(model)
-
-
-def test_the_bench_s_smoke_mode_measures_both_arms_and_they_agree():
-    report = lm_loss_memory.smoke()
-    assert [a["arm"] for a in report["arms"]] == list(lm_loss_memory.ARMS)
-    assert report["agree"], report["differences"]
-    assert all(a["peak_bytes"] > 0 for a in report["arms"])
