@@ -4,9 +4,9 @@ One LoRA run of two ranks (module-scoped) serves most checks: only the adapter t
 bit-identical, the adapter loads with peft and its merged model with transformers alone and gives the same
 logits, checkpoints hold the adapter and its optimiser state only, and the evaluation reports perplexity and
 exact match. More runs check what needs a run of their own: one rank with the global batch trains what two
-ranks do (the loss is token-weighted across ranks), its records in one flat row (padding-free); so do two ranks
-sharded with FSDP (`training.sharding: fsdp`), whose sharded checkpoint then resumes on one rank in steps of a
-token budget; and a resumed run, with packing, continues the curve.
+ranks do (the loss is token-weighted across ranks); so do two ranks sharded with FSDP (`training.sharding: fsdp`),
+whose sharded checkpoint then resumes on one rank in flat rows (padding-free) of a token budget; and a resumed
+run, with packing, continues the curve.
 """
 
 from __future__ import annotations
@@ -140,12 +140,8 @@ def test_a_language_model_reports_perplexity_exact_match_and_samples_never_in_st
 
 @pytest.fixture(scope="module")
 def one_rank(ray_local, tiny_lm, tmp_path_factory):
-    """One rank with the whole global batch, its 16 records in one flat row (`attentionImplementation: varlen`,
-    padding-free): the records attend only within themselves, so the layout changes no gradient."""
-    spec = {
-        "resources": {"workers": 1},
-        "training": {"batchSizePerWorker": GLOBAL_BATCH, "attentionImplementation": "varlen"},
-    }
+    """One rank with the whole global batch."""
+    spec = {"resources": {"workers": 1}, "training": {"batchSizePerWorker": GLOBAL_BATCH}}
     return run_local(settings(lora_job("lora-one", tiny_lm, spec), tmp_path_factory.mktemp("one")), console=False)
 
 
@@ -201,13 +197,18 @@ def test_two_ranks_sharded_with_fsdp_train_what_one_rank_with_the_global_batch_d
 
 
 def test_a_sharded_checkpoint_of_two_ranks_resumes_on_one_and_continues_its_curve(sharded, ray_local, tiny_lm):
-    """It resumes in steps of a token budget (`tokensPerWorker`): each forward pass holds at most that many
-    tokens, padding counted, and the epoch still trains every record once."""
+    """It resumes in flat rows (`attentionImplementation: varlen`) of a token budget (`tokensPerWorker`): each step
+    is one row of at most that many tokens, none of them padding, and the epoch still trains every record once."""
     run, first = sharded
     budget = 160
     spec = {
         "resources": {"workers": 1},
-        "training": {"tokensPerWorker": budget, "sharding": "fsdp", "epochs": EPOCHS + 1},
+        "training": {
+            "tokensPerWorker": budget,
+            "attentionImplementation": "varlen",
+            "sharding": "fsdp",
+            "epochs": EPOCHS + 1,
+        },
     }
     again = settings(lora_job("lora-fsdp", tiny_lm, spec), Path(run.storage))
     outcome = run_local(again, console=False)
@@ -218,7 +219,8 @@ def test_a_sharded_checkpoint_of_two_ranks_resumes_on_one_and_continues_its_curv
     steps = summary["steps"] - STEPS
     assert steps > SAMPLES // GLOBAL_BATCH  # steps of 160 tokens hold fewer records than 16 do
     assert after.samples - sum(r.samples for r in before) == SAMPLES  # the epoch: every record once
-    assert 0 < after.padded_tokens - sum(r.padded_tokens for r in before) <= steps * budget
+    computed = after.padded_tokens - sum(r.padded_tokens for r in before)
+    assert computed == after.tokens - sum(r.tokens for r in before) <= steps * budget  # no padding, within budget
 
 
 def assert_continues(run, outcome) -> None:

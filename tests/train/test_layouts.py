@@ -102,6 +102,16 @@ def test_steps_of_a_token_budget_carry_about_the_same_tokens_and_every_record_on
     )
 
 
+def test_packed_and_flat_rows_keep_the_sampled_order_where_padded_records_sort_by_length():
+    """Sorting by length saves padding; rows pad nothing, and a step of long records in one flat row would cost
+    SDPA attention quadratic in its tokens."""
+    lengths = np.array([5, 50, 7, 40, 9, 30, 11, 20])
+    order = [3, 0, 6, 1, 7, 2, 5, 4]
+    sorted_plan = batch_plan(order, lengths, world_size=2, step_size=4)
+    assert sorted_plan.steps == ((1, 3, 5, 7), (6, 4, 2, 0))
+    assert batch_plan(order, lengths, world_size=2, step_size=4, by_length=False).steps == ((3, 0, 6, 1), (7, 2, 5, 4))
+
+
 @pytest.mark.parametrize("layout", [{}, {"packing": True}, {"attentionImplementation": "varlen"}])
 def test_no_forward_pass_of_a_token_budget_holds_more_tokens_padding_counted(tokenizer, tiny_lm, layout):
     budget = 96
