@@ -102,9 +102,9 @@ def test_steps_of_a_token_budget_carry_about_the_same_tokens_and_every_record_on
     )
 
 
-def test_packed_and_flat_rows_keep_the_sampled_order_where_padded_records_sort_by_length():
-    """Sorting by length saves padding; rows pad nothing, and a step of long records in one flat row would cost
-    SDPA attention quadratic in its tokens."""
+def test_flat_rows_keep_the_sampled_order_where_padded_records_and_packed_rows_sort_by_length():
+    """Sorting by length saves padding, and packs short records into short rows; a step of long records in one flat
+    row would cost SDPA attention quadratic in its tokens (bench/lm_throughput.py measured both)."""
     lengths = np.array([5, 50, 7, 40, 9, 30, 11, 20])
     order = [3, 0, 6, 1, 7, 2, 5, 4]
     sorted_plan = batch_plan(order, lengths, world_size=2, step_size=4)

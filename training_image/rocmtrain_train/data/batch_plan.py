@@ -2,8 +2,8 @@
 
 The sampled records (`records.sample_order`) are padded to a multiple of the world size W by
 repeating the first ones (fewer than W, as torch's DistributedSampler does), sorted by length
-within groups of `GROUP_STEPS` steps (length in characters: known before tokenising) where records
-are padded, and cut into step batches of the global batch B = W x batchSizePerWorker x gradientAccumulationSteps. Rank r
+within groups of `GROUP_STEPS` steps (length in characters: known before tokenising) but for flat
+rows, and cut into step batches of the global batch B = W x batchSizePerWorker x gradientAccumulationSteps. Rank r
 trains on records r, r + W, r + 2W, ... of each step batch: the ranks get equal counts of similar
 lengths (none waits for a longer one), and each rank reads and tokenises only its own records.
 The step batches stay fixed for the run; each epoch trains them in a new seeded order with the
@@ -96,9 +96,9 @@ def batch_plan(
     order: Sequence[int], lengths: Lengths, *, world_size: int, step_size: int, by_length: bool = True
 ) -> BatchPlan:
     """The plan for sampled records `order` (record ids) of the given lengths, sorted by length within groups of
-    steps (`by_length`: where records are padded, so that a pass pads little) or in their sampled order (packed
-    rows and flat rows pad nothing, and a step of long records in one flat row costs attention quadratic in its
-    tokens on SDPA)."""
+    steps (`by_length`: padded records then pad little, and packed rows of short records are short) or in their
+    sampled order (flat rows: one row of a step's long records would cost SDPA attention quadratic in its
+    tokens, where rows of random records are all about the mean)."""
     if step_size % world_size or not order:
         raise ValueError(f"cannot plan {len(order)} records in steps of {step_size} for {world_size} ranks")
     padded = list(order) + [order[i % len(order)] for i in range(-len(order) % world_size)]

@@ -115,12 +115,13 @@ def _plan(settings: RunSettings, table: pa.Table, world_size: int, how: Tokenizi
     training = spec.training
     order = sample_order(table.num_rows, spec.data.shuffle_seed, spec.data.train.max_samples)
     budget, accumulation = training.tokens_per_worker, training.gradient_accumulation_steps
-    padded = not (training.packing or training.varlen)
     if budget is not None:
         lengths = token_lengths(settings, table, order, how, device)
+        padded = not (training.packing or training.varlen)
         return token_plan(order, lengths, world_size=world_size, rank_tokens=budget * accumulation, padded=padded)
     step_size = world_size * training.batch_size_per_worker * accumulation
-    return batch_plan(order, text_lengths(table), world_size=world_size, step_size=step_size, by_length=padded)
+    lengths = text_lengths(table)
+    return batch_plan(order, lengths, world_size=world_size, step_size=step_size, by_length=not training.varlen)
 
 
 def load_train_data(
