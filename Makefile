@@ -129,7 +129,7 @@ bench-train: install
 	$(PY) bench/train_throughput.py --out runs/bench-train.json
 
 bench-lm: install
-	$(PY) bench/lm_throughput.py --runs 5 --out runs/bench-lm.json
+	$(PY) bench/lm_throughput.py --runs 5 --repeat 2 --out runs/bench-lm.json
 
 bench-operator: install cluster-binaries
 	$(PY) bench/operator_bench.py --out runs/bench-operator.json

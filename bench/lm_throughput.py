@@ -27,7 +27,7 @@ own. Ours computes the loss as a job does by default (`training.lossImplementati
 
 The model is a Llama made from a config (examples/sft/make_model.py: hidden 256, 4 layers, 4 heads,
 2 KV heads, MLP 768, about 3 M parameters; a word-level tokenizer) and the data are the example's
-questions (examples/sft/generate.py) each opened by 0 to `--context` facts: 720 records of 14 to
+questions (examples/sft/generate.py) each opened by 0 to `--context` facts: 180 x `--repeat` records (360 at 2) of 14 to
 335 tokens, 167 on average, so that packing and padding matter and compute, not per-step Python,
 dominates a little (one step of 8 records a rank takes about 0.3 s of one core). Learning rate 1e-3,
 linear warmup (5%) and decay, 8 records a rank and step, 1 epoch, LoRA rank 16, alpha 32, dropout
@@ -57,10 +57,11 @@ After the runs the bench checks what it measured: every arm trained some steps t
 loss, on as many real tokens as the data holds (TRL's arms: up to the evening-out's repeats), and the
 flat arms computed on no padding (on CPUs, where nothing pads a row to a multiple).
 
-The benchmark (5 interleaved rounds of every arm; about an hour on 2 cores), and one arm pair:
+The benchmark (`make bench-lm`: 5 interleaved rounds of every arm on half the data, about 20 minutes on 2
+quiet cores), and one arm pair:
 
-    python bench/lm_throughput.py --runs 5 --out runs/bench-lm.json
-    python bench/lm_throughput.py --runs 5 --arms trl-padding-free,ours-varlen
+    python bench/lm_throughput.py --runs 5 --repeat 2 --out runs/bench-lm.json
+    python bench/lm_throughput.py --runs 5 --repeat 2 --arms trl-padding-free,ours-varlen
 
 `--smoke` runs every arm once for a few steps on a tiny model (hidden 32, 2 layers) and 32 records,
 on one rank, and exits 1 if a check fails (tests/bench/test_lm_throughput_smoke.py runs it in-process).
