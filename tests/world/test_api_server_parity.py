@@ -166,7 +166,7 @@ REFUSED: list[tuple[str, Edit, str]] = [
         "for task causal-lm",
     ),
     ("lm-adapter-on-classifier", put("spec.adapter", {}), "adapter (LoRA) is for task causal-lm"),
-    ("lm-packing-on-classifier", put("spec.training.packing", True), "lossOn and packing are for task causal-lm"),
+    ("lm-packing-on-classifier", put("spec.training.packing", True), "varlen are for task causal-lm"),
     ("lm-drop-on-classifier", put("spec.data.truncation", "drop"), "truncation: drop is for task causal-lm"),
     # A job's own code (spec.code): model and data optional with it only, loop-only fields refused with it.
     ("model-missing", drop("spec.model"), "model is required unless code runs your own training code"),
@@ -202,6 +202,12 @@ REFUSED_LANGUAGE_MODEL: list[tuple[str, Edit, str]] = [
         "fp16 would need a sharded gradient scaler",
     ),
     ("lm-two-shapes", both(put("spec.data.promptField", "p"), put("spec.data.responseField", "r")), "not both"),
+    ("lm-budget-small", put("spec.training.tokensPerWorker", 64), "at least model.maxSeqLength"),
+    (
+        "lm-varlen-packing",
+        put("spec.training", {"packing": True, "attentionImplementation": "varlen"}),
+        "two layouts",
+    ),
     ("lm-prompt-alone", both(drop("spec.data.messagesField"), put("spec.data.promptField", "p")), "go together"),
     (
         "lm-response-loss-on-text",
@@ -226,7 +232,7 @@ REFUSED_LANGUAGE_MODEL: list[tuple[str, Edit, str]] = [
     ),
     # With code, each of the built-in loop's language-model fields alone (CODE_LM keeps none of them).
     ("code-adapter", both(CODE_LM, put("spec.adapter", {})), "adapter is the built-in loop's"),
-    ("code-packing", both(CODE_LM, put("spec.training.packing", True)), "training.packing is the built-in loop's"),
+    ("code-packing", both(CODE_LM, put("spec.training.packing", True)), "packing and tokensPerWorker are the built"),
     ("code-loss-on", both(CODE_LM, put("spec.training.lossOn", "all")), "training.lossOn is the built-in loop's"),
     ("code-generate", both(CODE_LM, put("spec.evaluation.generate", {})), "evaluation.generate is the built-in"),
 ]
