@@ -44,8 +44,9 @@ import torch
 
 from lm_throughput import MODELS, encoded_records, make_data, sft_script
 from rocmtrain.api.models import RocmTrainingJob
+from rocmtrain.plan.setup import Setup
 from rocmtrain_train.data.batch_plan import token_plan
-from rocmtrain_train.loop.rank_setup import COMPILE_BUCKET, longest_row
+from rocmtrain_train.loop.rank_setup import COMPILE_BUCKET
 from rocmtrain_train.model.pretrained import compile_model
 from rocmtrain_train.tasks import task_for
 
@@ -111,7 +112,7 @@ def run_arm(
     model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").train()
     model.config.use_cache = False
     if arm == "compiled":
-        compile_model(model, longest_row(spec), COMPILE_BUCKET, backend=backend)
+        compile_model(model, Setup.of(spec).sequence, COMPILE_BUCKET, backend=backend)
     elif arm == "dynamic":
         model.compile(backend=backend, dynamic=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)

@@ -145,7 +145,8 @@ def _lengths_on_ranks(rank: int, world: int, run, cache: str, expected: np.ndarr
     model = Path(spec.model.source)
     how = Tokenizing(task_for(spec), AutoTokenizer.from_pretrained(model), model, False, logging.getLogger())
     order = list(range(len(RECORDS)))
-    np.testing.assert_array_equal(token_lengths(run, pair_table(RECORDS), order, how, CPU), expected)
+    found = token_lengths(run, pair_table(RECORDS), order, how, CPU, rank=rank, world_size=world)
+    np.testing.assert_array_equal(found, expected)
 
 
 def test_each_rank_tokenises_its_share_and_every_rank_gets_every_length(tokenizer, tiny_lm, tmp_path):

@@ -55,8 +55,9 @@ def _smaller_batch(shape: ModelShape, setup: Setup, fits: int) -> Change | None:
     """The largest smaller micro-batch that fits (gradient accumulation keeps the global batch): half the records
     or rows, or of a flat row half its tokens (it still holds a record of maxSeqLength)."""
     if setup.varlen:
-        sizes = [replace(setup, budget=True, sequence=setup.sequence >> i) for i in range(1, 64)]
-        smaller = [s for s in sizes if s.sequence >= (setup.max_length or s.sequence + 1)]
+        least = setup.max_length or setup.sequence  # a flat row still holds one record of maxSeqLength
+        halves = (setup.sequence >> i for i in range(1, setup.sequence.bit_length()))
+        smaller = [replace(setup, budget=True, sequence=tokens) for tokens in halves if tokens >= least]
     else:
         smaller = [replace(setup, batch=setup.batch >> i) for i in range(1, setup.batch.bit_length())]
     for changed in smaller:

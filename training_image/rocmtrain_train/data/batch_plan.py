@@ -92,6 +92,12 @@ class BatchPlan:
         return len(self.steps)
 
 
+def _whole_lines(order: Sequence[int], world_size: int) -> list[int]:
+    """`order` with its first records repeated (fewer than `world_size`) to a multiple of the world size, as torch's
+    DistributedSampler pads: every rank gets as many records."""
+    return list(order) + [order[i % len(order)] for i in range(-len(order) % world_size)]
+
+
 def batch_plan(
     order: Sequence[int], lengths: Lengths, *, world_size: int, step_size: int, by_length: bool = True
 ) -> BatchPlan:
@@ -101,7 +107,7 @@ def batch_plan(
     tokens, where rows of random records are all about the mean)."""
     if step_size % world_size or not order:
         raise ValueError(f"cannot plan {len(order)} records in steps of {step_size} for {world_size} ranks")
-    padded = list(order) + [order[i % len(order)] for i in range(-len(order) % world_size)]
+    padded = _whole_lines(order, world_size)
     span = step_size * GROUP_STEPS
     steps: list[tuple[int, ...]] = []
     for start in range(0, len(padded), span):
@@ -119,22 +125,20 @@ def token_plan(order: Sequence[int], lengths: Lengths, *, world_size: int, rank_
     where one line of `world_size` records holds more."""
     if not order or rank_tokens < 1:
         raise ValueError(f"cannot plan {len(order)} records in steps of {rank_tokens} tokens a rank")
-    repeated = list(order) + [order[i % len(order)] for i in range(-len(order) % world_size)]
-
-    def share(records: list[int]) -> float:
-        sizes = [int(lengths[i]) for i in records]
-        return len(records) // world_size * max(sizes) if padded else sum(sizes) / world_size
-
+    repeated = _whole_lines(order, world_size)
     steps: list[tuple[int, ...]] = []
     for group in _token_groups(repeated, lengths, rank_tokens * world_size * GROUP_STEPS, world_size):
         ordered = sorted(group, key=lambda i: lengths[i], reverse=True)
         step: list[int] = []
+        tokens = 0  # the step's so far; its longest record is its first (`ordered` is longest first)
         for at in range(0, len(ordered), world_size):
             line = ordered[at : at + world_size]
-            if step and share(step + line) > rank_tokens:
+            size, lines = sum(int(lengths[i]) for i in line), len(step) // world_size + 1
+            if step and (lines * int(lengths[step[0]]) if padded else (tokens + size) / world_size) > rank_tokens:
                 steps.append(tuple(step))
-                step = []
+                step, tokens = [], 0
             step += line
+            tokens += size
         steps.append(tuple(step))
     longest = tuple(max(int(lengths[i]) for i in step) for step in steps)
     return BatchPlan(steps=tuple(steps), world_size=world_size, longest=longest)

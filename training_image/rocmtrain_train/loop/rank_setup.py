@@ -29,7 +29,8 @@ import torch
 from transformers import PreTrainedModel, get_linear_schedule_with_warmup
 
 from rocmtrain.api.errors import ConfigError
-from rocmtrain.api.models import NetworkTransport, RocmTrainingJobSpec, TrainingSpec
+from rocmtrain.api.models import NetworkTransport, TrainingSpec
+from rocmtrain.plan.setup import Setup
 from rocmtrain_train.checkpoint import train_state
 from rocmtrain_train.checkpoint.train_state import TrainState
 from rocmtrain_train.collectives import MAX, SUM, over_ranks
@@ -239,14 +240,6 @@ def step_passes(train: TrainData, task: Task, rank: int, batch_size: int, device
     return over_ranks(local, MAX, device)
 
 
-def longest_row(spec: RocmTrainingJobSpec) -> int:
-    """The most tokens a row of a forward pass holds: maxSeqLength, but a flat row's (`varlen`) records together."""
-    training, length = spec.training, spec.model.max_seq_length
-    if training.varlen:
-        return training.tokens_per_worker or training.batch_size_per_worker * length
-    return length
-
-
 def _place(
     model: torch.nn.Module, path: Path, device: torch.device, strategy: Strategy, log: logging.Logger, *, sharded: bool
 ) -> None:
@@ -307,7 +300,7 @@ def build_worker(settings: RunSettings) -> Worker:
     parts = Parts(model, optimizer, scaler, device, strategy)
     state, resumed_from = _restore(settings, rank, world_size, train.plan, parts, log)
     if training.compile:
-        compile_model(model, longest_row(spec), COMPILE_BUCKET)
+        compile_model(model, Setup.of(spec).sequence, COMPILE_BUCKET)  # a flat row: its records' tokens
     items = step_items(train, rank, device)  # the first collective: RCCL has chosen its network
     worker = Worker(
         settings=settings,

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pyarrow as pa
 import torch
-import torch.distributed as dist
 
 from rocmtrain.api.models import DataSource, RocmTrainingJobSpec
 from rocmtrain_train.collectives import SUM, over_ranks
@@ -97,11 +96,17 @@ class TrainData:
 
 
 def token_lengths(
-    settings: RunSettings, table: pa.Table, order: Sequence[int], how: Tokenizing, device: torch.device
+    settings: RunSettings,
+    table: pa.Table,
+    order: Sequence[int],
+    how: Tokenizing,
+    device: torch.device,
+    *,
+    rank: int,
+    world_size: int,
 ) -> np.ndarray:
     """Every sampled record's token length (0 for those not sampled): this rank tokenises every W-th of them (from
     the cache when it did before), and one all-reduce sums the ranks' shares."""
-    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     share = sorted(set(order))[rank::world_size]
     lengths = np.zeros(table.num_rows, dtype=np.int64)
     if share:
@@ -109,14 +114,16 @@ def token_lengths(
     return over_ranks(lengths, SUM, device)
 
 
-def _plan(settings: RunSettings, table: pa.Table, world_size: int, how: Tokenizing, device: torch.device) -> BatchPlan:
+def _plan(
+    settings: RunSettings, table: pa.Table, rank: int, world_size: int, how: Tokenizing, device: torch.device
+) -> BatchPlan:
     """The batch plan: steps of records, or of a token budget."""
     spec = settings.job.spec
     training = spec.training
     order = sample_order(table.num_rows, spec.data.shuffle_seed, spec.data.train.max_samples)
     budget, accumulation = training.tokens_per_worker, training.gradient_accumulation_steps
     if budget is not None:
-        lengths = token_lengths(settings, table, order, how, device)
+        lengths = token_lengths(settings, table, order, how, device, rank=rank, world_size=world_size)
         padded = not (training.packing or training.varlen)
         return token_plan(order, lengths, world_size=world_size, rank_tokens=budget * accumulation, padded=padded)
     step_size = world_size * training.batch_size_per_worker * accumulation
@@ -130,7 +137,7 @@ def load_train_data(
     spec = settings.job.spec
     source = spec.data.train
     table = read_table(source, spec.data, spec.model, settings.base_dir, check=False)
-    plan = _plan(settings, table, world_size, how, device)
+    plan = _plan(settings, table, rank, world_size, how, device)
     rows = plan.rows(rank)
     encoded = encode_rows(settings, source, table, rows, how)
     position = {record: i for i, record in enumerate(rows)}
